@@ -1,0 +1,51 @@
+// Direct algorithms: the root talks to every other rank itself, one lane per peer so that all transfers
+// proceed at once. With C channels each peer's block is cut into C parts, one lane per (peer, channel).
+//   Gather:    every rank sends its block to root; root receives block p from p.   1 step per rank; root
+//              receives (n-1)*count.
+//   Scatter:   root sends block p to p; every rank receives its block.             1 step per rank.
+//   Broadcast: root sends the whole buffer to every peer.                          root sends (n-1)*count:
+//              for small messages, where one step beats the ring's n-1.
+#include "algorithms/builders.h"
+
+namespace loom {
+namespace {
+
+// Lanes for one rank: for each peer p != root-side self, block p of `rootSide` on root pairs with `leafSide`
+// on p. `toRoot` says which way the data flows.
+RankPlan buildStar(const CollArgs& args, const char* name, bool toRoot, Buffer rootBuffer, bool blockPerPeer) {
+  RankPlan plan = planShell(args, name);
+  int n = args.nranks, root = args.root, rank = args.rank;
+  size_t count = args.count;
+  for (int c = 0; c < args.nChannels; ++c) {
+    size_t offset = partOffset(count, args.nChannels, c), part = partCount(count, args.nChannels, c);
+    if (part == 0) continue;
+    auto rootBlock = [&](int p) {
+      return Region{rootBuffer, (blockPerPeer ? static_cast<size_t>(p) * count : 0) + offset, part};
+    };
+    if (rank == root) {
+      for (int p = 0; p < n; ++p) {
+        if (p == root) continue;
+        Lane lane{c, {}};
+        lane.steps.push_back(toRoot ? recv(p, rootBlock(p)) : send(p, rootBlock(p)));
+        plan.lanes.push_back(std::move(lane));
+      }
+      Region own = toRoot ? input(offset, part) : output(offset, part);
+      plan.lanes.push_back(Lane{c, {toRoot ? copy(own, rootBlock(root)) : copy(rootBlock(root), own)}});
+    } else {
+      Lane lane{c, {}};
+      lane.steps.push_back(toRoot ? send(root, input(offset, part)) : recv(root, output(offset, part)));
+      plan.lanes.push_back(std::move(lane));
+    }
+  }
+  return plan;
+}
+
+}  // namespace
+
+RankPlan buildDirectGather(const CollArgs& args) { return buildStar(args, "direct", true, Buffer::kOutput, true); }
+RankPlan buildDirectScatter(const CollArgs& args) { return buildStar(args, "direct", false, Buffer::kInput, true); }
+RankPlan buildDirectBroadcast(const CollArgs& args) {
+  return buildStar(args, "direct", false, Buffer::kInput, false);
+}
+
+}  // namespace loom

@@ -1,0 +1,132 @@
+// The plan IR: what one collective call does, as data.
+//
+// A plan gives one rank, per lane, an ordered list of steps. A step names an action and the regions it touches,
+// in elements of the call's datatype. Lanes of one rank run concurrently; the steps of a lane run in order. A
+// lane's `channel` picks the connections it uses: a message sent by rank a to rank b on channel c is received by
+// the next receive from a on channel c at b (FIFO order per connection). Builders produce the plan of one rank
+// from that rank's view of the call (CollArgs), so calls whose counts differ per rank (AllToAllv, Send/Recv)
+// are planned locally; the verifier builds every rank's plan and executes them symbolically.
+//
+// Executors split every step into slices of at most one FIFO slot and run a lane in rounds: round k runs slice
+// k of each step in order, so a ring pipelines chunks through the FIFOs as NCCL's loops do.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loom/loom.h"
+
+namespace loom {
+
+enum class Collective : uint8_t {
+  kAllReduce,
+  kBroadcast,
+  kReduce,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kAllToAllv,
+  kGather,
+  kScatter,
+  kSendRecv,  // the Send/Recv calls of one group
+  kBarrier,
+};
+const char* collectiveName(Collective collective);
+
+enum class Buffer : uint8_t { kInput, kOutput, kScratch };
+
+struct Region {
+  Buffer buffer = Buffer::kInput;
+  size_t offset = 0;
+  size_t count = 0;
+  uint32_t bufferIndex = 0;  // which buffer of that kind: 0 for collectives; the op's index for Send/Recv groups
+};
+
+enum class Action : uint8_t {
+  kSend,                // send(sendPeer, src)
+  kRecv,                // recv(recvPeer, dst)
+  kRecvReduce,          // dst = src (op) incoming from recvPeer
+  kRecvReduceSend,      // send src (op) incoming to sendPeer
+  kRecvReduceCopySend,  // dst = src (op) incoming; send dst to sendPeer
+  kRecvCopySend,        // dst = incoming; send it on to sendPeer
+  kCopy,                // dst = src
+  kReduce,              // dst = src (op) src2
+};
+const char* actionName(Action action);
+bool actionReceives(Action action);
+bool actionSends(Action action);
+
+struct Step {
+  Action action;
+  int recvPeer = -1;
+  int sendPeer = -1;
+  Region src;   // data sent, local operand, or copy source
+  Region src2;  // second operand of kReduce
+  Region dst;   // where the step writes
+  size_t count() const;  // elements the step moves (all of its regions have this count)
+};
+
+struct Lane {
+  int channel = 0;
+  std::vector<Step> steps;
+};
+
+// One rank's share of a call.
+struct RankPlan {
+  std::vector<Lane> lanes;
+  size_t inputCount = 0;    // elements of the input buffer the plan may read
+  size_t outputCount = 0;   // elements of the output buffer it may write
+  size_t scratchCount = 0;  // elements of scratch the executor must provide
+  Region reducedOutput{Buffer::kOutput, 0, 0};  // where loomAvg's final divide applies (count 0: none)
+  const char* algorithm = "";
+};
+
+// One Send or Recv of a group, as its rank sees it. Op i reads input buffer i (a send) or writes output
+// buffer i (a recv): its regions carry bufferIndex i.
+struct P2POp {
+  bool isSend;
+  int peer;
+  size_t count;
+};
+
+// A rank's view of one call: what every builder takes.
+struct CollArgs {
+  Collective collective;
+  int nranks;
+  int rank;
+  int root = 0;
+  size_t count = 0;  // per the public API: AllGather sendcount, ReduceScatter recvcount, AllToAll per peer...
+  int nChannels = 1;
+  // AllToAllv: this rank's vectors, nranks entries each.
+  std::span<const size_t> sendCounts, sendDispls, recvCounts, recvDispls;
+  // SendRecv: this rank's ops in call order.
+  std::span<const P2POp> p2p;
+};
+
+// Element counts of the input and output buffers of a call, as the public API defines them.
+size_t inputCountOf(const CollArgs& args);
+size_t outputCountOf(const CollArgs& args);
+
+// Splits [0, count) into `parts` near-equal pieces: piece i starts at partOffset and holds partCount elements.
+size_t partOffset(size_t count, int parts, int index);
+size_t partCount(size_t count, int parts, int index);
+
+// Small builders for step lists, named after the IR's actions.
+Step send(int peer, Region src);
+Step recv(int peer, Region dst);
+Step recvReduce(int peer, Region local, Region dst);
+Step recvReduceSend(int peerIn, Region local, int peerOut);
+Step recvReduceCopySend(int peerIn, Region local, Region dst, int peerOut);
+Step recvCopySend(int peerIn, Region dst, int peerOut);
+Step copy(Region src, Region dst);
+inline Region input(size_t offset, size_t count) { return {Buffer::kInput, offset, count}; }
+inline Region output(size_t offset, size_t count) { return {Buffer::kOutput, offset, count}; }
+inline Region scratch(size_t offset, size_t count) { return {Buffer::kScratch, offset, count}; }
+
+// Human-readable dump of a plan, for errors and LOOM_DEBUG=TRACE.
+std::string describe(const RankPlan& plan);
+
+}  // namespace loom

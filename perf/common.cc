@@ -1,0 +1,882 @@
+// perf/common.cc — the perf harness: nccl-tests' command line, timing loop, data check and table, over loom's
+// public API. Ranks are the processes of a launcher (loomrun, mpirun, torchrun, srun: loomCommInitFromEnv) or,
+// with no launcher, -t threads of this process (loomGetUniqueId + loomCommInitRank). Written from nccl-tests'
+// documented behaviour; its per-iteration timing (-I), JSON output (-J) and CUDA-only flags are left out.
+#include "common.h"
+
+#include <getopt.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace perf {
+namespace {
+
+// Application code: a failed call ends the program with a message naming the call.
+#define PERF_CHECK(comm, call)                                                                  \
+  do {                                                                                          \
+    loomResult_t perfResult = (call);                                                           \
+    if (perfResult != loomSuccess) failLoomCall(#call, __FILE__, __LINE__, perfResult, (comm)); \
+  } while (0)
+
+std::string hostName() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+[[noreturn]] void failLoomCall(const char* call, const char* file, int line, loomResult_t result, loomComm_t comm) {
+  const char* detail = loomGetLastError(comm);
+  fprintf(stderr, "%s: Test loom failure %s:%d %s: '%s'%s%s\n", hostName().c_str(), file, line, call,
+          loomGetErrorString(result), detail && *detail ? ": " : "", detail ? detail : "");
+  fflush(stdout);
+  fflush(stderr);
+  _exit(1);  // other ranks of this process may be inside loom; do not run destructors under them
+}
+
+[[noreturn]] void usageError(const std::string& message) {
+  fprintf(stderr, "%s (see -h)\n", message.c_str());
+  exit(2);
+}
+
+// ---- types, values and the data check ----
+
+constexpr const char* kTypeNames[loomNumTypes] = {"int8",   "uint8", "int32", "uint32", "int64",
+                                                  "uint64", "half",  "float", "double", "bfloat16"};
+constexpr const char* kOpNames[loomNumOps] = {"sum", "prod", "max", "min", "avg"};
+
+bool isFloating(loomDataType_t type) {
+  return type == loomFloat16 || type == loomFloat32 || type == loomFloat64 || type == loomBfloat16;
+}
+bool isUnsigned(loomDataType_t type) { return type == loomUint8 || type == loomUint32 || type == loomUint64; }
+
+uint16_t floatToHalf(float value) {
+  uint32_t bits;
+  memcpy(&bits, &value, 4);
+  uint32_t sign = (bits >> 16) & 0x8000u, magnitude = bits & 0x7fffffffu;
+  if (magnitude >= 0x7f800000u) return sign | (magnitude > 0x7f800000u ? 0x7e00u : 0x7c00u);
+  int exponent = static_cast<int>(magnitude >> 23) - 127 + 15;
+  uint32_t mantissa = magnitude & 0x7fffffu;
+  if (exponent >= 31) return sign | 0x7c00u;
+  uint32_t shift = 13, result;
+  if (exponent <= 0) {  // subnormal half: shift the (now explicit) leading one into the fraction
+    if (exponent < -10) return sign;
+    mantissa |= 0x800000u;
+    shift = 14 - exponent;
+    result = mantissa >> shift;
+  } else {
+    result = (static_cast<uint32_t>(exponent) << 10) | (mantissa >> shift);
+  }
+  uint32_t rest = mantissa & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+  if (rest > halfway || (rest == halfway && (result & 1))) result++;  // a carry may reach infinity: correct
+  return static_cast<uint16_t>(sign | result);
+}
+
+float halfToFloat(uint16_t half) {
+  uint32_t sign = (half & 0x8000u) << 16, exponent = (half >> 10) & 0x1f, mantissa = half & 0x3ffu;
+  if (exponent == 0) {
+    float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -magnitude : magnitude;
+  }
+  uint32_t bits =
+      sign | (exponent == 0x1f ? 0x7f800000u | (mantissa << 13) : ((exponent + 112) << 23) | (mantissa << 13));
+  float value;
+  memcpy(&value, &bits, 4);
+  return value;
+}
+
+uint16_t floatToBfloat16(float value) {
+  uint32_t bits;
+  memcpy(&bits, &value, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // keep NaN a NaN
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1)) >> 16);
+}
+
+float bfloat16ToFloat(uint16_t value) {
+  uint32_t bits = static_cast<uint32_t>(value) << 16;
+  float result;
+  memcpy(&result, &bits, 4);
+  return result;
+}
+
+// Calls fn(pointer to the buffer as its storage type, store, load) for `type`; store and load convert from and
+// to double, exactly for the small integers the check uses.
+template <typename Fn>
+void withType(loomDataType_t type, Fn fn) {
+  auto plain = [&](auto* pointer) {
+    using T = std::remove_pointer_t<decltype(pointer)>;
+    fn(
+        pointer, [](double v) { return static_cast<T>(v); }, [](T v) { return static_cast<double>(v); });
+  };
+  switch (type) {
+    case loomInt8:
+      return plain(static_cast<int8_t*>(nullptr));
+    case loomUint8:
+      return plain(static_cast<uint8_t*>(nullptr));
+    case loomInt32:
+      return plain(static_cast<int32_t*>(nullptr));
+    case loomUint32:
+      return plain(static_cast<uint32_t*>(nullptr));
+    case loomInt64:
+      return plain(static_cast<int64_t*>(nullptr));
+    case loomUint64:
+      return plain(static_cast<uint64_t*>(nullptr));
+    case loomFloat32:
+      return plain(static_cast<float*>(nullptr));
+    case loomFloat64:
+      return plain(static_cast<double*>(nullptr));
+    case loomFloat16:
+      return fn(
+          static_cast<uint16_t*>(nullptr), [](double v) { return floatToHalf(static_cast<float>(v)); },
+          [](uint16_t v) { return static_cast<double>(halfToFloat(v)); });
+    default:
+      return fn(
+          static_cast<uint16_t*>(nullptr), [](double v) { return floatToBfloat16(static_cast<float>(v)); },
+          [](uint16_t v) { return static_cast<double>(bfloat16ToFloat(v)); });
+  }
+}
+
+template <typename ValueAt>
+void storeValues(void* buf, size_t count, loomDataType_t type, ValueAt valueAt) {
+  withType(type, [&](auto* typed, auto store, auto) {
+    auto* out = reinterpret_cast<decltype(typed)>(buf);
+    for (size_t i = 0; i < count; i++) out[i] = store(valueAt(i));
+  });
+}
+
+// Elements of `got` that differ from `expected` by more than tolerance * max(1, |expected|).
+int64_t countWrong(const void* got, const void* expected, size_t count, loomDataType_t type, double tolerance) {
+  int64_t wrong = 0;
+  withType(type, [&](auto* typed, auto, auto load) {
+    auto* g = reinterpret_cast<const std::remove_pointer_t<decltype(typed)>*>(got);
+    auto* e = reinterpret_cast<const std::remove_pointer_t<decltype(typed)>*>(expected);
+    for (size_t i = 0; i < count; i++) {
+      double want = load(e[i]), have = load(g[i]);
+      if (!(std::fabs(have - want) <= tolerance * std::max(1.0, std::fabs(want)))) wrong++;  // NaN is wrong
+    }
+  });
+  return wrong;
+}
+
+// Largest data value + 1: every value below it is exact in the type (bf16 holds integers up to 256 exactly).
+uint64_t dataModulus(loomDataType_t type) {
+  switch (type) {
+    case loomInt8:
+      return 127;
+    case loomUint8:
+    case loomBfloat16:
+      return 251;
+    case loomFloat16:
+      return 2039;
+    default:
+      return 1000003;
+  }
+}
+
+// Sum, prod and avg take non-neutral values from at most kActiveRanks ranks per element (which ranks rotates
+// with the index, so every rank is checked), keeping results within int8 at any rank count.
+constexpr uint64_t kActiveRanks = 8;
+// Max and min values cycle with period 41 in the rank, so 41 ranks show every value.
+constexpr uint64_t kMaxMinPeriod = 41;
+
+double reduceInputValue(loomDataType_t type, loomRedOp_t op, uint64_t rank, uint64_t nranks, uint64_t index) {
+  bool negatives = !isUnsigned(type);
+  uint64_t distance = (rank + nranks - index % nranks) % nranks;  // 0 for the element's first contributor
+  switch (op) {
+    case loomProd:
+      if (distance < 3 && (index + rank) % 2 == 0) return 2;
+      return distance == 3 && negatives && index % 3 == 0 ? -1 : 1;
+    case loomMax:
+    case loomMin:
+      return static_cast<double>((rank * 7 + index * 13) % kMaxMinPeriod) - (negatives ? 20.0 : 0.0);
+    default:  // sum, avg: avg keeps to non-negative values so integer division has one meaning
+      if (distance >= kActiveRanks) return 0;
+      return static_cast<double>((index + rank) % 5) - (op == loomSum && negatives ? 2.0 : 0.0);
+  }
+}
+
+double reduceResultValue(loomDataType_t type, loomRedOp_t op, uint64_t nranks, uint64_t index) {
+  if (op == loomMax || op == loomMin) {
+    double result = reduceInputValue(type, op, 0, nranks, index);
+    for (uint64_t rank = 1; rank < std::min(nranks, kMaxMinPeriod); rank++) {
+      double v = reduceInputValue(type, op, rank, nranks, index);
+      result = op == loomMax ? std::max(result, v) : std::min(result, v);
+    }
+    return result;
+  }
+  double result = op == loomProd ? 1 : 0;
+  for (uint64_t distance = 0; distance < std::min(nranks, kActiveRanks); distance++) {
+    double v = reduceInputValue(type, op, (index + distance) % nranks, nranks, index);
+    result = op == loomProd ? result * v : result + v;
+  }
+  if (op == loomAvg) result = isFloating(type) ? result / nranks : std::trunc(result / nranks);
+  return result;
+}
+
+}  // namespace
+
+size_t typeSize(loomDataType_t type) {
+  static const size_t kSizes[loomNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
+  return kSizes[type];
+}
+
+void fillData(void* buf, size_t count, loomDataType_t type, int rank, size_t offset) {
+  const uint64_t modulus = dataModulus(type);
+  storeValues(buf, count, type, [&](size_t i) {
+    return static_cast<double>((static_cast<uint64_t>(rank) * 131 + (offset + i) * 7 + 3) % modulus);
+  });
+}
+
+void fillReduceInput(void* buf, size_t count, loomDataType_t type, loomRedOp_t op, int rank, int nranks,
+                     size_t offset) {
+  storeValues(buf, count, type, [&](size_t i) { return reduceInputValue(type, op, rank, nranks, offset + i); });
+}
+
+void fillReduceResult(void* buf, size_t count, loomDataType_t type, loomRedOp_t op, int nranks, size_t offset) {
+  storeValues(buf, count, type, [&](size_t i) { return reduceResultValue(type, op, nranks, offset + i); });
+}
+
+double busBandwidthFactor(Collective collective, int nranks) {
+  double n = nranks;
+  switch (collective) {
+    case Collective::kAllReduce:
+      return 2 * (n - 1) / n;  // reduce-scatter then all-gather
+    case Collective::kReduceScatter:
+    case Collective::kAllGather:
+    case Collective::kAllToAll:
+    case Collective::kGather:
+    case Collective::kScatter:
+      return (n - 1) / n;  // every rank sends or receives all but its own block
+    case Collective::kBroadcast:
+    case Collective::kReduce:
+    case Collective::kSendRecv:
+      return 1;  // the whole buffer crosses each link once
+  }
+  return 1;
+}
+
+size_t perRankCount(size_t count, size_t eltSize, int nranks) { return (count / nranks) & ~(16 / eltSize - 1); }
+
+namespace {
+
+// ---- options ----
+
+struct Options {
+  int nThreads = 1;
+  size_t minBytes = 32 << 20, maxBytes = 32 << 20, stepBytes = 1 << 20;
+  int stepFactor = 1;
+  int iters = 20, warmupIters = 1, aggIters = 1, runCycles = 1, check = 1;
+  int type = loomFloat32, op = loomSum, root = 0;  // -1: all
+  int parallelInit = 0, blocking = 0, streamNull = 0, timeoutSeconds = 0, reportCpuTime = 0;
+  int average = 1;  // the time reported: 0 rank 0's, 1 the mean over ranks, 2 the minimum, 3 the maximum
+  int localRegister = 0;
+};
+
+const char kUsage[] =
+    "usage: %s [options]   (nccl-tests flags; sizes take K, M or G)\n"
+    "  -t,--nthreads <n>          ranks as threads of this process (only without a launcher)\n"
+    "  -g,--ngpus <1>             devices per thread: 1 on host\n"
+    "  -b,--minbytes <size>       smallest size (default 32M)\n"
+    "  -e,--maxbytes <size>       largest size (default 32M)\n"
+    "  -i,--stepbytes <size>      size increment (default 1M)\n"
+    "  -f,--stepfactor <n>        size multiplier; overrides -i when > 1\n"
+    "  -n,--iters <n>             timed iterations (default 20)\n"
+    "  -m,--agg_iters <n>         calls fused in one group per iteration (default 1)\n"
+    "  -w,--warmup_iters <n>      warm-up iterations (default 1)\n"
+    "  -N,--run_cycles <n>        run the size sweep n times (0: forever; default 1)\n"
+    "  -p,--parallel_init <0/1>   ranks initialise concurrently (always so here)\n"
+    "  -c,--check <n>             check the result n times per size (default 1; 0: off)\n"
+    "  -o,--op <sum/prod/max/min/avg/all>\n"
+    "  -d,--datatype <int8/uint8/int32/uint32/int64/uint64/half/float/double/bfloat16/all>\n"
+    "  -r,--root <root>           -1: every root in turn\n"
+    "  -z,--blocking <0/1/2/3>    1: wait and barrier after each call, 2: wait only, 3: barrier after each\n"
+    "                             iteration, excluded from the time\n"
+    "  -y,--stream_null <0/1>     1: blocking calls (NULL stream) instead of a host stream\n"
+    "  -T,--timeout <s>           end the program when one size runs longer than s seconds\n"
+    "  -C,--report_cputime <0/1>  report the time to issue the calls instead of the time to complete them\n"
+    "  -a,--average <0/1/2/3>     time reported: 0 rank 0's, 1 mean over ranks, 2 minimum, 3 maximum\n"
+    "  -R,--local_register <0/1>  register the buffers with loomCommRegister\n"
+    "  -h,--help\n"
+    "Not available on host: -G (CUDA graphs), -g > 1, -R 2, -J, -S, -x, -D, -V, -M, -u, -I, -K.\n";
+
+int parseInt(const char* text, const char* name, int min, int max) {
+  char* end = nullptr;
+  long value = strtol(text, &end, 0);
+  if (*text == '\0' || *end != '\0' || value < min || value > max) {
+    usageError(std::string("invalid value '") + text + "' for " + name + " (expected " + std::to_string(min) + ".." +
+               std::to_string(max) + ")");
+  }
+  return static_cast<int>(value);
+}
+
+// "64", "1.5K", "256M", "2G": a byte count with an optional binary suffix, as nccl-tests reads it.
+size_t parseSize(const char* text, const char* name) {
+  char* end = nullptr;
+  double value = strtod(text, &end);
+  static const char kSuffixes[] = "KMG";
+  const char* suffix = *end ? strchr(kSuffixes, toupper(static_cast<unsigned char>(*end))) : nullptr;
+  double unit = suffix ? std::ldexp(1.0, 10 * static_cast<int>(suffix - kSuffixes + 1)) : 1;
+  if (suffix) end++;
+  if (end == text || *end != '\0' || !(value >= 0) || value * unit > 1e18) {
+    usageError(std::string("invalid size '") + text + "' for " + name);
+  }
+  return static_cast<size_t>(value * unit);
+}
+
+int parseName(const char* text, const char* const* names, int count, const char* what) {
+  for (int i = 0; i < count; i++) {
+    if (strcmp(text, names[i]) == 0) return i;
+  }
+  if (strcmp(text, "all") == 0) return -1;
+  usageError(std::string("invalid ") + what + " '" + text + "'");
+}
+
+// Every flag of nccl-tests, with its long name; those parseOptions does not handle are refused by name.
+struct Flag {
+  char letter;
+  const char* name;
+};
+// clang-format off
+constexpr Flag kFlags[] = {
+    {'t', "nthreads"},     {'g', "ngpus"},          {'b', "minbytes"},      {'e', "maxbytes"},
+    {'i', "stepbytes"},    {'f', "stepfactor"},     {'n', "iters"},         {'m', "agg_iters"},
+    {'w', "warmup_iters"}, {'N', "run_cycles"},     {'p', "parallel_init"}, {'c', "check"},
+    {'o', "op"},           {'d', "datatype"},       {'r', "root"},          {'z', "blocking"},
+    {'y', "stream_null"},  {'T', "timeout"},        {'G', "cudagraph"},     {'C', "report_cputime"},
+    {'a', "average"},      {'R', "local_register"}, {'J', "output_file"},   {'S', "report_timestamps"},
+    {'x', "cta_policy"},   {'D', "device_implementation"}, {'V', "device_cta_count"}, {'M', "memory"},
+    {'u', "unalign"},      {'I', "per_iter_timing"}, {'K', "per_iter_skip"}};
+// clang-format on
+
+Options parseOptions(int argc, char** argv) {
+  std::vector<option> longOptions;
+  std::string shortOptions = "h";
+  for (const Flag& flag : kFlags) {
+    longOptions.push_back(option{flag.name, required_argument, nullptr, flag.letter});
+    shortOptions += std::string(1, flag.letter) + ":";
+  }
+  longOptions.push_back(option{"help", no_argument, nullptr, 'h'});
+  longOptions.push_back(option{nullptr, 0, nullptr, 0});
+
+  Options o;
+  constexpr int kBig = 1 << 30;
+  struct IntFlag {  // flags that set one int within [min, max]
+    char letter;
+    int* value;
+    int min, max;
+  };
+  const IntFlag kIntFlags[] = {
+      {'t', &o.nThreads, 1, 1024},   {'f', &o.stepFactor, 0, kBig},  {'n', &o.iters, 1, kBig},
+      {'m', &o.aggIters, 1, kBig},   {'w', &o.warmupIters, 0, kBig}, {'N', &o.runCycles, 0, kBig},
+      {'p', &o.parallelInit, 0, 1},  {'c', &o.check, 0, kBig},       {'r', &o.root, -1, kBig},
+      {'z', &o.blocking, 0, 3},      {'y', &o.streamNull, 0, 1},     {'T', &o.timeoutSeconds, 0, kBig},
+      {'C', &o.reportCpuTime, 0, 1}, {'a', &o.average, 0, 3},        {'R', &o.localRegister, 0, 2}};
+  for (int c; (c = getopt_long(argc, argv, shortOptions.c_str(), longOptions.data(), nullptr)) != -1;) {
+    const IntFlag* intFlag =
+        std::find_if(std::begin(kIntFlags), std::end(kIntFlags), [&](const IntFlag& f) { return f.letter == c; });
+    std::string flagName = std::string("-") + static_cast<char>(c);
+    if (intFlag != std::end(kIntFlags)) {
+      *intFlag->value = parseInt(optarg, flagName.c_str(), intFlag->min, intFlag->max);
+    } else if (c == 'b' || c == 'e' || c == 'i') {
+      (c == 'b' ? o.minBytes : c == 'e' ? o.maxBytes : o.stepBytes) = parseSize(optarg, flagName.c_str());
+    } else if (c == 'o') {
+      if (strcmp(optarg, "mulsum") == 0) usageError("-o mulsum: loom has no pre-multiplied sum operator");
+      o.op = parseName(optarg, kOpNames, loomNumOps, "op");
+    } else if (c == 'd') {
+      o.type = parseName(optarg, kTypeNames, loomNumTypes, "datatype");
+    } else if (c == 'g') {
+      parseInt(optarg, "-g (host ranks have one device each)", 1, 1);
+    } else if (c == 'G') {
+      if (parseInt(optarg, "-G", 0, kBig) > 0)
+        usageError("-G: CUDA graphs need a CUDA communicator; host runs take -G 0");
+    } else if (c == 'h') {
+      printf(kUsage, argv[0]);
+      exit(0);
+    } else if (c == '?') {
+      usageError("invalid option");  // getopt has said which
+    } else {
+      usageError("option " + flagName + " is not supported by loom's perf tests");
+    }
+  }
+  if (o.localRegister == 2) usageError("-R 2: symmetric registration needs CUDA");
+  if (optind < argc) usageError(std::string("unexpected argument '") + argv[optind] + "'");
+  if (o.minBytes > o.maxBytes) {
+    usageError("invalid sizes for 'minbytes' and 'maxbytes': " + std::to_string(o.minBytes) + " > " +
+               std::to_string(o.maxBytes));
+  }
+  if (o.stepFactor <= 1 && o.stepBytes == 0) usageError("-i 0 with no -f > 1 would never reach -e");
+  return o;
+}
+
+// A launcher started this process as one rank of many: loomCommInitFromEnv knows these variables.
+bool underLauncher() {
+  for (const char* name : {"LOOM_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    if (getenv(name)) return true;
+  }
+  return getenv("RANK") && getenv("WORLD_SIZE");
+}
+
+// ---- the watchdog behind -T ----
+
+// Ends the process when a rank stays in one size's measurement longer than the timeout: a stuck collective
+// would otherwise hold the job until loom's own (much longer) deadline.
+class Watchdog {
+ public:
+  Watchdog(int seconds, int slots) : seconds_(seconds), deadlines_(slots) {
+    if (seconds_ > 0) thread_ = std::thread([this] { watch(); });
+  }
+  ~Watchdog() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  void arm(int slot, int rank, const std::string& what) {
+    if (seconds_ <= 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    deadlines_[slot] = {std::chrono::steady_clock::now() + std::chrono::seconds(seconds_), rank, what, true};
+  }
+  void disarm(int slot) {
+    if (seconds_ <= 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    deadlines_[slot].armed = false;
+  }
+
+ private:
+  struct Deadline {
+    std::chrono::steady_clock::time_point when;
+    int rank = 0;
+    std::string what;
+    bool armed = false;
+  };
+  void watch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return done_; })) {
+      for (const Deadline& d : deadlines_) {
+        if (!d.armed || std::chrono::steady_clock::now() < d.when) continue;
+        fprintf(stderr, "%s: Test timeout (%ds): rank %d is still in %s\n", hostName().c_str(), seconds_, d.rank,
+                d.what.c_str());
+        fflush(stdout);
+        fflush(stderr);
+        _exit(1);
+      }
+    }
+  }
+  int seconds_;
+  std::vector<Deadline> deadlines_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// ---- one rank ----
+
+struct RankInfo {  // what rank 0 prints about every rank; fixed size so that it travels as bytes
+  int32_t rank;
+  int32_t pid;
+  char host[56];
+};
+
+// The size column of a row: the larger of the two buffers, as nccl-tests prints it.
+struct Row {
+  CallSizes sizes;
+  size_t eltSize;
+  size_t bytes() const { return std::max(sizes.sendCount, sizes.recvCount) * eltSize; }
+};
+
+double secondsNow() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// nccl-tests' number cells: as many decimals as fit in `width`, then exponent notation.
+std::string formatCell(double value, int width) {
+  char text[64];
+  for (const char* format : {"%*.2f", "%*.1f", "%*.0f"}) {
+    if (snprintf(text, sizeof(text), format, width, value) <= width) return text;
+  }
+  snprintf(text, sizeof(text), width >= 7 ? "%*.1e" : "%*.0e", width, value);
+  return text;
+}
+
+class RankRunner {
+ public:
+  RankRunner(const Options& options, const CollectiveTest& test, Watchdog& watchdog, int watchdogSlot)
+      : o_(options), test_(test), watchdog_(watchdog), watchdogSlot_(watchdogSlot), maxBytes_(options.maxBytes) {}
+
+  void initFromEnv() {
+    PERF_CHECK(nullptr, loomCommInitFromEnv(&comm_));
+    finishInit();
+  }
+  void initRank(const loomUniqueId& id, int nranks, int rank) {
+    PERF_CHECK(nullptr, loomCommInitRank(&comm_, nranks, id, rank));
+    finishInit();
+  }
+  // Runs every row; returns the number of failed checks over all ranks.
+  int64_t run(const char* programName);
+
+ private:
+  void finishInit() {
+    PERF_CHECK(comm_, loomCommUserRank(comm_, &rank_));
+    PERF_CHECK(comm_, loomCommCount(comm_, &nranks_));
+    printer_ = rank_ == 0;
+  }
+  bool checkActive() const { return o_.check > 0; }
+  void barrier() { PERF_CHECK(comm_, loomBarrier(comm_, nullptr)); }
+  void complete() {
+    if (stream_) PERF_CHECK(comm_, loomStreamSynchronize(stream_));
+  }
+  template <typename T>
+  T allReduce(T value, loomDataType_t type, loomRedOp_t op) {
+    PERF_CHECK(comm_, loomAllReduce(&value, &value, 1, type, op, comm_, nullptr));
+    return value;
+  }
+  std::vector<RankInfo> gatherRankInfo();
+  void limitMaxBytes(const std::vector<RankInfo>& ranks);
+  void printHeader(const char* programName, const std::vector<RankInfo>& ranks);
+  void allocate();
+  void release();
+  char* inputOf(const Row& row, bool inPlace, size_t shift) const;
+  char* outputOf(const Row& row, bool inPlace, size_t shift) const;
+  void startCall(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace, int iter);
+  void afterCalls();
+  int64_t checkOnce(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace);
+  std::string measure(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace);
+  void sweep(loomDataType_t type, loomRedOp_t op, int root);
+  // The size after `size`; a sweep by factor that starts at 0 goes on at one element.
+  size_t nextSize(size_t size, int factor, size_t eltSize) const {
+    if (factor <= 1) return size + o_.stepBytes;
+    return size == 0 ? eltSize : size * factor;
+  }
+
+  const Options& o_;
+  const CollectiveTest& test_;
+  Watchdog& watchdog_;
+  const int watchdogSlot_;
+  size_t maxBytes_;
+  loomComm_t comm_ = nullptr;
+  loomStream_t stream_ = nullptr;
+  int rank_ = 0, nranks_ = 1;
+  bool printer_ = false;
+  size_t bufferBytes_ = 0;
+  char* send_ = nullptr;
+  char* recv_ = nullptr;
+  std::vector<char> expected_;
+  void* sendHandle_ = nullptr;
+  void* recvHandle_ = nullptr;
+  double busBwSum_ = 0;
+  int busBwCount_ = 0;
+  int64_t failedChecks_ = 0;  // sizes where this rank's output was wrong
+};
+
+std::vector<RankInfo> RankRunner::gatherRankInfo() {
+  RankInfo mine{};
+  mine.rank = rank_;
+  mine.pid = static_cast<int32_t>(getpid());
+  snprintf(mine.host, sizeof(mine.host), "%s", hostName().c_str());
+  std::vector<RankInfo> all(nranks_);
+  PERF_CHECK(comm_, loomAllGather(&mine, all.data(), sizeof(RankInfo), loomUint8, comm_, nullptr));
+  return all;
+}
+
+// Like nccl-tests, shrink -e when the buffers of all ranks on a host would not fit in its memory.
+void RankRunner::limitMaxBytes(const std::vector<RankInfo>& ranks) {
+  const uint64_t kGiB = 1ull << 30;
+  uint64_t memory = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  uint64_t reserve = std::min((memory + 16 * kGiB - 1) / (16 * kGiB) * kGiB, 4 * kGiB) + kGiB;
+  uint64_t ranksHere = std::count_if(ranks.begin(), ranks.end(),
+                                     [&](const RankInfo& r) { return strcmp(r.host, ranks[rank_].host) == 0; });
+  uint64_t limit = memory > reserve ? (memory - reserve) / (checkActive() ? 3 : 2) / ranksHere : 0;
+  limit = allReduce<uint64_t>(limit, loomUint64, loomMin);
+  if (maxBytes_ > limit) {
+    maxBytes_ = limit;
+    if (printer_) printf("#\n# Reducing maxBytes to %zu due to memory limitation\n", maxBytes_);
+  }
+}
+
+void RankRunner::printHeader(const char* programName, const std::vector<RankInfo>& ranks) {
+  int version = 0;
+  loomGetVersion(&version);
+  printf("# loom perf version %d.%d.%d loom-headers=%d loom-library=%d\n", LOOM_MAJOR, LOOM_MINOR, LOOM_PATCH,
+         LOOM_VERSION_CODE, version);
+  printf("# Collective test starting: %s\n", programName);
+  printf(
+      "# nThread %d nGpus 1 minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d agg iters: %d "
+      "validation: %d graph: 0\n",
+      o_.nThreads, o_.minBytes, o_.maxBytes, o_.stepFactor > 1 ? static_cast<size_t>(o_.stepFactor) : o_.stepBytes,
+      o_.stepFactor > 1 ? "factor" : "bytes", o_.warmupIters, o_.iters, o_.aggIters, o_.check);
+  if (o_.blocking == 1) printf("# Blocking Enabled: wait and barrier after each inner iteration (-m) \n");
+  if (o_.blocking == 2) printf("# Blocking Enabled: wait after each inner iteration (-m), no barrier \n");
+  if (o_.blocking == 3)
+    printf("# Blocking Enabled: wait and barrier after each outer iteration (-n); time excludes barrier \n");
+  if (o_.parallelInit) printf("# Parallel Init Enabled: threads call into loomCommInitRank concurrently \n");
+  printf("#\n# Using devices\n");
+  for (const RankInfo& r : ranks) {
+    // The device number of a host rank: its place among the ranks on its host, as a GPU's would be.
+    long device = std::count_if(ranks.begin(), ranks.begin() + r.rank,
+                                [&](const RankInfo& other) { return strcmp(other.host, r.host) == 0; });
+    printf("#  Rank %2d Group  0 Pid %6d on %10s device %2ld [cpu] host\n", r.rank, r.pid, r.host, device);
+  }
+}
+
+void RankRunner::allocate() {
+  bufferBytes_ = std::max<size_t>(maxBytes_, 64);  // never ask loom for 0 bytes
+  PERF_CHECK(comm_, loomMemAlloc(reinterpret_cast<void**>(&send_), bufferBytes_));
+  PERF_CHECK(comm_, loomMemAlloc(reinterpret_cast<void**>(&recv_), bufferBytes_));
+  if (checkActive()) expected_.resize(bufferBytes_);
+  if (o_.localRegister) {
+    PERF_CHECK(comm_, loomCommRegister(comm_, send_, bufferBytes_, &sendHandle_));
+    PERF_CHECK(comm_, loomCommRegister(comm_, recv_, bufferBytes_, &recvHandle_));
+  }
+  if (!o_.streamNull) PERF_CHECK(comm_, loomStreamCreate(&stream_));
+}
+
+void RankRunner::release() {
+  if (stream_) PERF_CHECK(comm_, loomStreamDestroy(stream_));
+  if (sendHandle_) PERF_CHECK(comm_, loomCommDeregister(comm_, sendHandle_));
+  if (recvHandle_) PERF_CHECK(comm_, loomCommDeregister(comm_, recvHandle_));
+  PERF_CHECK(comm_, loomMemFree(send_));
+  PERF_CHECK(comm_, loomMemFree(recv_));
+  PERF_CHECK(nullptr, loomCommDestroy(comm_));
+}
+
+// In place, the input lives inside the receive buffer, at the place the collective's in-place form names.
+char* RankRunner::inputOf(const Row& row, bool inPlace, size_t shift) const {
+  if (!inPlace) return send_ + shift;
+  return recv_ + shift + row.sizes.sendInPlaceOffset * rank_ * row.eltSize;
+}
+char* RankRunner::outputOf(const Row& row, bool inPlace, size_t shift) const {
+  return recv_ + shift + (inPlace ? row.sizes.recvInPlaceOffset * rank_ * row.eltSize : 0);
+}
+
+void RankRunner::startCall(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace, int iter) {
+  // Successive iterations walk through the buffers (as nccl-tests does), so small sizes are not timed from a
+  // cache that a real application would not have warmed.
+  size_t bytes = row.bytes();
+  size_t steps = bytes ? std::max<size_t>(maxBytes_ / bytes, 1) : 1;
+  size_t shift = bytes * (iter % steps);
+  CallArgs args{inputOf(row, inPlace, shift),
+                outputOf(row, inPlace, shift),
+                row.sizes.paramCount,
+                type,
+                op,
+                root,
+                rank_,
+                nranks_,
+                comm_,
+                stream_};
+  PERF_CHECK(comm_, test_.run(args));
+  if (o_.blocking && o_.aggIters <= 1) afterCalls();
+}
+
+// -z 1 and 2: wait for the call (-z 1 also lines ranks up). With -m > 1 this follows the group, since waiting
+// inside a group would wait for calls not yet issued.
+void RankRunner::afterCalls() {
+  if (o_.blocking == 1 || o_.blocking == 2) complete();
+  if (o_.blocking == 1) barrier();
+}
+
+int64_t RankRunner::checkOnce(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace) {
+  // Poison the output first with a value no check input or result takes, so an unwritten element counts.
+  memset(recv_, type == loomUint8 ? 0xff : 0x7f, row.sizes.recvCount * row.eltSize);
+  CheckArgs args{row.sizes, type, op, root, rank_, nranks_};
+  test_.fillInput(inputOf(row, inPlace, 0), args);
+  size_t checked = test_.fillExpected(expected_.data(), args);
+  startCall(row, type, op, root, inPlace, 0);
+  complete();
+  // avg of floating types: a library may divide before summing (as NCCL does), a few roundings away.
+  double tolerance = 0;
+  if (test_.hasOp && op == loomAvg && isFloating(type)) {
+    double epsilon = type == loomFloat16    ? 0x1p-10
+                     : type == loomBfloat16 ? 0x1p-7
+                     : type == loomFloat32  ? 0x1p-23
+                                            : 0x1p-52;
+    tolerance = epsilon * static_cast<double>(std::min<uint64_t>(nranks_, kActiveRanks) + 1);
+  }
+  return countWrong(outputOf(row, inPlace, 0), expected_.data(), checked, type, tolerance);
+}
+
+// One half of a row: time iters calls, check, and return the cells.
+std::string RankRunner::measure(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace) {
+  watchdog_.arm(watchdogSlot_, rank_,
+                std::string(test_.name) + " " + kTypeNames[type] + " " + std::to_string(row.bytes()) + " bytes");
+  if (checkActive()) {  // defined input for the timed calls too: no denormals, no NaN
+    CheckArgs args{row.sizes, type, op, root, rank_, nranks_};
+    test_.fillInput(inputOf(row, inPlace, 0), args);
+  }
+  startCall(row, type, op, root, inPlace, 0);
+  complete();
+  barrier();
+
+  const int calls = o_.iters * o_.aggIters;
+  double start = secondsNow(), outsideBarriers = 0;
+  for (int iter = 0; iter < o_.iters; iter++) {
+    double iterStart = secondsNow();
+    if (o_.aggIters > 1) PERF_CHECK(comm_, loomGroupStart());
+    for (int a = 0; a < o_.aggIters; a++) startCall(row, type, op, root, inPlace, iter * o_.aggIters + a);
+    if (o_.aggIters > 1) {
+      PERF_CHECK(comm_, loomGroupEnd());
+      if (o_.blocking) afterCalls();
+    }
+    if (o_.blocking == 3) {
+      complete();
+      outsideBarriers += secondsNow() - iterStart;
+      barrier();
+    }
+  }
+  double cpuSeconds = (o_.blocking == 3 ? outsideBarriers : secondsNow() - start) / calls;
+  complete();
+  double seconds = (o_.blocking == 3 ? outsideBarriers : secondsNow() - start) / calls;
+
+  if (o_.average == 1) seconds = allReduce(seconds, loomFloat64, loomSum) / nranks_;
+  if (o_.average == 2) seconds = allReduce(seconds, loomFloat64, loomMin);
+  if (o_.average == 3) seconds = allReduce(seconds, loomFloat64, loomMax);
+  double algBw = seconds > 0 ? static_cast<double>(row.bytes()) / 1e9 / seconds : 0;
+  double busBw = algBw * busBandwidthFactor(test_.collective, nranks_);
+  barrier();
+
+  int64_t wrong = 0;
+  for (int c = 0; c < o_.check; c++) {
+    int64_t mine = checkOnce(row, type, op, root, inPlace);
+    if (mine) failedChecks_++;
+    wrong = allReduce<int64_t>(mine, loomInt64, loomSum);
+    if (wrong) break;
+  }
+  watchdog_.disarm(watchdogSlot_);
+  busBwSum_ += busBw;
+  busBwCount_++;
+
+  double timeUs = (o_.reportCpuTime ? cpuSeconds : seconds) * 1e6;
+  char wrongCell[32];
+  if (checkActive()) {
+    snprintf(wrongCell, sizeof(wrongCell), "%6g", static_cast<double>(wrong));
+  } else {
+    snprintf(wrongCell, sizeof(wrongCell), "   N/A");
+  }
+  return "  " + formatCell(timeUs, 7) + "  " + formatCell(algBw, 6) + "  " + formatCell(busBw, 6) + "  " + wrongCell;
+}
+
+void RankRunner::sweep(loomDataType_t type, loomRedOp_t op, int root) {
+  const size_t eltSize = typeSize(type);
+  auto rowFor = [&](size_t bytes) { return Row{test_.sizes(bytes / eltSize, eltSize, nranks_), eltSize}; };
+  barrier();
+  for (size_t size = o_.minBytes; size <= maxBytes_; size = nextSize(size, 2, eltSize)) {  // warm every size up
+    Row row = rowFor(size);
+    for (int iter = 0; iter < o_.warmupIters; iter++) startCall(row, type, op, root, false, iter);
+    complete();
+  }
+  for (int cycle = 0; o_.runCycles == 0 || cycle < o_.runCycles; cycle++) {
+    for (size_t size = o_.minBytes; size <= maxBytes_; size = nextSize(size, o_.stepFactor, eltSize)) {
+      Row row = rowFor(size);
+      char preamble[128];
+      snprintf(preamble, sizeof(preamble), "%12zu  %12zu  %8s  %6s  %6d", row.bytes(), row.sizes.paramCount,
+               kTypeNames[type], test_.hasOp ? kOpNames[op] : "none", test_.hasRoot ? root : -1);
+      std::string line = preamble + measure(row, type, op, root, false);
+      line += test_.hasInPlace ? measure(row, type, op, root, true) : "      N/A     N/A     N/A     N/A";
+      if (printer_) printf("%s\n", line.c_str());
+    }
+  }
+}
+
+int64_t RankRunner::run(const char* programName) {
+  std::vector<RankInfo> ranks = gatherRankInfo();
+  if (printer_) printHeader(programName, ranks);
+  limitMaxBytes(ranks);
+  if (test_.hasRoot && o_.root >= nranks_) {  // every rank sees this, so every rank leaves
+    if (printer_) fprintf(stderr, "invalid root %d for %d ranks (see -h)\n", o_.root, nranks_);
+    fflush(stdout);
+    _exit(2);
+  }
+  allocate();
+  if (printer_) {
+    const char* time = o_.reportCpuTime ? "cputime" : "time";
+    printf("#\n# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n", "", "",
+           "", "", "");
+    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "size", "count", "type", "redop",
+           "root", time, "algbw", "busbw", "#wrong", time, "algbw", "busbw", "#wrong");
+    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "(B)", "(elements)", "", "", "",
+           "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  }
+  int firstType = o_.type < 0 ? 0 : o_.type, lastType = o_.type < 0 ? loomNumTypes - 1 : o_.type;
+  int firstOp = !test_.hasOp ? 0
+                : o_.op < 0  ? 0
+                             : o_.op,
+      lastOp = !test_.hasOp ? 0
+               : o_.op < 0  ? loomNumOps - 1
+                            : o_.op;
+  int firstRoot = !test_.hasRoot ? 0 : o_.root < 0 ? 0 : o_.root;
+  int lastRoot = !test_.hasRoot ? 0 : o_.root < 0 ? nranks_ - 1 : o_.root;
+  for (int type = firstType; type <= lastType; type++) {
+    for (int op = firstOp; op <= lastOp; op++) {
+      for (int root = firstRoot; root <= lastRoot; root++) {
+        sweep(static_cast<loomDataType_t>(type), static_cast<loomRedOp_t>(op), root);
+      }
+    }
+  }
+  int64_t failed = allReduce<int64_t>(failedChecks_, loomInt64, loomSum);
+  if (printer_) {
+    double avgBusBw = busBwCount_ ? busBwSum_ / busBwCount_ : 0;
+    printf("# %-20s : %lld %s\n", "Out of bounds values", static_cast<long long>(failed), failed ? "FAILED" : "OK");
+    printf("# %-20s : %g \n", "Avg bus bandwidth", avgBusBw);
+    printf("#\n# Collective test concluded: %s\n#\n", programName);
+  }
+  release();
+  return failed;
+}
+
+}  // namespace
+
+int runPerfTest(int argc, char** argv, const CollectiveTest& test) {
+  setlinebuf(stdout);
+  const char* slash = strrchr(argv[0], '/');
+  const char* programName = slash ? slash + 1 : argv[0];
+  Options options = parseOptions(argc, argv);
+
+  int64_t failed = 0;
+  if (underLauncher()) {
+    if (options.nThreads > 1) {
+      usageError("-t " + std::to_string(options.nThreads) +
+                 ": under a launcher each process is one rank; start more processes instead (loomrun -n)");
+    }
+    Watchdog watchdog(options.timeoutSeconds, 1);
+    RankRunner runner(options, test, watchdog, 0);
+    runner.initFromEnv();
+    failed = runner.run(programName);
+  } else {
+    // One process, -t ranks: each thread joins the communicator as one rank.
+    loomUniqueId id;
+    PERF_CHECK(nullptr, loomGetUniqueId(&id));
+    Watchdog watchdog(options.timeoutSeconds, options.nThreads);
+    std::vector<int64_t> failedPerThread(options.nThreads, 0);
+    auto rankMain = [&](int t) {
+      RankRunner runner(options, test, watchdog, t);
+      runner.initRank(id, options.nThreads, t);
+      failedPerThread[t] = runner.run(programName);
+    };
+    std::vector<std::thread> threads;
+    for (int t = 1; t < options.nThreads; t++) threads.emplace_back(rankMain, t);
+    rankMain(0);
+    for (std::thread& thread : threads) thread.join();
+    failed = failedPerThread[0];
+  }
+  const char* lastError = loomGetLastError(nullptr);
+  if (lastError && *lastError) printf("# error: %s\n", lastError);
+  return failed ? 1 : 0;
+}
+
+}  // namespace perf

@@ -1,0 +1,99 @@
+// perf/common.h — the harness shared by loom's perf programs (all_reduce_perf, ...), which take the flags and
+// print the table of NVIDIA's nccl-tests so that results and scripts carry over. A program describes one
+// collective in a CollectiveTest (buffer sizes, the call, its input and expected output) and hands it to
+// runPerfTest, which parses the command line, creates the communicators, times, checks and reports.
+// Uses only the public API <loom/loom.h>. Host buffers only: the CUDA-only flags (-G, -g > 1) are refused.
+#ifndef LOOM_PERF_COMMON_H_
+#define LOOM_PERF_COMMON_H_
+
+#include <loom/loom.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace perf {
+
+// The collectives of the suite; each has its bus bandwidth factor in busBandwidthFactor.
+enum class Collective {
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kReduce,
+  kAllToAll,
+  kSendRecv,
+  kGather,
+  kScatter
+};
+
+// busbw = algbw * factor: the share of the data each rank must move over its busiest link, so that a busbw
+// figure can be compared with the hardware's link bandwidth whatever the rank count (nccl-tests' PERFORMANCE.md).
+double busBandwidthFactor(Collective collective, int nranks);
+
+// Elements of one call for a row of the table whose size is `count` elements of the chosen type.
+struct CallSizes {
+  size_t sendCount;          // elements this rank's send buffer holds
+  size_t recvCount;          // elements this rank's receive buffer holds
+  size_t paramCount;         // the count argument of the call
+  size_t sendInPlaceOffset;  // in place: send = recv + sendInPlaceOffset * rank
+  size_t recvInPlaceOffset;  // in place: recv = recv buffer + recvInPlaceOffset * rank
+};
+
+// The per-rank count of collectives that split `count` over the ranks, rounded down to 16 bytes as nccl-tests
+// does, so the same -b/-e give the same rows.
+size_t perRankCount(size_t count, size_t eltSize, int nranks);
+
+// Everything one call needs.
+struct CallArgs {
+  const void* send;
+  void* recv;
+  size_t count;  // CallSizes::paramCount
+  loomDataType_t type;
+  loomRedOp_t op;
+  int root;
+  int rank;
+  int nranks;
+  loomComm_t comm;
+  loomStream_t stream;
+};
+
+// Where check data comes from: the input of `rank` and the output the collective must produce on `rank`.
+struct CheckArgs {
+  const CallSizes& sizes;
+  loomDataType_t type;
+  loomRedOp_t op;
+  int root;
+  int rank;
+  int nranks;
+};
+
+struct CollectiveTest {
+  const char* name;  // e.g. "AllReduce", for messages
+  Collective collective;
+  bool hasOp;       // takes a reduction operator: -o applies, "all" loops over them; otherwise redop "none"
+  bool hasRoot;     // has a root: -r applies, -r -1 loops over all roots; otherwise root -1
+  bool hasInPlace;  // has an in-place form (loomAllToAll does not)
+  CallSizes (*sizes)(size_t count, size_t eltSize, int nranks);
+  loomResult_t (*run)(const CallArgs& args);
+  // Writes this rank's sendCount input elements at `send`.
+  void (*fillInput)(void* send, const CheckArgs& args);
+  // Writes the expected recv buffer at `expected`; returns how many elements to compare (0: recv is unused).
+  size_t (*fillExpected)(void* expected, const CheckArgs& args);
+};
+
+// Runs the whole program: call it from main. Returns the process exit code.
+int runPerfTest(int argc, char** argv, const CollectiveTest& test);
+
+// Check data, exact in every type. `offset` is the index of buf[0] in the logical array, so that a part of an
+// array (a rank's block) can be written on its own. fillData: values for collectives that only move data,
+// different for every (rank, index). fillReduceInput / fillReduceResult: the input of `rank` and the result of
+// `op` over all `nranks` inputs, chosen so that no partial result of any order overflows or rounds.
+void fillData(void* buf, size_t count, loomDataType_t type, int rank, size_t offset);
+void fillReduceInput(void* buf, size_t count, loomDataType_t type, loomRedOp_t op, int rank, int nranks, size_t offset);
+void fillReduceResult(void* buf, size_t count, loomDataType_t type, loomRedOp_t op, int nranks, size_t offset);
+
+size_t typeSize(loomDataType_t type);
+
+}  // namespace perf
+
+#endif  // LOOM_PERF_COMMON_H_

@@ -1,0 +1,770 @@
+// Bootstrap: unique ids, the root rendezvous server, and each rank's ring and point-to-point connections.
+//
+// Wire format (integers little-endian) after the handshake of socket.h on every connection:
+//   rank -> root   u32 length, then u32 kRegister, i32 rank, i32 nranks, listener address bytes
+//   root -> rank   u32 length, then u32 kTable, u32 nranks, nranks x (u16 length, address bytes)
+//                  or u32 length, then u32 kReject, reason text
+//   rank -> rank   u32 kRingConn or kP2pConn, i32 from-rank; then on a ring connection raw allGather blocks,
+//                  on a p2p connection frames of i32 tag, u32 0, u64 length, payload
+// Not here: retrying a failed rank, re-forming a ring, or encrypting anything (the secret authenticates only).
+#include "bootstrap.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "params.h"
+#include "siphash.h"
+#include "socket.h"
+
+namespace loom {
+namespace {
+
+static_assert(kSecretBytes == kAuthSecretBytes && kSecretBytes == kSipHashKeyBytes);
+
+// The 128-byte id: u32 magic, u16 version, u16 zero, the secret, then the NUL-terminated root address.
+constexpr uint32_t kIdMagic = 0x4d4f4f4c;  // "LOOM" in memory
+constexpr uint16_t kIdVersion = 1;
+constexpr size_t kIdSecretOffset = 8;
+constexpr size_t kIdAddressOffset = kIdSecretOffset + kSecretBytes;
+constexpr size_t kMaxAddressBytes = LOOM_UNIQUE_ID_BYTES - kIdAddressOffset - 1;  // 103, without the NUL
+
+enum MessageKind : uint32_t { kRegister = 1, kTable = 2, kReject = 3 };
+enum ConnKind : uint32_t { kRingConn = 1, kP2pConn = 2 };
+constexpr size_t kRegisterHeaderBytes = 12;
+constexpr size_t kMaxRegisterBytes = kRegisterHeaderBytes + kMaxAddressBytes;
+constexpr size_t kMaxRejectBytes = 400;
+constexpr int kMaxRanks = 1 << 20;
+constexpr size_t kHelloBytes = 8;
+constexpr size_t kFrameHeaderBytes = 16;
+// Bootstrap messages are setup data (addresses, topology graphs): anything larger is a bug, not a use.
+constexpr uint64_t kMaxP2pBytes = uint64_t{1} << 32;
+// The root exits when no rank has registered for this long (or LOOM_TIMEOUT_MS if longer): by then every rank
+// that could still use it has timed out itself, and a leaked listener would only invite strangers.
+constexpr int64_t kRootIdleMs = int64_t{10} * 60 * 1000;
+
+void putU32(std::vector<uint8_t>* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+void putU64(std::vector<uint8_t>* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+void putBytes(std::vector<uint8_t>* out, const void* data, size_t bytes) {
+  out->insert(out->end(), static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + bytes);
+}
+// Prefixes `body` with its u32 length.
+std::vector<uint8_t> lengthPrefixed(const std::vector<uint8_t>& body) {
+  std::vector<uint8_t> out;
+  putU32(&out, static_cast<uint32_t>(body.size()));
+  putBytes(&out, body.data(), body.size());
+  return out;
+}
+
+// Bounds-checked reads of a received message.
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t bytes) : data_(data), left_(bytes) {}
+  bool u16(uint16_t* v) { return little(v, 2); }
+  bool u32(uint32_t* v) { return little(v, 4); }
+  bool u64(uint64_t* v) { return little(v, 8); }
+  bool text(size_t bytes, std::string* out) {
+    if (bytes > left_) return false;
+    out->assign(reinterpret_cast<const char*>(data_), bytes);
+    data_ += bytes, left_ -= bytes;
+    return true;
+  }
+  size_t left() const { return left_; }
+
+ private:
+  template <typename T>
+  bool little(T* v, size_t bytes) {
+    if (bytes > left_) return false;
+    *v = 0;
+    for (size_t i = 0; i < bytes; ++i) *v |= static_cast<T>(static_cast<T>(data_[i]) << (8 * i));
+    data_ += bytes, left_ -= bytes;
+    return true;
+  }
+  const uint8_t* data_;
+  size_t left_;
+};
+
+// An address a peer sent us is only used if it is printable and of the form host:port.
+bool plausibleAddress(const std::string& text) {
+  std::string host;
+  int port;
+  if (text.empty() || text.size() > kMaxAddressBytes) return false;
+  for (char c : text)
+    if (c < 0x21 || c > 0x7e) return false;
+  return splitHostPort(text, &host, &port) && port != 0;
+}
+
+// ---- The root ----
+
+// Collects (rank, nranks, listener address) from every rank, answers each with the full table, then exits.
+class RootServer : public AuthServer {
+ public:
+  RootServer(UniqueFd listener, const uint8_t* secret, const std::string& address)
+      : AuthServer(std::move(listener), secret, AuthRole::kRoot, "bootstrap root at " + address) {}
+
+  void run() {
+    const int64_t idleMs = std::max<int64_t>(kRootIdleMs, params::timeoutMs());
+    lastRegistration_ = Clock::now();
+    for (;;) {
+      bool woken = false;
+      serveOnce(kPollSliceMs, -1, &woken);
+      if (tablesSent_ && conns_.empty()) {
+        LOOM_INFO(BOOT, "%s: all %d ranks have the table; exiting", name_.c_str(), nranks_);
+        return;
+      }
+      if (!tablesSent_ && Clock::now() - lastRegistration_ > std::chrono::milliseconds(idleMs)) {
+        LOOM_WARN(BOOT, "%s: giving up after %lld s without a new rank (%d of %d registered); closing", name_.c_str(),
+                  (long long)(idleMs / 1000), registered_, nranks_);
+        return;
+      }
+    }
+  }
+
+ private:
+  enum Stage { kLength = 1, kBody, kRegistered, kSendingTable };
+
+  void onAuthenticated(Conn& conn) override {
+    conn.stage = kLength;
+    expectInput(conn, 4);
+  }
+
+  const char* describeStage(const Conn& conn) const override {
+    switch (conn.stage) {
+      case kLength:
+      case kBody:
+        return "its registration";
+      case kRegistered:
+        return "the wait for the other ranks";
+      case kSendingTable:
+        return "the sending of the table";
+      default:
+        return AuthServer::describeStage(conn);
+    }
+  }
+
+  void onMessage(Conn& conn) override {
+    Reader in(conn.io.input().data(), conn.io.input().size());
+    if (conn.stage == kLength) {
+      uint32_t length = 0;
+      in.u32(&length);
+      if (length < kRegisterHeaderBytes || length > kMaxRegisterBytes) {
+        return drop(conn, "it declared a %u-byte registration; expected %zu to %zu bytes", length, kRegisterHeaderBytes,
+                    kMaxRegisterBytes);
+      }
+      conn.stage = kBody;
+      return expectInput(conn, length);
+    }
+    if (conn.stage == kRegistered) return drop(conn, "it sent data after registering");
+    uint32_t kind = 0, rank = 0, nranks = 0;
+    std::string address;
+    in.u32(&kind), in.u32(&rank), in.u32(&nranks), in.text(in.left(), &address);
+    if (kind != kRegister) return drop(conn, "message kind %u where a registration (%u) was expected", kind, kRegister);
+    int r = static_cast<int>(rank), n = static_cast<int>(nranks);
+    if (!plausibleAddress(address)) return reject(conn, "its listener address is not a printable host:port");
+    if (n < 1 || n > kMaxRanks) return reject(conn, "nranks %d is outside 1..%d", n, kMaxRanks);
+    if (nranks_ > 0 && n != nranks_) {
+      return reject(conn, "rank %d says nranks is %d but the ranks registered so far said %d", r, n, nranks_);
+    }
+    if (r < 0 || r >= n) return reject(conn, "rank %d is outside 0..%d", r, n - 1);
+    if (nranks_ > 0 && byRank_[r] != nullptr) {
+      return reject(conn, "rank %d is already registered from %s", r, byRank_[r]->io.peerName().c_str());
+    }
+    if (nranks_ < 0) {
+      nranks_ = n;
+      byRank_.assign(n, nullptr);
+      addresses_.assign(n, std::string());
+    }
+    byRank_[r] = &conn;
+    addresses_[r] = address;
+    conn.rank = r;
+    conn.stage = kRegistered;
+    conn.deadline = Clock::time_point::max();  // it waits for the others; the idle limit bounds that
+    expectInput(conn, 1);                      // only to notice it leaving
+    ++registered_;
+    lastRegistration_ = Clock::now();
+    LOOM_INFO(BOOT, "%s: rank %d of %d registered (%d so far), listening at %s", name_.c_str(), r, n, registered_,
+              address.c_str());
+    if (registered_ == nranks_) sendTables();
+  }
+
+  void onGone(Conn& conn) override {
+    if (tablesSent_ || conn.stage != kRegistered) return;
+    // Its slot is free again, so a restarted rank can still join.
+    byRank_[conn.rank] = nullptr;
+    if (--registered_ == 0) nranks_ = -1;
+  }
+
+  void reject(Conn& conn, const char* fmt, ...) __attribute__((format(printf, 3, 4))) {
+    char why[kMaxRejectBytes];
+    va_list args;
+    va_start(args, fmt);
+    std::vsnprintf(why, sizeof(why), fmt, args);
+    va_end(args);
+    LOOM_WARN(BOOT, "%s: rejecting the registration from %s: %s", name_.c_str(), conn.io.peerName().c_str(), why);
+    std::vector<uint8_t> body;
+    putU32(&body, kReject);
+    putBytes(&body, why, std::strlen(why));
+    std::vector<uint8_t> message = lengthPrefixed(body);
+    conn.io.queue(message.data(), message.size());
+    conn.closeWhenFlushed = true;
+    conn.deadline = Clock::now() + std::chrono::milliseconds(handshakeMs_);
+  }
+
+  void sendTables() {
+    std::vector<uint8_t> body;
+    putU32(&body, kTable);
+    putU32(&body, static_cast<uint32_t>(nranks_));
+    for (const std::string& address : addresses_) {
+      body.push_back(static_cast<uint8_t>(address.size()));
+      body.push_back(static_cast<uint8_t>(address.size() >> 8));
+      putBytes(&body, address.data(), address.size());
+    }
+    std::vector<uint8_t> message = lengthPrefixed(body);
+    tablesSent_ = true;
+    listener_.reset();  // the rendezvous is complete: late or stray connections are refused by the kernel
+    for (auto& conn : conns_) {
+      if (conn->stage != kRegistered) {
+        LOOM_INFO(BOOT, "%s: closing the unregistered connection from %s: all ranks are in", name_.c_str(),
+                  conn->io.peerName().c_str());
+        conn->dead = true;
+        continue;
+      }
+      conn->stage = kSendingTable;
+      conn->reading = false;
+      conn->io.queue(message.data(), message.size());
+      conn->closeWhenFlushed = true;
+      conn->deadline = Clock::now() + std::chrono::milliseconds(handshakeMs_);
+    }
+  }
+
+  int nranks_ = -1;
+  int registered_ = 0;
+  bool tablesSent_ = false;
+  std::vector<Conn*> byRank_;
+  std::vector<std::string> addresses_;
+  Clock::time_point lastRegistration_;
+};
+
+loomResult_t launchRoot(UniqueFd listener, const uint8_t* secret, const std::string& address) {
+  auto root = std::make_shared<RootServer>(std::move(listener), secret, address);
+  try {
+    std::thread([root] { root->run(); }).detach();
+  } catch (const std::system_error& error) {
+    return LOOM_FAIL(loomSystemError, BOOT, "cannot start the bootstrap root thread for %s: %s", address.c_str(),
+                     error.what());
+  }
+  LOOM_INFO(BOOT, "bootstrap root listening at %s", address.c_str());
+  return loomSuccess;
+}
+
+// Condition-variable waits are sliced like poll()s, so the abort flag is seen within kPollSliceMs.
+std::chrono::milliseconds waitSlice(const Deadline& deadline) {
+  return std::chrono::milliseconds(std::min<int64_t>(kPollSliceMs, deadline.remainingMs()));
+}
+
+// ---- What a rank's listener thread shares with the calling thread ----
+
+struct Inbox {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::map<std::pair<int, int>, std::deque<std::vector<uint8_t>>> messages;  // by (peer, tag), FIFO
+  std::vector<char> peerGone;  // its p2p connection to us ended: nothing more will come from it
+  UniqueFd ringPrev;           // handed over once rank-1 has connected
+};
+
+// A rank's listener: accepts the ring connection from rank-1 and p2p connections from any rank, and reads p2p
+// frames as they come so that a sender never waits for its receiver to call recv().
+class PeerServer : public AuthServer {
+ public:
+  PeerServer(UniqueFd listener, const uint8_t* secret, int rank, int nranks, Inbox* inbox)
+      : AuthServer(std::move(listener), secret, AuthRole::kPeer, "bootstrap listener of rank " + std::to_string(rank)),
+        rank_(rank),
+        nranks_(nranks),
+        inbox_(inbox),
+        p2pConnected_(nranks, false) {}
+
+  void serve(int wakeFd, const std::atomic<bool>& stopping) {
+    while (!stopping.load()) {
+      bool woken = false;
+      serveOnce(kPollSliceMs, wakeFd, &woken);
+    }
+  }
+
+ private:
+  enum Stage { kHello = 1, kFrameHeader, kFramePayload };
+
+  void onAuthenticated(Conn& conn) override {
+    conn.stage = kHello;
+    expectInput(conn, kHelloBytes);
+  }
+
+  const char* describeStage(const Conn& conn) const override {
+    return conn.stage == kHello ? "its hello" : AuthServer::describeStage(conn);
+  }
+
+  void onMessage(Conn& conn) override {
+    Reader in(conn.io.input().data(), conn.io.input().size());
+    if (conn.stage == kHello) {
+      uint32_t kind = 0, from = 0;
+      in.u32(&kind), in.u32(&from);
+      int peer = static_cast<int>(from);
+      if (peer < 0 || peer >= nranks_ || peer == rank_) return drop(conn, "hello from invalid rank %d", peer);
+      if (kind == kRingConn) return takeRing(conn, peer);
+      if (kind != kP2pConn) return drop(conn, "hello of unknown kind %u from rank %d", kind, peer);
+      if (p2pConnected_[peer]) return drop(conn, "a second p2p connection from rank %d", peer);
+      p2pConnected_[peer] = true;
+      conn.rank = peer;
+      conn.deadline = Clock::time_point::max();  // an authenticated peer may stay quiet as long as it likes
+      conn.stage = kFrameHeader;
+      return expectInput(conn, kFrameHeaderBytes);
+    }
+    if (conn.stage == kFrameHeader) {
+      uint32_t tag = 0, zero = 0;
+      uint64_t bytes = 0;
+      in.u32(&tag), in.u32(&zero), in.u64(&bytes);
+      if (bytes > kMaxP2pBytes) return drop(conn, "it declared a %llu-byte message", (unsigned long long)bytes);
+      conn.tag = static_cast<int>(tag);
+      if (bytes > 0) {
+        conn.stage = kFramePayload;
+        return expectInput(conn, bytes);
+      }
+      deliver(conn.rank, conn.tag, {});
+    } else {
+      deliver(conn.rank, conn.tag, std::move(conn.io.input()));
+    }
+    conn.stage = kFrameHeader;
+    expectInput(conn, kFrameHeaderBytes);
+  }
+
+  void takeRing(Conn& conn, int peer) {
+    int prev = (rank_ + nranks_ - 1) % nranks_;
+    std::lock_guard<std::mutex> lock(inbox_->mutex);
+    if (peer != prev || ringPrev_) return drop(conn, "unexpected ring connection from rank %d", peer);
+    ringPrev_ = true;
+    inbox_->ringPrev = conn.io.releaseFd();
+    conn.dead = true;
+    inbox_->changed.notify_all();
+  }
+
+  void deliver(int peer, int tag, std::vector<uint8_t> message) {
+    std::lock_guard<std::mutex> lock(inbox_->mutex);
+    inbox_->messages[{peer, tag}].push_back(std::move(message));
+    inbox_->changed.notify_all();
+  }
+
+  void onEof(Conn& conn) override {
+    // A peer that is done with us closes between frames; anything else is a peer that died mid-message.
+    if (conn.stage == kFrameHeader && conn.io.inputReceived() == 0) return retire(conn);
+    AuthServer::onEof(conn);
+  }
+
+  void onGone(Conn& conn) override {
+    if (conn.rank < 0) return;
+    std::lock_guard<std::mutex> lock(inbox_->mutex);
+    inbox_->peerGone[conn.rank] = 1;
+    inbox_->changed.notify_all();
+  }
+
+  int rank_;
+  int nranks_;
+  Inbox* inbox_;
+  std::vector<bool> p2pConnected_;
+  bool ringPrev_ = false;
+};
+
+}  // namespace
+
+// ---- Unique ids and roots ----
+
+loomResult_t packUniqueId(const UniqueIdInfo& info, loomUniqueId* id) {
+  if (info.rootAddress.empty() || info.rootAddress.size() > kMaxAddressBytes) {
+    return LOOM_FAIL(loomInvalidArgument, BOOT, "root address \"%s\" has %zu characters; a unique id holds 1 to %zu",
+                     info.rootAddress.c_str(), info.rootAddress.size(), kMaxAddressBytes);
+  }
+  std::vector<uint8_t> bytes;
+  putU32(&bytes, kIdMagic);
+  bytes.push_back(static_cast<uint8_t>(kIdVersion));
+  bytes.push_back(static_cast<uint8_t>(kIdVersion >> 8));
+  bytes.resize(kIdSecretOffset, 0);
+  putBytes(&bytes, info.secret, kSecretBytes);
+  putBytes(&bytes, info.rootAddress.data(), info.rootAddress.size());
+  bytes.resize(LOOM_UNIQUE_ID_BYTES, 0);
+  std::memcpy(id->internal, bytes.data(), LOOM_UNIQUE_ID_BYTES);
+  return loomSuccess;
+}
+
+loomResult_t unpackUniqueId(const loomUniqueId& id, UniqueIdInfo* info) {
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(id.internal);
+  Reader in(bytes, LOOM_UNIQUE_ID_BYTES);
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  in.u32(&magic), in.u16(&version);
+  if (magic != kIdMagic) {
+    return LOOM_FAIL(loomInvalidArgument, BOOT,
+                     "unique id starts with 0x%08x, expected 0x%08x: it is not from loomGetUniqueId or was corrupted",
+                     magic, kIdMagic);
+  }
+  if (version != kIdVersion) {
+    return LOOM_FAIL(loomInvalidArgument, BOOT, "unique id has format version %u, this library reads version %u",
+                     version, kIdVersion);
+  }
+  const char* address = id.internal + kIdAddressOffset;
+  const void* nul = std::memchr(address, '\0', kMaxAddressBytes + 1);
+  if (nul == nullptr) {
+    return LOOM_FAIL(loomInvalidArgument, BOOT, "unique id's root address is not NUL-terminated within %zu bytes",
+                     kMaxAddressBytes + 1);
+  }
+  std::string text(address, static_cast<const char*>(nul));
+  if (!plausibleAddress(text)) {
+    for (char& c : text)
+      if (c < 0x20 || c > 0x7e) c = '?';
+    return LOOM_FAIL(loomInvalidArgument, BOOT, "unique id's root address \"%s\" is not of the form host:port",
+                     text.c_str());
+  }
+  info->rootAddress = text;
+  std::memcpy(info->secret, bytes + kIdSecretOffset, kSecretBytes);
+  return loomSuccess;
+}
+
+loomResult_t createUniqueId(loomUniqueId* id) {
+  SocketAddress address;
+  LOOM_CHECK(chooseListenAddress(&address));
+  UniqueIdInfo info;
+  LOOM_CHECK(randomBytes(info.secret, kSecretBytes));
+  UniqueFd listener;
+  LOOM_CHECK(listenOn(address, false, &listener, &info.rootAddress));
+  LOOM_CHECK(packUniqueId(info, id));
+  return launchRoot(std::move(listener), info.secret, info.rootAddress);
+}
+
+loomResult_t startRoot(const UniqueIdInfo& info) {
+  SocketAddress address;
+  LOOM_CHECK(resolveAddress(info.rootAddress, &address));
+  UniqueFd listener;
+  std::string bound;
+  // SO_REUSEADDR: the port is fixed by the launcher, and the previous job's connections may be in TIME_WAIT.
+  LOOM_CHECK(listenOn(address, true, &listener, &bound));
+  return launchRoot(std::move(listener), info.secret, bound);
+}
+
+// ---- A rank ----
+
+struct Bootstrap::Impl {
+  int rank = 0;
+  int nranks = 1;
+  uint8_t secret[kSecretBytes];
+  uint64_t commHash = 0;
+  const std::atomic<bool>* abortFlag = nullptr;
+  std::vector<std::string> addresses;  // every rank's listener
+  UniqueFd ringNext;                   // to rank+1
+  UniqueFd ringPrev;                   // from rank-1
+  uint64_t allGatherCalls = 0;
+  std::mutex sendMutex;
+  std::vector<UniqueFd> sendConns;  // p2p, opened on first send
+  Inbox inbox;
+  std::unique_ptr<PeerServer> server;
+  UniqueFd wakeFd;
+  std::atomic<bool> stopping{false};
+  std::thread listenerThread;
+
+  ~Impl() {
+    if (!listenerThread.joinable()) return;
+    stopping.store(true);
+    uint64_t one = 1;
+    if (write(wakeFd.get(), &one, sizeof(one)) < 0) {
+      // The thread still sees `stopping` within one poll slice.
+    }
+    listenerThread.join();
+  }
+
+  IoWait waitFor(const char* operation, int64_t timeoutMs) const {
+    return IoWait{Deadline(timeoutMs), abortFlag,
+                  std::string("bootstrap ") + operation + " of rank " + std::to_string(rank)};
+  }
+  static std::string peerName(int peer) { return "rank " + std::to_string(peer); }
+
+  loomResult_t joinRoot(const UniqueIdInfo& info, const IoWait& wait, UniqueFd* listener);
+  loomResult_t startListener(UniqueFd listener);
+  loomResult_t connectPeer(int peer, ConnKind kind, const IoWait& wait, UniqueFd* out);
+  loomResult_t connectRing(const IoWait& wait);
+  loomResult_t ringAllGather(uint8_t* slots, size_t bytesPerRank, const IoWait& wait);
+};
+
+loomResult_t Bootstrap::Impl::joinRoot(const UniqueIdInfo& info, const IoWait& wait, UniqueFd* listener) {
+  const std::string rootName = "the root at " + info.rootAddress;
+  UniqueFd root;
+  LOOM_CHECK(connectTo(info.rootAddress, /*untilListening=*/true, wait, &root));
+  // Listen on the interface that reaches the root: the other ranks will reach this one the same way.
+  SocketAddress local;
+  LOOM_CHECK(localAddress(root.get(), &local));
+  setPort(&local, 0);
+  std::string listenAddress;
+  LOOM_CHECK(listenOn(local, false, listener, &listenAddress));
+  LOOM_CHECK(authenticateToAcceptor(root.get(), secret, AuthRole::kRoot, rootName, wait));
+
+  std::vector<uint8_t> body;
+  putU32(&body, kRegister);
+  putU32(&body, static_cast<uint32_t>(rank));
+  putU32(&body, static_cast<uint32_t>(nranks));
+  putBytes(&body, listenAddress.data(), listenAddress.size());
+  std::vector<uint8_t> message = lengthPrefixed(body);
+  LOOM_CHECK(writeExact(root.get(), message.data(), message.size(), rootName, wait));
+
+  uint8_t lengthBytes[4];
+  LOOM_CHECK(readExact(root.get(), lengthBytes, sizeof(lengthBytes), rootName, wait));
+  uint32_t length = 0;
+  Reader(lengthBytes, sizeof(lengthBytes)).u32(&length);
+  const size_t maxLength = std::max(8 + static_cast<size_t>(nranks) * (2 + kMaxAddressBytes), 4 + kMaxRejectBytes);
+  if (length < 4 || length > maxLength) {
+    return LOOM_FAIL(loomRemoteError, BOOT, "%s: %s announced a %u-byte reply; expected 4 to %zu bytes",
+                     wait.operation.c_str(), rootName.c_str(), length, maxLength);
+  }
+  std::vector<uint8_t> reply(length);
+  LOOM_CHECK(readExact(root.get(), reply.data(), reply.size(), rootName, wait));
+  Reader in(reply.data(), reply.size());
+  uint32_t kind = 0, count = 0;
+  in.u32(&kind);
+  if (kind == kReject) {
+    std::string why;
+    in.text(in.left(), &why);
+    for (char& c : why)
+      if (c < 0x20 || c > 0x7e) c = '?';
+    return LOOM_FAIL(loomInvalidUsage, BOOT, "%s: %s rejected this rank: %s", wait.operation.c_str(), rootName.c_str(),
+                     why.c_str());
+  }
+  in.u32(&count);
+  if (kind != kTable || count != static_cast<uint32_t>(nranks)) {
+    return LOOM_FAIL(loomRemoteError, BOOT, "%s: %s replied with kind %u for %u ranks; expected a table (%u) of %d",
+                     wait.operation.c_str(), rootName.c_str(), kind, count, kTable, nranks);
+  }
+  addresses.resize(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    uint16_t size = 0;
+    if (!in.u16(&size) || !in.text(size, &addresses[r]) || !plausibleAddress(addresses[r])) {
+      return LOOM_FAIL(loomRemoteError, BOOT, "%s: the table from %s has no valid address for rank %d",
+                       wait.operation.c_str(), rootName.c_str(), r);
+    }
+  }
+  LOOM_INFO(BOOT, "rank %d listens at %s; got the addresses of all %d ranks from %s", rank, listenAddress.c_str(),
+            nranks, rootName.c_str());
+  return loomSuccess;
+}
+
+loomResult_t Bootstrap::Impl::startListener(UniqueFd listener) {
+  int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fd < 0) return LOOM_FAIL(loomSystemError, BOOT, "eventfd() for the bootstrap listener of rank %d: %m", rank);
+  wakeFd.reset(fd);
+  inbox.peerGone.assign(nranks, 0);
+  sendConns.resize(nranks);
+  server = std::make_unique<PeerServer>(std::move(listener), secret, rank, nranks, &inbox);
+  try {
+    listenerThread = std::thread([this] {
+      ScopedLogRank logRank(rank);
+      server->serve(wakeFd.get(), stopping);
+    });
+  } catch (const std::system_error& error) {
+    return LOOM_FAIL(loomSystemError, BOOT, "cannot start the bootstrap listener thread of rank %d: %s", rank,
+                     error.what());
+  }
+  return loomSuccess;
+}
+
+loomResult_t Bootstrap::Impl::connectPeer(int peer, ConnKind kind, const IoWait& wait, UniqueFd* out) {
+  const std::string name = peerName(peer) + " at " + addresses[peer];
+  UniqueFd fd;
+  // A peer's listener opened before it registered, so a refusal means the peer has gone: no retries.
+  LOOM_CHECK(connectTo(addresses[peer], /*untilListening=*/false, wait, &fd));
+  LOOM_CHECK(authenticateToAcceptor(fd.get(), secret, AuthRole::kPeer, name, wait));
+  std::vector<uint8_t> hello;
+  putU32(&hello, kind);
+  putU32(&hello, static_cast<uint32_t>(rank));
+  LOOM_CHECK(writeExact(fd.get(), hello.data(), hello.size(), name, wait));
+  *out = std::move(fd);
+  return loomSuccess;
+}
+
+loomResult_t Bootstrap::Impl::connectRing(const IoWait& wait) {
+  // Everyone connects forward before waiting for the connection from behind; listener threads accept, so the
+  // order of arrival does not matter.
+  LOOM_CHECK(connectPeer((rank + 1) % nranks, kRingConn, wait, &ringNext));
+  const int prev = (rank + nranks - 1) % nranks;
+  std::unique_lock<std::mutex> lock(inbox.mutex);
+  while (!inbox.ringPrev.valid()) {
+    if (wait.aborted()) {
+      return LOOM_FAIL(loomRemoteError, BOOT, "%s: aborted while waiting for rank %d (previous in the ring) to connect",
+                       wait.operation.c_str(), prev);
+    }
+    if (wait.deadline.expired()) {
+      return LOOM_FAIL(loomTimeout, BOOT, "%s: rank %d (previous in the ring) did not connect within %lld ms",
+                       wait.operation.c_str(), prev, (long long)wait.deadline.timeoutMs());
+    }
+    inbox.changed.wait_for(lock, waitSlice(wait.deadline));
+  }
+  ringPrev = std::move(inbox.ringPrev);
+  return loomSuccess;
+}
+
+// Ring allgather: in step s this rank sends slot (rank - s) to rank+1 and receives slot (rank - s - 1) from
+// rank-1; after nranks-1 steps every slot has gone round. Each rank moves (nranks-1) * bytesPerRank each way.
+loomResult_t Bootstrap::Impl::ringAllGather(uint8_t* slots, size_t bytesPerRank, const IoWait& wait) {
+  if (nranks == 1) return loomSuccess;
+  const int next = (rank + 1) % nranks;
+  const int prev = (rank + nranks - 1) % nranks;
+  const std::string nextName = peerName(next), prevName = peerName(prev);
+  // Each call opens with (call number, bytesPerRank), so ranks that disagree fail here with a clear message
+  // instead of reading each other's bytes out of frame.
+  const uint64_t call = allGatherCalls++;
+  std::vector<uint8_t> mine;
+  putU64(&mine, call);
+  putU64(&mine, bytesPerRank);
+  uint8_t theirs[16];
+  LOOM_CHECK(exchange(ringNext.get(), mine.data(), mine.size(), nextName, ringPrev.get(), theirs, sizeof(theirs),
+                      prevName, wait));
+  uint64_t theirCall = 0, theirBytes = 0;
+  Reader in(theirs, sizeof(theirs));
+  in.u64(&theirCall), in.u64(&theirBytes);
+  if (theirCall != call || theirBytes != bytesPerRank) {
+    return LOOM_FAIL(loomInternalError, BOOT,
+                     "%s: rank %d is at ring exchange #%llu with %llu bytes per rank; this rank is at #%llu with %zu",
+                     wait.operation.c_str(), prev, (unsigned long long)theirCall, (unsigned long long)theirBytes,
+                     (unsigned long long)call, bytesPerRank);
+  }
+  for (int step = 0; step < nranks - 1; ++step) {
+    const int sendSlot = (rank - step + nranks) % nranks;
+    const int recvSlot = (rank - step - 1 + nranks) % nranks;
+    LOOM_CHECK(exchange(ringNext.get(), slots + sendSlot * bytesPerRank, bytesPerRank, nextName, ringPrev.get(),
+                        slots + recvSlot * bytesPerRank, bytesPerRank, prevName, wait));
+  }
+  return loomSuccess;
+}
+
+loomResult_t Bootstrap::create(const loomUniqueId& id, int rank, int nranks, const Deadline& deadline,
+                               const std::atomic<bool>* abortFlag, std::unique_ptr<Bootstrap>* out) {
+  UniqueIdInfo info;
+  LOOM_CHECK(unpackUniqueId(id, &info));
+  if (nranks < 1 || nranks > kMaxRanks || rank < 0 || rank >= nranks) {
+    return LOOM_FAIL(loomInvalidArgument, BOOT, "bootstrap: rank %d of %d ranks; expected 0 <= rank < nranks <= %d",
+                     rank, nranks, kMaxRanks);
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->rank = rank;
+  impl->nranks = nranks;
+  impl->abortFlag = abortFlag;
+  std::memcpy(impl->secret, info.secret, kSecretBytes);
+  static const char kCommHashLabel[] = "loom communicator hash";
+  impl->commHash = sipHash24(info.secret, kCommHashLabel, sizeof(kCommHashLabel) - 1);
+
+  const IoWait wait{deadline, abortFlag, "bootstrap init of rank " + std::to_string(rank)};
+  UniqueFd listener;
+  LOOM_CHECK(impl->joinRoot(info, wait, &listener));
+  LOOM_CHECK(impl->startListener(std::move(listener)));
+  std::unique_ptr<Bootstrap> bootstrap(new Bootstrap(std::move(impl)));
+  if (nranks > 1) LOOM_CHECK(bootstrap->impl_->connectRing(wait));
+  *out = std::move(bootstrap);
+  return loomSuccess;
+}
+
+Bootstrap::Bootstrap(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Bootstrap::~Bootstrap() = default;
+
+int Bootstrap::rank() const { return impl_->rank; }
+int Bootstrap::nranks() const { return impl_->nranks; }
+uint64_t Bootstrap::commHash() const { return impl_->commHash; }
+
+loomResult_t Bootstrap::allGather(void* data, size_t bytesPerRank, int64_t timeoutMs) {
+  return impl_->ringAllGather(static_cast<uint8_t*>(data), bytesPerRank, impl_->waitFor("allGather", timeoutMs));
+}
+
+loomResult_t Bootstrap::barrier(int64_t timeoutMs) {
+  std::vector<uint8_t> slots(impl_->nranks);
+  return impl_->ringAllGather(slots.data(), 1, impl_->waitFor("barrier", timeoutMs));
+}
+
+loomResult_t Bootstrap::send(int peer, int tag, const void* data, size_t bytes, int64_t timeoutMs) {
+  Impl& self = *impl_;
+  if (peer < 0 || peer >= self.nranks || bytes > kMaxP2pBytes || (data == nullptr && bytes > 0)) {
+    return LOOM_FAIL(loomInvalidArgument, BOOT,
+                     "bootstrap send of rank %d: peer %d of %d ranks, %zu bytes at %p; expected a valid peer and at "
+                     "most %llu bytes",
+                     self.rank, peer, self.nranks, bytes, data, (unsigned long long)kMaxP2pBytes);
+  }
+  if (peer == self.rank) {
+    const uint8_t* p = static_cast<const uint8_t*>(data);
+    std::lock_guard<std::mutex> lock(self.inbox.mutex);
+    self.inbox.messages[{peer, tag}].emplace_back(p, p + bytes);
+    self.inbox.changed.notify_all();
+    return loomSuccess;
+  }
+  const IoWait wait = self.waitFor("send", timeoutMs);
+  std::lock_guard<std::mutex> lock(self.sendMutex);
+  UniqueFd& conn = self.sendConns[peer];
+  if (!conn.valid()) LOOM_CHECK(self.connectPeer(peer, kP2pConn, wait, &conn));
+  std::vector<uint8_t> header;
+  putU32(&header, static_cast<uint32_t>(tag));
+  putU32(&header, 0);
+  putU64(&header, bytes);
+  const std::string name = Impl::peerName(peer);
+  loomResult_t result = writeExact(conn.get(), header.data(), header.size(), name, wait);
+  if (result == loomSuccess) result = writeExact(conn.get(), data, bytes, name, wait);
+  // A frame cut short leaves the stream out of step: the next send starts over on a new connection.
+  if (result != loomSuccess) conn.reset();
+  return result;
+}
+
+loomResult_t Bootstrap::recv(int peer, int tag, void* data, size_t bytes, int64_t timeoutMs) {
+  Impl& self = *impl_;
+  if (peer < 0 || peer >= self.nranks || (data == nullptr && bytes > 0)) {
+    return LOOM_FAIL(loomInvalidArgument, BOOT, "bootstrap recv of rank %d: peer %d is outside 0..%d", self.rank, peer,
+                     self.nranks - 1);
+  }
+  const Deadline deadline(timeoutMs);
+  std::unique_lock<std::mutex> lock(self.inbox.mutex);
+  for (;;) {
+    auto found = self.inbox.messages.find({peer, tag});
+    if (found != self.inbox.messages.end() && !found->second.empty()) {
+      std::vector<uint8_t>& message = found->second.front();
+      if (message.size() != bytes) {
+        // Left queued: a wrong size is the caller's bug and must not lose the message.
+        return LOOM_FAIL(loomInternalError, BOOT,
+                         "bootstrap recv of rank %d: the message from rank %d with tag %d has %zu bytes, expected %zu",
+                         self.rank, peer, tag, message.size(), bytes);
+      }
+      if (bytes > 0) std::memcpy(data, message.data(), bytes);
+      found->second.pop_front();
+      if (found->second.empty()) self.inbox.messages.erase(found);
+      return loomSuccess;
+    }
+    if (self.inbox.peerGone[peer]) {
+      return LOOM_FAIL(loomRemoteError, BOOT,
+                       "bootstrap recv of rank %d: rank %d closed its connection without sending a message with tag %d",
+                       self.rank, peer, tag);
+    }
+    if (self.abortFlag != nullptr && self.abortFlag->load(std::memory_order_relaxed)) {
+      return LOOM_FAIL(loomRemoteError, BOOT, "bootstrap recv of rank %d: aborted while waiting for rank %d, tag %d",
+                       self.rank, peer, tag);
+    }
+    if (deadline.expired()) {
+      return LOOM_FAIL(loomTimeout, BOOT,
+                       "bootstrap recv of rank %d: no message with tag %d from rank %d within %lld ms", self.rank, tag,
+                       peer, (long long)timeoutMs);
+    }
+    self.inbox.changed.wait_for(lock, waitSlice(deadline));
+  }
+}
+
+}  // namespace loom

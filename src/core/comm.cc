@@ -1,0 +1,187 @@
+// Communicator creation and teardown, its connections, and the watch every wait consults.
+#include "src/core/comm.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "src/core/check.h"
+#include "src/core/params.h"
+#include "src/core/siphash.h"
+
+void loomComm::setLastError(const std::string& message) {
+  std::lock_guard<std::mutex> lock(errorMutex);
+  lastError = message;
+}
+
+namespace loom {
+namespace {
+
+uint64_t hostHash() {
+  char host[256] = "";
+  gethostname(host, sizeof(host) - 1);
+  std::string identity = host;
+  std::ifstream bootId("/proc/sys/kernel/random/boot_id");
+  std::string line;
+  if (std::getline(bootId, line)) identity += "/" + line;
+  static const uint8_t kKey[16] = {'l', 'o', 'o', 'm', '-', 'h', 'o', 's', 't'};
+  return sipHash24(kKey, identity.data(), identity.size());
+}
+
+// What every rank must agree on; exchanged at init next to PeerInfo.
+struct RankSetup {
+  PeerInfo info;
+  int fifoDepth;
+  uint64_t slotBytes;
+  uint64_t llSlotBytes;
+  int nChannels;
+};
+
+int64_t clampParam(int64_t value, int64_t lo, int64_t hi) { return value < lo ? lo : value > hi ? hi : value; }
+
+}  // namespace
+
+loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfig_t* config) {
+  comm->rank = rank;
+  comm->nranks = nranks;
+  comm->timeoutMs = params::timeoutMs();
+  comm->nChannels = static_cast<int>(clampParam(params::nChannels(), 1, 32));
+  if (config != nullptr) {
+    if (config->timeoutMs != LOOM_CONFIG_UNDEF_INT && config->timeoutMs > 0) comm->timeoutMs = config->timeoutMs;
+    if (config->commName != nullptr) comm->name = config->commName;
+    if (config->nChannels != LOOM_CONFIG_UNDEF_INT) comm->nChannels = static_cast<int>(clampParam(config->nChannels, 1, 32));
+    if (config->device != LOOM_CONFIG_UNDEF_INT) comm->device = static_cast<loomDevice_t>(config->device);
+  }
+  if (comm->device != loomDeviceHost)
+    return LOOM_FAIL(loomInvalidArgument, INIT, "config device %d is not available in this build (host only)",
+                     (int)comm->device);
+  return loomSuccess;
+}
+
+loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
+  int rank = comm->rank, nranks = comm->nranks;
+  ScopedLogRank logRank(rank);
+  Deadline deadline(comm->timeoutMs);
+  LOOM_CHECK(Bootstrap::create(id, rank, nranks, deadline, &comm->abortFlag, &comm->bootstrap));
+  comm->commHash = comm->bootstrap->commHash();
+  comm->fifoShape = {static_cast<int>(clampParam(params::fifoDepth(), 2, kMaxFifoDepth)),
+                     static_cast<size_t>(clampParam(params::simpleSlotBytes(), 4096, 64 << 20)) / 64 * 64,
+                     static_cast<size_t>(clampParam(params::llSlotBytes(), 256, 1 << 20)) / 64 * 64};
+
+  std::vector<RankSetup> setups(nranks);
+  RankSetup& mine = setups[rank];
+  std::memset(&mine, 0, sizeof(mine));
+  mine.info = {rank, static_cast<int>(getpid()), hostHash()};
+  mine.fifoDepth = comm->fifoShape.depth;
+  mine.slotBytes = comm->fifoShape.slotBytes;
+  mine.llSlotBytes = comm->fifoShape.llSlotBytes;
+  mine.nChannels = comm->nChannels;
+  LOOM_CHECK(comm->bootstrap->allGather(setups.data(), sizeof(RankSetup), deadline.remainingMs()));
+  for (const RankSetup& setup : setups) {
+    if (setup.fifoDepth != mine.fifoDepth || setup.slotBytes != mine.slotBytes ||
+        setup.llSlotBytes != mine.llSlotBytes || setup.nChannels != mine.nChannels)
+      return LOOM_FAIL(loomInvalidUsage, INIT,
+                       "rank %d uses FIFO depth %d, slots of %llu/%llu bytes and %d channels, rank %d uses %d, "
+                       "%llu/%llu and %d: LOOM_FIFO_DEPTH, LOOM_*_SLOT_BYTES and LOOM_NCHANNELS must match",
+                       setup.info.rank, setup.fifoDepth, (unsigned long long)setup.slotBytes,
+                       (unsigned long long)setup.llSlotBytes, setup.nChannels, rank, mine.fifoDepth,
+                       (unsigned long long)mine.slotBytes, (unsigned long long)mine.llSlotBytes, mine.nChannels);
+    comm->peers.push_back(setup.info);
+    if (setup.info.hostHash == mine.info.hostHash && setup.info.rank != rank)
+      comm->peerWatch.add(setup.info.rank, setup.info.pid);
+  }
+  LOOM_INFO(INIT, "comm %s rank %d of %d ready (%d channel(s), FIFO %d x %zu bytes)", comm->name.c_str(), rank,
+            nranks, comm->nChannels, comm->fifoShape.depth, comm->fifoShape.slotBytes);
+  return loomSuccess;
+}
+
+void waitForIdle(loomComm* comm) {
+  Deadline deadline(comm->timeoutMs);
+  Backoff backoff;
+  while (comm->activeCalls.load() > 0 && !deadline.expired()) backoff.pause();
+}
+
+loomResult_t Connections::pickTransport(loomComm* comm, int peer, Transport** transport) {
+  std::string reasons;
+  for (Transport* candidate : transportsInPriorityOrder()) {
+    std::string why;
+    if (candidate->canConnect(comm->peers[comm->rank], comm->peers[peer], &why)) {
+      *transport = candidate;
+      return loomSuccess;
+    }
+    reasons += std::string(reasons.empty() ? "" : "; ") + candidate->name() + ": " + why;
+  }
+  if (reasons.empty()) reasons = "LOOM_TRANSPORTS=\"" + params::transports() + "\" allows no known transport";
+  return LOOM_FAIL(loomSystemError, INIT, "no transport can connect rank %d to rank %d (%s)", comm->rank, peer,
+                   reasons.c_str());
+}
+
+loomResult_t Connections::connect(loomComm* comm, const RankPlan& plan) {
+  Deadline deadline(comm->timeoutMs);
+  for (const Lane& lane : plan.lanes) {
+    for (const Step& step : lane.steps) {
+      if (!actionReceives(step.action) || receivers_.count({step.recvPeer, lane.channel})) continue;
+      Transport* transport = nullptr;
+      LOOM_CHECK(pickTransport(comm, step.recvPeer, &transport));
+      Link<FifoReceiver> link;
+      ConnectionKey key{comm->commHash, step.recvPeer, comm->rank, lane.channel};
+      LOOM_CHECK(transport->createReceiver(key, comm->fifoShape, &link.endpoint));
+      link.end = std::make_unique<FifoReceiver>(link.endpoint->fifo());
+      receivers_[{step.recvPeer, lane.channel}] = std::move(link);
+    }
+  }
+  for (const Lane& lane : plan.lanes) {
+    for (const Step& step : lane.steps) {
+      if (!actionSends(step.action) || senders_.count({step.sendPeer, lane.channel})) continue;
+      Transport* transport = nullptr;
+      LOOM_CHECK(pickTransport(comm, step.sendPeer, &transport));
+      Link<FifoSender> link;
+      ConnectionKey key{comm->commHash, comm->rank, step.sendPeer, lane.channel};
+      LOOM_CHECK(transport->attachSender(key, comm->fifoShape, deadline, &comm->abortFlag, &link.endpoint));
+      link.end = std::make_unique<FifoSender>(link.endpoint->fifo());
+      LOOM_TRACE(INIT, "connected to rank %d on channel %d via %s", step.sendPeer, lane.channel, transport->name());
+      senders_[{step.sendPeer, lane.channel}] = std::move(link);
+    }
+  }
+  return loomSuccess;
+}
+
+FifoSender* Connections::sender(int peer, int channel) {
+  auto found = senders_.find({peer, channel});
+  return found == senders_.end() ? nullptr : found->second.end.get();
+}
+
+FifoReceiver* Connections::receiver(int peer, int channel) {
+  auto found = receivers_.find({peer, channel});
+  return found == receivers_.end() ? nullptr : found->second.end.get();
+}
+
+void Connections::abortAll() {
+  for (auto& [key, link] : senders_) link.end->abort();
+  for (auto& [key, link] : receivers_) link.end->abort();
+}
+
+CommWatch::CommWatch(loomComm* comm, const char* what)
+    : comm_(comm), what_(what), deadline_(comm->timeoutMs), nextPeerCheck_(Clock::now()) {}
+
+loomResult_t CommWatch::operator()() {
+  if (comm_->abortFlag.load(std::memory_order_relaxed))
+    return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: communicator aborted", what_, comm_->rank);
+  Clock::time_point now = Clock::now();
+  if (now >= nextPeerCheck_) {
+    nextPeerCheck_ = now + std::chrono::milliseconds(params::peerCheckMs());
+    int dead = comm_->peerWatch.firstDead();
+    if (dead >= 0)
+      return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: rank %d (pid %d) has exited", what_, comm_->rank, dead,
+                       comm_->peers[dead].pid);
+  }
+  if (deadline_.expired())
+    return LOOM_FAIL(loomTimeout, COLL,
+                     "%s on rank %d did not complete within %lld ms (LOOM_TIMEOUT_MS or config timeoutMs); a peer "
+                     "may be stuck or may not have made the matching call",
+                     what_, comm_->rank, (long long)deadline_.timeoutMs());
+  return loomSuccess;
+}
+
+}  // namespace loom

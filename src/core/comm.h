@@ -1,0 +1,104 @@
+// The communicator: one rank's membership in a group, with its bootstrap, its peers, its connections and the
+// state every wait consults (deadline, abort flag, peer liveness).
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "algorithms/plan.h"
+#include "loom/loom.h"
+#include "src/core/bootstrap.h"
+#include "src/core/peer_watch.h"
+#include "src/exec/host_executor.h"
+#include "transports/transport.h"
+
+namespace loom {
+
+// Channel numbers of Send/Recv connections: apart from the collectives' so the two never share a FIFO.
+constexpr int kP2PChannel = 1024;
+
+// Every connection of a communicator, made on first use. Implements the executor's Links.
+class Connections : public Links {
+ public:
+  FifoSender* sender(int peer, int channel) override;
+  FifoReceiver* receiver(int peer, int channel) override;
+  // Makes sure every connection `plan` uses exists: receivers are created first (that never waits), then
+  // senders attach to their peers' receivers (that waits, with the comm's deadline and abort flag).
+  loomResult_t connect(loomComm* comm, const RankPlan& plan);
+  // Marks every FIFO aborted, so that peers waiting on this rank stop at once.
+  void abortAll();
+  size_t count() const { return senders_.size() + receivers_.size(); }
+
+ private:
+  template <typename End>
+  struct Link {
+    std::unique_ptr<Endpoint> endpoint;
+    std::unique_ptr<End> end;
+  };
+  loomResult_t pickTransport(loomComm* comm, int peer, Transport** transport);
+  std::map<std::pair<int, int>, Link<FifoSender>> senders_;
+  std::map<std::pair<int, int>, Link<FifoReceiver>> receivers_;
+};
+
+// The key of a cached plan.
+using PlanKey = std::tuple<int, size_t, int, int, std::string>;  // collective, count, root, channels, algorithm
+
+}  // namespace loom
+
+struct loomComm {
+  int rank = 0;
+  int nranks = 0;
+  std::string name;
+  int64_t timeoutMs = 0;
+  int nChannels = 1;
+  loomDevice_t device = loomDeviceHost;
+  uint64_t commHash = 0;
+  std::unique_ptr<loom::Bootstrap> bootstrap;
+  std::vector<loom::PeerInfo> peers;
+  loom::PeerWatch peerWatch;
+  loom::FifoShape fifoShape{};
+  loom::Connections connections;
+  std::map<loom::PlanKey, loom::RankPlan> planCache;
+  std::vector<std::byte> scratch;
+
+  std::atomic<bool> abortFlag{false};
+  std::atomic<int> asyncError{loomSuccess};
+  std::atomic<int> activeCalls{0};  // calls inside the library right now; Abort waits for them to leave
+  bool finalized = false;
+  std::mutex runMutex;  // one operation at a time on a communicator (streams and callers may race)
+  std::mutex errorMutex;
+  std::string lastError;
+  std::thread initThread;  // a non-blocking init runs here (config blocking = 0)
+  std::vector<std::pair<void*, size_t>> registrations;  // loomCommRegister: regions peers may access
+
+  void setLastError(const std::string& message);
+};
+
+namespace loom {
+
+// Reads `config` (may be null) into a fresh communicator: the part of init that cannot fail on peers.
+loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfig_t* config);
+// Joins the group: bootstrap and peer exchange. May wait (deadline, abort flag).
+loomResult_t commConnect(loomComm* comm, const loomUniqueId& id);
+// Waits until no call is inside the library on `comm` (or the comm's deadline passes).
+void waitForIdle(loomComm* comm);
+// What a waiting rank checks each time it finds nothing to do: abort flag, deadline, dead peers.
+class CommWatch {
+ public:
+  CommWatch(loomComm* comm, const char* what);
+  loomResult_t operator()();
+
+ private:
+  loomComm* comm_;
+  const char* what_;
+  Deadline deadline_;
+  Clock::time_point nextPeerCheck_;
+};
+
+}  // namespace loom

@@ -1,0 +1,160 @@
+// submit() and runCalls(): planning (with a per-communicator cache), connecting and executing calls.
+#include "src/core/enqueue.h"
+
+#include <algorithm>
+
+#include "algorithms/builders.h"
+#include "src/core/check.h"
+#include "src/core/comm.h"
+#include "src/core/dtype.h"
+#include "src/core/params.h"
+#include "src/core/stream.h"
+
+namespace loom {
+namespace {
+
+constexpr size_t kMaxCachedPlans = 512;
+
+CollArgs argsOf(const Call& call) {
+  CollArgs args;
+  args.collective = call.collective;
+  args.nranks = call.comm->nranks;
+  args.rank = call.comm->rank;
+  args.root = call.root;
+  args.count = call.count;
+  args.nChannels = call.comm->nChannels;
+  args.sendCounts = call.sendCounts;
+  args.sendDispls = call.sendDispls;
+  args.recvCounts = call.recvCounts;
+  args.recvDispls = call.recvDispls;
+  args.p2p = call.p2p;
+  return args;
+}
+
+// Moves the lanes of a Send/Recv plan onto the p2p channel, away from the collectives' connections.
+void moveToP2PChannel(RankPlan* plan) {
+  for (Lane& lane : plan->lanes) lane.channel += kP2PChannel;
+}
+
+loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** plan) {
+  loomComm* comm = call.comm;
+  CollArgs args = argsOf(call);
+  std::string algorithm = params::algo();
+  std::vector<std::string> known = algorithmsFor(call.collective);
+  if (std::find(known.begin(), known.end(), algorithm) == known.end()) algorithm.clear();  // not for this one
+  bool cacheable = call.collective != Collective::kAllToAllv && call.collective != Collective::kSendRecv;
+  if (!cacheable) {
+    buildPlan(args, algorithm, scratchPlan);
+    if (call.collective == Collective::kSendRecv) moveToP2PChannel(scratchPlan);
+    *plan = scratchPlan;
+    return loomSuccess;
+  }
+  PlanKey key{static_cast<int>(call.collective), call.count, call.root, comm->nChannels, algorithm};
+  auto found = comm->planCache.find(key);
+  if (found == comm->planCache.end()) {
+    if (comm->planCache.size() >= kMaxCachedPlans) comm->planCache.clear();
+    RankPlan built;
+    if (!buildPlan(args, algorithm, &built))
+      return LOOM_FAIL(loomInternalError, COLL, "no algorithm for %s", collectiveName(call.collective));
+    found = comm->planCache.emplace(key, std::move(built)).first;
+  }
+  *plan = &found->second;
+  return loomSuccess;
+}
+
+ExecTask taskFor(const Call& call, const RankPlan* plan) {
+  loomComm* comm = call.comm;
+  ExecTask task;
+  task.plan = plan;
+  task.inputs = call.inputs;
+  task.outputs = call.outputs;
+  task.datatype = call.datatype;
+  task.op = call.op;
+  task.nranks = comm->nranks;
+  std::string proto = params::proto();
+  task.forcedProtocol = proto == "LL" ? static_cast<int>(Protocol::kLL) : proto == "Simple" ? 0 : -1;
+  task.llThresholdBytes = static_cast<size_t>(std::max<int64_t>(0, params::llThreshold()));
+  task.simpleSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kSimple);
+  task.llSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kLL);
+  task.links = &comm->connections;
+  task.what = collectiveName(call.collective);
+  return task;
+}
+
+// Records a failed run on every communicator it involved: the message for loomGetLastError, and the error as
+// the communicator's async error when the communicator can no longer be trusted (peers gone, FIFOs mid-way).
+void recordFailure(std::vector<loomComm*>& comms, loomResult_t result) {
+  for (loomComm* comm : comms) {
+    comm->setLastError(threadLastError());
+    if (result == loomRemoteError || result == loomTimeout || result == loomSystemError ||
+        result == loomInternalError) {
+      int expected = loomSuccess;
+      comm->asyncError.compare_exchange_strong(expected, result);
+      comm->connections.abortAll();
+    }
+  }
+}
+
+}  // namespace
+
+loomResult_t runCalls(std::vector<Call>& calls) {
+  // Queues in order of first appearance; communicators locked in address order so two threads sharing them
+  // cannot deadlock.
+  std::vector<loomComm*> comms;
+  for (const Call& call : calls)
+    if (std::find(comms.begin(), comms.end(), call.comm) == comms.end()) comms.push_back(call.comm);
+  std::vector<loomComm*> lockOrder = comms;
+  std::sort(lockOrder.begin(), lockOrder.end());
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (loomComm* comm : lockOrder) locks.emplace_back(comm->runMutex);
+
+  std::vector<RankPlan> uncached(calls.size());
+  std::vector<std::vector<ExecTask>> queues(comms.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Call& call = calls[i];
+    loomComm* comm = call.comm;
+    ScopedLogRank logRank(comm->rank);
+    const RankPlan* plan = nullptr;
+    loomResult_t result = planFor(call, &uncached[i], &plan);
+    if (result == loomSuccess) result = comm->connections.connect(comm, *plan);
+    if (result != loomSuccess) {
+      recordFailure(comms, result);
+      return result;
+    }
+    size_t scratchBytes = plan->scratchCount * dtypeSize(call.datatype);
+    if (comm->scratch.size() < scratchBytes) comm->scratch.resize(scratchBytes);
+    size_t q = std::find(comms.begin(), comms.end(), comm) - comms.begin();
+    queues[q].push_back(taskFor(call, plan));
+  }
+  for (size_t q = 0; q < comms.size(); ++q)
+    for (ExecTask& task : queues[q]) task.scratch = comms[q]->scratch.data();
+
+  std::vector<CommWatch> watches;
+  for (size_t q = 0; q < comms.size(); ++q)
+    watches.emplace_back(comms[q], queues[q].empty() ? "call" : queues[q].front().what);
+  ScopedLogRank logRank(comms.front()->rank);
+  loomResult_t result = runTaskQueues(queues, [&]() {
+    for (CommWatch& watch : watches) LOOM_CHECK(watch());
+    return loomSuccess;
+  });
+  if (result != loomSuccess) recordFailure(comms, result);
+  return result;
+}
+
+loomResult_t submit(Call call) {
+  if (groupOpen()) {
+    groupAdd(std::move(call));
+    return loomSuccess;
+  }
+  if (call.stream != nullptr) {
+    loomStream_t stream = call.stream;
+    std::vector<Call> calls;
+    calls.push_back(std::move(call));
+    return streamEnqueue(stream, std::move(calls));
+  }
+  std::vector<Call> calls;
+  calls.push_back(std::move(call));
+  return runCalls(calls);
+}
+
+}  // namespace loom

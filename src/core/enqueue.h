@@ -1,0 +1,35 @@
+// From a checked API call to running plans: Call records what the user asked for; submit() adds it to the
+// open group, queues it on a host stream, or runs it at once; runCalls() plans, connects and executes.
+#pragma once
+
+#include <vector>
+
+#include "algorithms/plan.h"
+#include "loom/loom.h"
+
+namespace loom {
+
+struct Call {
+  loomComm* comm = nullptr;
+  Collective collective = Collective::kAllReduce;
+  size_t count = 0;
+  int root = 0;
+  loomDataType_t datatype = loomFloat32;
+  loomRedOp_t op = loomSum;
+  loomStream_t stream = nullptr;
+  std::vector<const void*> inputs;  // one per op for Send/Recv groups, else one
+  std::vector<void*> outputs;
+  std::vector<size_t> sendCounts, sendDispls, recvCounts, recvDispls;  // AllToAllv
+  std::vector<P2POp> p2p;                                             // SendRecv
+};
+
+// Runs `call` now, or adds it to this thread's open group, or queues it on its stream.
+loomResult_t submit(Call call);
+// Plans, connects and runs calls: those of one communicator one after another, communicators concurrently.
+loomResult_t runCalls(std::vector<Call>& calls);
+
+// Group state of the calling thread (group.cc).
+bool groupOpen();
+void groupAdd(Call call);
+
+}  // namespace loom

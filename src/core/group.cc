@@ -1,0 +1,85 @@
+// Groups: loomGroupStart/End on the calling thread. Calls made inside a group are collected; the outermost
+// loomGroupEnd merges the Send/Recv calls of each communicator into one SendRecv call (so they progress
+// together, which is what lets pairs of sends and receives complete) and runs everything at once.
+#include <map>
+
+#include "src/core/check.h"
+#include "src/core/comm.h"
+#include "src/core/enqueue.h"
+#include "src/core/stream.h"
+
+namespace loom {
+namespace {
+thread_local int tGroupDepth = 0;
+thread_local std::vector<Call> tGroupCalls;
+
+// Send/Recv calls of one communicator become one SendRecv call at the position of the first.
+std::vector<Call> mergeSendRecv(std::vector<Call> calls) {
+  std::vector<Call> merged;
+  std::map<loomComm*, size_t> p2pIndex;
+  for (Call& call : calls) {
+    if (call.collective != Collective::kSendRecv) {
+      merged.push_back(std::move(call));
+      continue;
+    }
+    auto found = p2pIndex.find(call.comm);
+    if (found == p2pIndex.end()) {
+      p2pIndex[call.comm] = merged.size();
+      merged.push_back(std::move(call));
+      continue;
+    }
+    Call& target = merged[found->second];
+    target.p2p.push_back(call.p2p.front());
+    target.inputs.push_back(call.inputs.front());
+    target.outputs.push_back(call.outputs.front());
+  }
+  return merged;
+}
+
+// Sends to self must pair with receives from self of the same size, in order.
+loomResult_t checkSelfPairs(const Call& call) {
+  std::vector<size_t> sends, recvs;
+  for (const P2POp& op : call.p2p)
+    if (op.peer == call.comm->rank) (op.isSend ? sends : recvs).push_back(op.count);
+  if (sends != recvs)
+    return LOOM_FAIL(loomInvalidUsage, COLL,
+                     "rank %d sends %zu message(s) to itself and receives %zu from itself in one group; each send "
+                     "to self needs a receive from self of the same count, in the same order",
+                     call.comm->rank, sends.size(), recvs.size());
+  return loomSuccess;
+}
+
+}  // namespace
+
+bool groupOpen() { return tGroupDepth > 0; }
+void groupAdd(Call call) { tGroupCalls.push_back(std::move(call)); }
+
+}  // namespace loom
+
+using loom::Call;
+
+loomResult_t loomGroupStart(void) {
+  ++loom::tGroupDepth;
+  return loomSuccess;
+}
+
+loomResult_t loomGroupEnd(void) {
+  using namespace loom;
+  if (tGroupDepth == 0) return LOOM_FAIL(loomInvalidUsage, COLL, "loomGroupEnd without a matching loomGroupStart");
+  if (--tGroupDepth > 0) return loomSuccess;
+  std::vector<Call> calls = mergeSendRecv(std::move(tGroupCalls));
+  tGroupCalls.clear();
+  if (calls.empty()) return loomSuccess;
+  for (const Call& call : calls) {
+    if (call.collective == Collective::kSendRecv) LOOM_CHECK(checkSelfPairs(call));
+    if (call.stream != calls.front().stream)
+      return LOOM_FAIL(loomInvalidUsage, COLL, "calls of one group must use the same stream (%p and %p)",
+                       calls.front().stream, call.stream);
+  }
+  loomStream_t stream = calls.front().stream;
+  if (stream != nullptr) return streamEnqueue(stream, std::move(calls));
+  for (const Call& call : calls) call.comm->activeCalls.fetch_add(1);
+  loomResult_t result = runCalls(calls);
+  for (const Call& call : calls) call.comm->activeCalls.fetch_sub(1);
+  return result;
+}

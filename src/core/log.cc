@@ -1,0 +1,129 @@
+// Log line formatting and the LOOM_DEBUG / LOOM_DEBUG_SUBSYS filters.
+#include "log.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "params.h"
+
+namespace loom {
+namespace {
+
+constexpr const char* kSubsysNames[] = {"INIT", "BOOT", "TOPO", "TUNE", "SHM", "NET", "IB", "UCX", "CUDA", "COLL", "PAR"};
+constexpr int kNumSubsys = sizeof(kSubsysNames) / sizeof(kSubsysNames[0]);
+
+struct Settings {
+  LogLevel level = LogLevel::kWarn;
+  unsigned mask = ~0u;
+  FILE* out = stderr;
+};
+
+std::atomic<bool> gLoaded{false};
+std::mutex gMutex;
+Settings gSettings;
+thread_local int tRank = -1;
+
+LogLevel parseLevel(const std::string& text) {
+  if (text == "NONE") return LogLevel::kNone;
+  if (text == "INFO") return LogLevel::kInfo;
+  if (text == "TRACE") return LogLevel::kTrace;
+  return LogLevel::kWarn;
+}
+
+unsigned parseMask(std::string text) {
+  bool exclude = !text.empty() && text[0] == '^';
+  if (exclude) text.erase(0, 1);
+  unsigned mask = 0;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    std::string word = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (word == "ALL") mask = ~0u;
+    for (int i = 0; i < kNumSubsys; ++i)
+      if (word == kSubsysNames[i]) mask |= 1u << i;
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return exclude ? ~mask : mask;
+}
+
+FILE* openLogFile(const std::string& pattern) {
+  if (pattern.empty()) return stderr;
+  char host[64] = "";
+  gethostname(host, sizeof(host) - 1);
+  std::string path;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '%' && i + 1 < pattern.size() && pattern[i + 1] == 'h') {
+      path += host, ++i;
+    } else if (pattern[i] == '%' && i + 1 < pattern.size() && pattern[i + 1] == 'p') {
+      path += std::to_string(getpid()), ++i;
+    } else {
+      path += pattern[i];
+    }
+  }
+  FILE* file = std::fopen(path.c_str(), "a");
+  return file != nullptr ? file : stderr;
+}
+
+void loadLocked() {
+  gSettings.level = parseLevel(params::debug());
+  gSettings.mask = parseMask(params::debugSubsys());
+  if (gSettings.out != stderr) std::fclose(gSettings.out);
+  gSettings.out = openLogFile(params::debugFile());
+  gLoaded.store(true, std::memory_order_release);
+}
+
+const Settings& settings() {
+  if (!gLoaded.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(gMutex);
+    if (!gLoaded.load(std::memory_order_relaxed)) loadLocked();
+  }
+  return gSettings;
+}
+
+}  // namespace
+
+bool logEnabled(LogLevel level, Subsys subsys) {
+  const Settings& s = settings();
+  return level <= s.level && (s.mask >> static_cast<int>(subsys) & 1u);
+}
+
+void reloadLogSettings() {
+  std::lock_guard<std::mutex> lock(gMutex);
+  loadLocked();
+}
+
+void logMessageV(LogLevel level, Subsys subsys, const char* fmt, va_list args) {
+  static char host[64] = "";
+  if (host[0] == '\0') gethostname(host, sizeof(host) - 1);
+  const char* levelName = level == LogLevel::kWarn ? "WARN" : level == LogLevel::kInfo ? "INFO" : "TRACE";
+  char line[2048];
+  int used = std::snprintf(line, sizeof(line), "%s:%d:%d [loom] %s %s ", host, (int)getpid(), tRank, levelName,
+                           kSubsysNames[static_cast<int>(subsys)]);
+  if (used < 0) return;
+  int body = std::vsnprintf(line + used, sizeof(line) - used - 1, fmt, args);
+  size_t len = body < 0 ? (size_t)used : std::min(sizeof(line) - 2, (size_t)(used + body));
+  line[len] = '\n';
+  line[len + 1] = '\0';
+  FILE* out = settings().out;
+  std::lock_guard<std::mutex> lock(gMutex);
+  std::fputs(line, out);
+  std::fflush(out);
+}
+
+void logMessage(LogLevel level, Subsys subsys, const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  logMessageV(level, subsys, fmt, args);
+  va_end(args);
+}
+
+ScopedLogRank::ScopedLogRank(int rank) : saved_(tRank) { tRank = rank; }
+ScopedLogRank::~ScopedLogRank() { tRank = saved_; }
+
+}  // namespace loom

@@ -1,0 +1,90 @@
+// loomMemAlloc / loomMemFree and buffer registration.
+//
+// loomMemAlloc hands out memory backed by a memfd, mapped shared, so that a peer process on the same host can map
+// the very same pages (zero-copy) rather than receive a copy. Registration (loomCommRegister) records a region on
+// a communicator; handles are checked, so a bad handle is an argument error.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+
+#include "src/core/check.h"
+#include "src/core/comm.h"
+
+namespace loom {
+namespace {
+
+struct Allocation {
+  int fd;
+  size_t bytes;
+};
+
+std::mutex gAllocMutex;
+std::map<void*, Allocation>& allocations() {
+  static std::map<void*, Allocation> table;
+  return table;
+}
+
+}  // namespace
+}  // namespace loom
+
+using namespace loom;
+
+loomResult_t loomMemAlloc(void** ptr, size_t size) {
+  clearThreadLastError();
+  if (ptr == nullptr) return LOOM_FAIL(loomInvalidArgument, INIT, "loomMemAlloc: ptr is NULL");
+  if (size == 0) return LOOM_FAIL(loomInvalidArgument, INIT, "loomMemAlloc: size is 0");
+  int fd = memfd_create("loom-mem", MFD_CLOEXEC);
+  if (fd < 0) return LOOM_FAIL(loomSystemError, INIT, "loomMemAlloc: memfd_create failed: %m");
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    close(fd);
+    return LOOM_FAIL(loomSystemError, INIT, "loomMemAlloc: cannot size %zu bytes: %m", size);
+  }
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    close(fd);
+    return LOOM_FAIL(loomSystemError, INIT, "loomMemAlloc: cannot map %zu bytes: %m", size);
+  }
+  std::lock_guard<std::mutex> lock(gAllocMutex);
+  allocations()[base] = {fd, size};
+  *ptr = base;
+  return loomSuccess;
+}
+
+loomResult_t loomMemFree(void* ptr) {
+  clearThreadLastError();
+  if (ptr == nullptr) return loomSuccess;
+  std::lock_guard<std::mutex> lock(gAllocMutex);
+  auto found = allocations().find(ptr);
+  if (found == allocations().end())
+    return LOOM_FAIL(loomInvalidArgument, INIT, "loomMemFree: %p was not returned by loomMemAlloc", ptr);
+  munmap(ptr, found->second.bytes);
+  close(found->second.fd);
+  allocations().erase(found);
+  return loomSuccess;
+}
+
+loomResult_t loomCommRegister(const loomComm_t comm, void* buff, size_t size, void** handle) {
+  clearThreadLastError();
+  if (comm == nullptr || buff == nullptr || handle == nullptr || size == 0)
+    return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommRegister: comm, buff and handle must be non-NULL, size > 0");
+  std::lock_guard<std::mutex> lock(comm->runMutex);
+  comm->registrations.push_back({buff, size});
+  *handle = buff;
+  return loomSuccess;
+}
+
+loomResult_t loomCommDeregister(const loomComm_t comm, void* handle) {
+  clearThreadLastError();
+  if (comm == nullptr) return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommDeregister: comm is NULL");
+  std::lock_guard<std::mutex> lock(comm->runMutex);
+  for (auto it = comm->registrations.begin(); it != comm->registrations.end(); ++it) {
+    if (it->first == handle) {
+      comm->registrations.erase(it);
+      return loomSuccess;
+    }
+  }
+  return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommDeregister: %p is not a registration of this communicator",
+                   handle);
+}

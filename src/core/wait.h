@@ -1,0 +1,44 @@
+// The pieces every wait in loom is built from: a Deadline (LOOM_TIMEOUT_MS or the config's timeoutMs) and a
+// Backoff that spins briefly, then yields, then sleeps, so that more ranks than cores still make progress.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace loom {
+
+using Clock = std::chrono::steady_clock;
+
+class Deadline {
+ public:
+  // timeoutMs <= 0 means "already expired" only for 0; negative means never (used by nothing in the library).
+  explicit Deadline(int64_t timeoutMs)
+      : end_(timeoutMs < 0 ? Clock::time_point::max() : Clock::now() + std::chrono::milliseconds(timeoutMs)),
+        timeoutMs_(timeoutMs) {}
+  bool expired() const { return Clock::now() >= end_; }
+  int64_t remainingMs() const {
+    if (end_ == Clock::time_point::max()) return INT64_MAX;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end_ - Clock::now()).count();
+    return left > 0 ? left : 0;
+  }
+  int64_t timeoutMs() const { return timeoutMs_; }
+
+ private:
+  Clock::time_point end_;
+  int64_t timeoutMs_;
+};
+
+// Call pause() each time a poll finds nothing to do, reset() when it made progress.
+class Backoff {
+ public:
+  Backoff();
+  void pause();
+  void reset() { polls_ = 0; }
+
+ private:
+  int64_t polls_ = 0;
+  int64_t spinLimit_;
+};
+
+}  // namespace loom

@@ -1,0 +1,214 @@
+// Host executor (see host_executor.h): lanes as non-blocking state machines over FIFO slots.
+#include "src/exec/host_executor.h"
+
+#include <cstring>
+#include <memory>
+
+#include "src/core/check.h"
+#include "src/core/dtype.h"
+#include "src/core/wait.h"
+#include "src/exec/reduce.h"
+
+namespace loom {
+namespace {
+
+struct LaneRun {
+  const Lane* lane;
+  size_t round = 0;
+  size_t step = 0;
+  size_t rounds = 0;
+  bool done() const { return round >= rounds; }
+};
+
+class TaskRun {
+ public:
+  explicit TaskRun(ExecTask& task) : task_(task), elementBytes_(dtypeSize(task.datatype)) {
+    reduce_ = reduceFunction(task.datatype, task.op);
+    for (const Lane& lane : task.plan->lanes) {
+      size_t most = 0;
+      for (const Step& step : lane.steps) {
+        size_t slice = sliceElems(protocolFor(step));
+        most = std::max(most, (step.count() + slice - 1) / slice);
+      }
+      lanes_.push_back({&lane, 0, 0, most});
+    }
+  }
+
+  bool done() const {
+    for (const LaneRun& lane : lanes_)
+      if (!lane.done()) return false;
+    return true;
+  }
+
+  // Runs every slice that can run now. Returns an error, or success with *progress set when something moved.
+  loomResult_t advance(bool* progress) {
+    for (LaneRun& lane : lanes_) {
+      while (!lane.done()) {
+        bool ran = false;
+        LOOM_CHECK(tryUnit(lane, &ran));
+        if (!ran) break;
+        *progress = true;
+        if (++lane.step == lane.lane->steps.size()) lane.step = 0, ++lane.round;
+      }
+    }
+    return loomSuccess;
+  }
+
+  void finish() {
+    const Region& reduced = task_.plan->reducedOutput;
+    if (task_.op == loomAvg && reduced.count > 0)
+      divideInPlace(pointer(reduced, 0), reduced.count, task_.datatype, task_.nranks);
+  }
+
+  // Marks every connection this task uses as aborted, so that peers stop waiting on it.
+  void abortLinks() {
+    for (const LaneRun& lane : lanes_) {
+      for (const Step& step : lane.lane->steps) {
+        if (actionReceives(step.action))
+          if (FifoReceiver* in = task_.links->receiver(step.recvPeer, lane.lane->channel)) in->abort();
+        if (actionSends(step.action))
+          if (FifoSender* out = task_.links->sender(step.sendPeer, lane.lane->channel)) out->abort();
+      }
+    }
+  }
+
+  // Whether a peer marked a connection of a lane that is waiting as aborted.
+  bool peerAborted(int* peer) {
+    for (const LaneRun& lane : lanes_) {
+      if (lane.done()) continue;
+      const Step& step = lane.lane->steps[lane.step];
+      if (actionReceives(step.action) && task_.links->receiver(step.recvPeer, lane.lane->channel)->aborted()) {
+        *peer = step.recvPeer;
+        return true;
+      }
+      if (actionSends(step.action) && task_.links->sender(step.sendPeer, lane.lane->channel)->aborted()) {
+        *peer = step.sendPeer;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  const ExecTask& task() const { return task_; }
+
+ private:
+  std::byte* pointer(const Region& region, size_t lo) const {
+    const void* base = region.buffer == Buffer::kInput    ? task_.inputs[region.bufferIndex]
+                       : region.buffer == Buffer::kOutput ? task_.outputs[region.bufferIndex]
+                                                          : task_.scratch;
+    return const_cast<std::byte*>(static_cast<const std::byte*>(base)) + (region.offset + lo) * elementBytes_;
+  }
+
+  Protocol protocolFor(const Step& step) const {
+    if (task_.forcedProtocol >= 0) return static_cast<Protocol>(task_.forcedProtocol);
+    return step.count() * elementBytes_ <= task_.llThresholdBytes ? Protocol::kLL : Protocol::kSimple;
+  }
+
+  size_t sliceElems(Protocol protocol) const {
+    size_t bytes = protocol == Protocol::kLL ? task_.llSliceBytes : task_.simpleSliceBytes;
+    return std::max<size_t>(1, bytes / elementBytes_);
+  }
+
+  loomResult_t tryUnit(LaneRun& run, bool* ran) {
+    const Step& step = run.lane->steps[run.step];
+    size_t count = step.count();
+    Protocol protocol = protocolFor(step);
+    size_t slice = sliceElems(protocol);
+    size_t lo = std::min(count, run.round * slice), hi = std::min(count, lo + slice);
+    *ran = true;
+    if (lo == hi) return loomSuccess;
+    size_t bytes = (hi - lo) * elementBytes_;
+    int channel = run.lane->channel;
+    FifoReceiver* in = nullptr;
+    FifoSender* out = nullptr;
+    const void* incoming = nullptr;
+    void* slot = nullptr;
+    if (actionReceives(step.action)) {
+      in = task_.links->receiver(step.recvPeer, channel);
+      size_t arrived = 0;
+      incoming = in->poll(protocol, &arrived);
+      if (incoming == nullptr) return *ran = false, loomSuccess;
+      if (arrived != bytes)
+        return LOOM_FAIL(loomRemoteError, COLL,
+                         "%s: rank %d sent a message of %zu bytes on channel %d where %zu were expected; do the "
+                         "ranks' calls (counts, types, order) match?",
+                         task_.what, step.recvPeer, arrived, channel, bytes);
+    }
+    if (actionSends(step.action)) {
+      out = task_.links->sender(step.sendPeer, channel);
+      slot = out->reserve(protocol);
+      if (slot == nullptr) return *ran = false, loomSuccess;
+    }
+    size_t n = hi - lo;
+    switch (step.action) {
+      case Action::kSend: std::memcpy(slot, pointer(step.src, lo), bytes); break;
+      case Action::kRecv: std::memcpy(pointer(step.dst, lo), incoming, bytes); break;
+      case Action::kRecvReduce: reduce_(pointer(step.dst, lo), pointer(step.src, lo), incoming, n); break;
+      case Action::kRecvReduceSend: reduce_(slot, pointer(step.src, lo), incoming, n); break;
+      case Action::kRecvReduceCopySend:
+        reduce_(pointer(step.dst, lo), pointer(step.src, lo), incoming, n);
+        std::memcpy(slot, pointer(step.dst, lo), bytes);
+        break;
+      case Action::kRecvCopySend:
+        std::memcpy(pointer(step.dst, lo), incoming, bytes);
+        std::memcpy(slot, incoming, bytes);
+        break;
+      case Action::kCopy:
+        // In-place layouts make some copies onto themselves.
+        if (pointer(step.dst, lo) != pointer(step.src, lo)) std::memmove(pointer(step.dst, lo), pointer(step.src, lo), bytes);
+        break;
+      case Action::kReduce: reduce_(pointer(step.dst, lo), pointer(step.src, lo), pointer(step.src2, lo), n); break;
+    }
+    if (out) out->post(protocol, bytes);
+    if (in) in->release();
+    return loomSuccess;
+  }
+
+  ExecTask& task_;
+  size_t elementBytes_;
+  ReduceFn reduce_;
+  std::vector<LaneRun> lanes_;
+};
+
+}  // namespace
+
+loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch) {
+  std::vector<size_t> next(queues.size(), 0);
+  std::vector<std::unique_ptr<TaskRun>> current(queues.size());
+  Backoff backoff;
+  auto stopAll = [&](loomResult_t result) {
+    for (auto& run : current)
+      if (run) run->abortLinks();
+    return result;
+  };
+  for (;;) {
+    bool allDone = true, progress = false;
+    for (size_t q = 0; q < queues.size(); ++q) {
+      while (next[q] < queues[q].size() || current[q]) {
+        if (!current[q]) current[q] = std::make_unique<TaskRun>(queues[q][next[q]++]);
+        loomResult_t result = current[q]->advance(&progress);
+        if (result != loomSuccess) return stopAll(result);
+        if (!current[q]->done()) break;
+        current[q]->finish();
+        current[q].reset();
+      }
+      if (current[q]) allDone = false;
+    }
+    if (allDone) return loomSuccess;
+    if (progress) {
+      backoff.reset();
+      continue;
+    }
+    for (auto& run : current) {
+      int peer = -1;
+      if (run && run->peerAborted(&peer))
+        return stopAll(LOOM_FAIL(loomRemoteError, COLL, "%s: rank %d gave up on the operation (it failed or was aborted)",
+                                 run->task().what, peer));
+    }
+    loomResult_t result = watch();
+    if (result != loomSuccess) return stopAll(result);
+    backoff.pause();
+  }
+}
+
+}  // namespace loom

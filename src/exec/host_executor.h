@@ -1,0 +1,53 @@
+// The host executor: runs RankPlans on CPU buffers over FIFO connections, on the calling thread.
+//
+// Each step is cut into slices of one FIFO slot; a lane runs in rounds (slice k of every step in order), and all
+// lanes of all tasks given to one run() progress together, without blocking: a slice runs only when its message
+// has arrived and its outgoing slot is free, so any number of ranks can share few cores. When nothing can move
+// the executor backs off (spin, yield, sleep) and asks its Watch whether to give up: deadline, abort, dead peer.
+// It knows nothing of communicators or of how connections were made.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "algorithms/plan.h"
+#include "loom/loom.h"
+#include "transports/fifo.h"
+
+namespace loom {
+
+// Where a plan's connections are: both ends of every (peer, channel) it uses, set up by the caller.
+class Links {
+ public:
+  virtual ~Links() = default;
+  virtual FifoSender* sender(int peer, int channel) = 0;
+  virtual FifoReceiver* receiver(int peer, int channel) = 0;
+};
+
+struct ExecTask {
+  const RankPlan* plan = nullptr;
+  std::vector<const void*> inputs;  // by Region::bufferIndex
+  std::vector<void*> outputs;
+  void* scratch = nullptr;
+  loomDataType_t datatype = loomFloat32;
+  loomRedOp_t op = loomSum;
+  int nranks = 1;  // the divisor of loomAvg
+  // The protocol of a message depends only on its size, which sender and receiver agree on, so both ends of
+  // every connection always use the same protocol and the same slicing.
+  int forcedProtocol = -1;        // -1: by size; else a Protocol
+  size_t llThresholdBytes = 0;    // steps moving at most this many bytes use LL
+  size_t simpleSliceBytes = 0;    // payload of one slot per protocol
+  size_t llSliceBytes = 0;
+  Links* links = nullptr;
+  const char* what = "";  // e.g. "AllReduce", for error messages
+};
+
+// Called when no lane can move; returns loomSuccess to keep waiting, or the error that ends the run (having
+// recorded its message with fail()).
+using WatchFn = std::function<loomResult_t()>;
+
+// Runs tasks to completion. Tasks in one queue run one after another (they share connections); queues run
+// concurrently. On error every connection the run touched is marked aborted so peers notice at once.
+loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch);
+
+}  // namespace loom

@@ -1,0 +1,94 @@
+// The FIFO of slots every connection carries its messages through, and the two protocols that write it.
+//
+// The receiver owns the memory: a header with head/tail counters, then `depth` slots of `slotBytes`. The sender
+// may post a message into slot (posted % depth) once the receiver has released it (credit flow control:
+// posted - tail < depth). Two protocols share the memory:
+//  - Simple: the message is copied into the slot, its size stored, then `head` is published with a release
+//    store. For bandwidth: one plain copy in, one out, a fence per slot.
+//  - LL (low latency): each 8-byte word carries 4 bytes of data and a 4-byte flag derived from the slot's
+//    sequence number, written with one 64-bit store, so the receiver needs no fence and no counter read: it
+//    polls the words themselves. Word 0 carries the message size. Half of every slot is flags.
+// Each message is at most one slot. Both ends keep the abort flag in the header, so an error on either side is
+// seen by the other at its next poll.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace loom {
+
+enum class Protocol : uint8_t { kSimple = 0, kLL = 1 };
+const char* protocolName(Protocol protocol);
+
+constexpr uint32_t kFifoMagic = 0x6c6d6669;  // "lmfi"
+constexpr int kMaxFifoDepth = 64;
+
+struct FifoShape {
+  int depth;
+  size_t slotBytes;  // Simple slot size; LL uses the first llSlotBytes of each slot
+  size_t llSlotBytes;
+};
+
+struct alignas(64) FifoHeader {
+  std::atomic<uint32_t> magic;  // stored last by the receiver, with release: the FIFO is ready
+  uint32_t depth;
+  uint64_t slotBytes;
+  uint64_t llSlotBytes;
+  alignas(64) std::atomic<uint64_t> head;  // messages posted by the sender
+  alignas(64) std::atomic<uint64_t> tail;  // messages released by the receiver
+  alignas(64) std::atomic<uint32_t> senderAttached;
+  std::atomic<uint32_t> aborted;  // set by either side when it gives up on the connection
+  alignas(64) std::atomic<uint64_t> sizes[kMaxFifoDepth];  // bytes of each posted Simple message
+};
+
+// Bytes of FIFO memory for `shape` (header plus slots, page aligned).
+size_t fifoBytes(const FifoShape& shape);
+// Initialises fresh memory as an empty FIFO; publishes the magic last.
+void fifoInit(void* memory, const FifoShape& shape);
+// Largest payload of one message for a protocol.
+size_t fifoPayloadBytes(const FifoShape& shape, Protocol protocol);
+
+// A FIFO as one end sees it in its own address space.
+struct FifoMemory {
+  FifoHeader* header = nullptr;
+  std::byte* slots = nullptr;
+};
+
+// The FIFO whose memory starts at `base` (as laid out by fifoInit).
+FifoMemory fifoView(void* base);
+
+class FifoSender {
+ public:
+  explicit FifoSender(FifoMemory memory);
+  // Where to write the next message (up to fifoPayloadBytes), or nullptr while the FIFO is full.
+  void* reserve(Protocol protocol);
+  // Publishes the message written at the pointer reserve() returned.
+  void post(Protocol protocol, size_t bytes);
+  bool aborted() const { return memory_.header->aborted.load(std::memory_order_relaxed) != 0; }
+  void abort() { memory_.header->aborted.store(1, std::memory_order_relaxed); }
+
+ private:
+  FifoMemory memory_;
+  uint64_t posted_ = 0;
+  std::vector<uint32_t> staging_;  // LL: the message before it is spread over flagged words
+};
+
+class FifoReceiver {
+ public:
+  explicit FifoReceiver(FifoMemory memory);
+  // The next message, or nullptr when it has not fully arrived. *bytes receives its size.
+  const void* poll(Protocol protocol, size_t* bytes);
+  // Gives the slot of the message poll() returned back to the sender.
+  void release();
+  bool aborted() const { return memory_.header->aborted.load(std::memory_order_relaxed) != 0; }
+  void abort() { memory_.header->aborted.store(1, std::memory_order_relaxed); }
+
+ private:
+  FifoMemory memory_;
+  uint64_t consumed_ = 0;
+  std::vector<uint32_t> staging_;  // LL: the decoded message
+};
+
+}  // namespace loom

@@ -1,0 +1,101 @@
+// loopback: connections between ranks that are threads of one process, through process-local memory.
+//
+// For tests and for single-process jobs: it exercises the same FIFO and protocols as shm with no files. The
+// receiver publishes its FIFO in a process-wide table under the connection's name; the sender takes it out of
+// the table (the in-process analogue of shm's unlink) and both hold it until the last end goes away.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "src/core/check.h"
+#include "transports/transport.h"
+
+namespace loom {
+namespace {
+
+struct Segment {
+  explicit Segment(size_t bytes) : bytes(bytes), base(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)) {}
+  ~Segment() { std::free(base); }
+  size_t bytes;
+  void* base;
+};
+
+class LoopbackEndpoint : public Endpoint {
+ public:
+  explicit LoopbackEndpoint(std::shared_ptr<Segment> segment) : segment_(std::move(segment)) {}
+  FifoMemory fifo() override { return fifoView(segment_->base); }
+
+ private:
+  std::shared_ptr<Segment> segment_;
+};
+
+std::mutex gTableMutex;
+std::map<std::string, std::shared_ptr<Segment>>& table() {
+  static std::map<std::string, std::shared_ptr<Segment>> segments;
+  return segments;
+}
+
+class LoopbackTransport : public Transport {
+ public:
+  const char* name() const override { return "loopback"; }
+
+  bool canConnect(const PeerInfo& self, const PeerInfo& peer, std::string* why) const override {
+    if (self.hostHash != peer.hostHash || self.pid != peer.pid) {
+      *why = "ranks " + std::to_string(self.rank) + " and " + std::to_string(peer.rank) +
+             " are in different processes";
+      return false;
+    }
+    return true;
+  }
+
+  loomResult_t createReceiver(const ConnectionKey& key, const FifoShape& shape,
+                              std::unique_ptr<Endpoint>* out) override {
+    auto segment = std::make_shared<Segment>(fifoBytes(shape));
+    if (segment->base == nullptr)
+      return LOOM_FAIL(loomSystemError, SHM, "cannot allocate %zu bytes for loopback connection %s",
+                       segment->bytes, key.name().c_str());
+    fifoInit(segment->base, shape);
+    {
+      std::lock_guard<std::mutex> lock(gTableMutex);
+      table()[key.name()] = segment;
+    }
+    *out = std::make_unique<LoopbackEndpoint>(segment);
+    return loomSuccess;
+  }
+
+  loomResult_t attachSender(const ConnectionKey& key, const FifoShape&, const Deadline& deadline,
+                            const std::atomic<bool>* abortFlag, std::unique_ptr<Endpoint>* out) override {
+    Backoff backoff;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(gTableMutex);
+        auto found = table().find(key.name());
+        if (found != table().end()) {
+          static_cast<FifoHeader*>(found->second->base)->senderAttached.store(1);
+          *out = std::make_unique<LoopbackEndpoint>(found->second);
+          table().erase(found);
+          return loomSuccess;
+        }
+      }
+      if (abortFlag && abortFlag->load())
+        return LOOM_FAIL(loomRemoteError, SHM, "aborted while waiting for rank %d's loopback connection",
+                         key.receiver);
+      if (deadline.expired())
+        return LOOM_FAIL(loomTimeout, SHM, "rank %d did not create loopback connection %s within %lld ms",
+                         key.receiver, key.name().c_str(), (long long)deadline.timeoutMs());
+      backoff.pause();
+    }
+  }
+};
+
+}  // namespace
+
+Transport* loopbackTransport() {
+  static LoopbackTransport transport;
+  return &transport;
+}
+
+}  // namespace loom

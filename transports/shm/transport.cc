@@ -1,0 +1,130 @@
+// shm: connections between processes (or threads) of one host through files in LOOM_SHM_DIR (a tmpfs).
+//
+// The receiver creates the file (O_EXCL, space reserved with posix_fallocate so a full /dev/shm fails here, with
+// the bytes needed, rather than with SIGBUS later), maps it and initialises the FIFO. The sender waits for the
+// file, maps it, marks itself attached and unlinks it: from then on nothing is left in the directory, whatever
+// happens to either process. A receiver whose sender never came unlinks the file when it is destroyed.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+
+#include "src/core/check.h"
+#include "src/core/params.h"
+#include "transports/transport.h"
+
+namespace loom {
+namespace {
+
+class ShmEndpoint : public Endpoint {
+ public:
+  ShmEndpoint(void* base, size_t bytes, std::string path, bool ownsName)
+      : base_(base), bytes_(bytes), path_(std::move(path)), ownsName_(ownsName) {}
+  ~ShmEndpoint() override {
+    if (ownsName_) unlink(path_.c_str());  // ENOENT when the sender already did: fine
+    munmap(base_, bytes_);
+  }
+  FifoMemory fifo() override { return fifoView(base_); }
+
+ private:
+  void* base_;
+  size_t bytes_;
+  std::string path_;
+  bool ownsName_;
+};
+
+std::string segmentPath(const ConnectionKey& key) { return params::shmDir() + "/" + key.name(); }
+
+class ShmTransport : public Transport {
+ public:
+  const char* name() const override { return "shm"; }
+
+  bool canConnect(const PeerInfo& self, const PeerInfo& peer, std::string* why) const override {
+    if (self.hostHash != peer.hostHash) {
+      *why = "ranks " + std::to_string(self.rank) + " and " + std::to_string(peer.rank) + " are on different hosts";
+      return false;
+    }
+    return true;
+  }
+
+  loomResult_t createReceiver(const ConnectionKey& key, const FifoShape& shape,
+                              std::unique_ptr<Endpoint>* out) override {
+    std::string path = segmentPath(key);
+    size_t bytes = fifoBytes(shape);
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return LOOM_FAIL(loomSystemError, SHM, "cannot create shared-memory segment %s: %m", path.c_str());
+    int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (err != 0) {
+      close(fd);
+      unlink(path.c_str());
+      errno = err;
+      return LOOM_FAIL(loomSystemError, SHM,
+                       "cannot reserve %zu bytes for %s: %m; make LOOM_SHM_DIR (now %s) point to a tmpfs with more "
+                       "space, or enlarge it",
+                       bytes, path.c_str(), params::shmDir().c_str());
+    }
+    void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+      unlink(path.c_str());
+      return LOOM_FAIL(loomSystemError, SHM, "cannot map %zu bytes of %s: %m", bytes, path.c_str());
+    }
+    fifoInit(base, shape);
+    *out = std::make_unique<ShmEndpoint>(base, bytes, path, /*ownsName=*/true);
+    return loomSuccess;
+  }
+
+  loomResult_t attachSender(const ConnectionKey& key, const FifoShape& shape, const Deadline& deadline,
+                            const std::atomic<bool>* abortFlag, std::unique_ptr<Endpoint>* out) override {
+    std::string path = segmentPath(key);
+    size_t bytes = fifoBytes(shape);
+    Backoff backoff;
+    for (;;) {
+      int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd >= 0) {
+        struct stat st{};
+        // The receiver reserves the full size before it maps; a smaller file is still being set up.
+        if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= bytes) {
+          void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+          close(fd);
+          if (base == MAP_FAILED) return LOOM_FAIL(loomSystemError, SHM, "cannot map %s: %m", path.c_str());
+          auto* header = static_cast<FifoHeader*>(base);
+          while (header->magic.load(std::memory_order_acquire) != kFifoMagic) {
+            if (deadline.expired() || (abortFlag && abortFlag->load())) break;
+            backoff.pause();
+          }
+          if (header->magic.load(std::memory_order_acquire) == kFifoMagic) {
+            header->senderAttached.store(1, std::memory_order_release);
+            unlink(path.c_str());
+            *out = std::make_unique<ShmEndpoint>(base, bytes, path, /*ownsName=*/false);
+            return loomSuccess;
+          }
+          munmap(base, bytes);
+        } else {
+          close(fd);
+        }
+      } else if (errno != ENOENT) {
+        return LOOM_FAIL(loomSystemError, SHM, "cannot open shared-memory segment %s: %m", path.c_str());
+      }
+      if (abortFlag && abortFlag->load())
+        return LOOM_FAIL(loomRemoteError, SHM, "aborted while waiting for rank %d to create %s", key.receiver,
+                         path.c_str());
+      if (deadline.expired())
+        return LOOM_FAIL(loomTimeout, SHM, "rank %d did not create its segment %s within %lld ms", key.receiver,
+                         path.c_str(), (long long)deadline.timeoutMs());
+      backoff.pause();
+    }
+  }
+};
+
+}  // namespace
+
+Transport* shmTransport() {
+  static ShmTransport transport;
+  return &transport;
+}
+
+}  // namespace loom

@@ -1,0 +1,61 @@
+// The one interface every transport implements (shm, loopback; tcp, ucx, ibverbs and cuda_ipc later).
+//
+// A connection carries messages from one rank to another on one channel through a FIFO of slots (fifo.h).
+// The receiver owns the FIFO memory and creates it; the sender attaches to it. How the memory is shared is the
+// transport's business: a file in LOOM_SHM_DIR for shm, a process-local table for loopback, a proxy thread
+// moving slots over a socket for network transports. The executor sees only the FIFO.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/loom.h"
+#include "src/core/wait.h"
+#include "transports/fifo.h"
+
+namespace loom {
+
+// What ranks tell each other about themselves at init (exchanged through the bootstrap, fixed size).
+struct PeerInfo {
+  int rank;
+  int pid;
+  uint64_t hostHash;  // hash of the host name and boot id: equal means "same machine, same kernel"
+};
+
+// Names one connection: messages from `sender` to `receiver` on `channel` of the communicator `commHash`.
+struct ConnectionKey {
+  uint64_t commHash;
+  int sender;
+  int receiver;
+  int channel;
+  std::string name() const;  // "loom-<commHash>-<sender>-<receiver>-<channel>"
+};
+
+// One end of a connection. It keeps the FIFO memory mapped for as long as it lives.
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+  virtual FifoMemory fifo() = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  // Whether this transport can connect `self` to `peer`; when not, *why says why (for the error message).
+  virtual bool canConnect(const PeerInfo& self, const PeerInfo& peer, std::string* why) const = 0;
+  // Receiver side: creates the FIFO for `key` with `shape`. Never waits for the sender.
+  virtual loomResult_t createReceiver(const ConnectionKey& key, const FifoShape& shape,
+                                      std::unique_ptr<Endpoint>* out) = 0;
+  // Sender side: attaches to the FIFO the receiver created, waiting for it until `deadline` or abort.
+  virtual loomResult_t attachSender(const ConnectionKey& key, const FifoShape& shape, const Deadline& deadline,
+                                    const std::atomic<bool>* abortFlag, std::unique_ptr<Endpoint>* out) = 0;
+};
+
+// The transports in priority order, filtered by LOOM_TRANSPORTS. Only transports/registry.cc names them.
+std::vector<Transport*> transportsInPriorityOrder();
+
+}  // namespace loom
