@@ -190,13 +190,12 @@ class Verifier {
   Verifier(const std::vector<CollArgs>& perRank, const VerifyOptions& options)
       : args_(perRank), options_(options), n_(static_cast<int>(perRank.size())) {}
 
-  std::string run(const std::string& algorithm) {
+  std::string run(const PlanBuilder& build) {
     plans_.resize(n_);
     stores_.resize(n_);
     aliases_.resize(n_);
     for (int r = 0; r < n_; ++r) {
-      if (!buildPlan(args_[r], algorithm, &plans_[r]))
-        return "no algorithm '" + algorithm + "' for " + collectiveName(args_[r].collective);
+      plans_[r] = build(args_[r]);
       std::string error = checkShape(r);
       if (!error.empty()) return error;
       initMemory(r);
@@ -518,8 +517,20 @@ std::vector<CollArgs> argsForAllRanks(const CollArgs& args) {
 std::string verifyPlan(const std::vector<CollArgs>& perRank, const std::string& algorithm,
                        const VerifyOptions& options) {
   if (perRank.empty()) return "no ranks";
+  RankPlan probe;
+  if (!buildPlan(perRank[0], algorithm, &probe))
+    return "no algorithm '" + algorithm + "' for " + collectiveName(perRank[0].collective);
+  return verifyPlan(perRank, [&](const CollArgs& args) {
+    RankPlan plan;
+    buildPlan(args, algorithm, &plan);
+    return plan;
+  }, options);
+}
+
+std::string verifyPlan(const std::vector<CollArgs>& perRank, const PlanBuilder& build, const VerifyOptions& options) {
+  if (perRank.empty()) return "no ranks";
   Verifier verifier(perRank, options);
-  return verifier.run(algorithm);
+  return verifier.run(build);
 }
 
 }  // namespace loom

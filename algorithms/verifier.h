@@ -9,6 +9,7 @@
 // in-place layouts of the public API, where input and output share memory.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,5 +29,8 @@ std::vector<CollArgs> argsForAllRanks(const CollArgs& args);
 // Builds and checks the plan of `algorithm` ("" = default) for the call described by `perRank` (one entry per
 // rank). Returns "" when the plan is proven correct, else what is wrong, naming rank, lane and step.
 std::string verifyPlan(const std::vector<CollArgs>& perRank, const std::string& algorithm, const VerifyOptions& options);
+// The same for plans from any builder (tests use it to show that broken plans are caught).
+using PlanBuilder = std::function<RankPlan(const CollArgs&)>;
+std::string verifyPlan(const std::vector<CollArgs>& perRank, const PlanBuilder& build, const VerifyOptions& options);
 
 }  // namespace loom

@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace perf {
@@ -59,6 +60,10 @@ constexpr const char* kOpNames[loomNumOps] = {"sum", "prod", "max", "min", "avg"
 
 bool isFloating(loomDataType_t type) {
   return type == loomFloat16 || type == loomFloat32 || type == loomFloat64 || type == loomBfloat16;
+}
+// Stored fraction bits of a floating type: its unit roundoff is 2^-fractionBits.
+int fractionBits(loomDataType_t type) {
+  return type == loomFloat16 ? 10 : type == loomBfloat16 ? 7 : type == loomFloat32 ? 23 : 52;
 }
 bool isUnsigned(loomDataType_t type) { return type == loomUint8 || type == loomUint32 || type == loomUint64; }
 
@@ -558,6 +563,10 @@ class RankRunner {
   int64_t checkOnce(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace);
   std::string measure(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace);
   void sweep(loomDataType_t type, loomRedOp_t op, int root);
+  // What a rank is doing, for the watchdog's message.
+  std::string describe(const Row& row, loomDataType_t type, const char* phase) const {
+    return std::string(phase) + test_.name + " " + kTypeNames[type] + " " + std::to_string(row.bytes()) + " bytes";
+  }
   // The size after `size`; a sweep by factor that starts at 0 goes on at one element.
   size_t nextSize(size_t size, int factor, size_t eltSize) const {
     if (factor <= 1) return size + o_.stepBytes;
@@ -581,7 +590,7 @@ class RankRunner {
   void* recvHandle_ = nullptr;
   double busBwSum_ = 0;
   int busBwCount_ = 0;
-  int64_t failedChecks_ = 0;  // sizes where this rank's output was wrong
+  int64_t failedChecks_ = 0;  // rows (and placements) where this rank's output was wrong
 };
 
 std::vector<RankInfo> RankRunner::gatherRankInfo() {
@@ -702,10 +711,7 @@ int64_t RankRunner::checkOnce(const Row& row, loomDataType_t type, loomRedOp_t o
   // avg of floating types: a library may divide before summing (as NCCL does), a few roundings away.
   double tolerance = 0;
   if (test_.hasOp && op == loomAvg && isFloating(type)) {
-    double epsilon = type == loomFloat16    ? 0x1p-10
-                     : type == loomBfloat16 ? 0x1p-7
-                     : type == loomFloat32  ? 0x1p-23
-                                            : 0x1p-52;
+    double epsilon = std::ldexp(1.0, -fractionBits(type));
     tolerance = epsilon * static_cast<double>(std::min<uint64_t>(nranks_, kActiveRanks) + 1);
   }
   return countWrong(outputOf(row, inPlace, 0), expected_.data(), checked, type, tolerance);
@@ -713,8 +719,7 @@ int64_t RankRunner::checkOnce(const Row& row, loomDataType_t type, loomRedOp_t o
 
 // One half of a row: time iters calls, check, and return the cells.
 std::string RankRunner::measure(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace) {
-  watchdog_.arm(watchdogSlot_, rank_,
-                std::string(test_.name) + " " + kTypeNames[type] + " " + std::to_string(row.bytes()) + " bytes");
+  watchdog_.arm(watchdogSlot_, rank_, describe(row, type, ""));
   if (checkActive()) {  // defined input for the timed calls too: no denormals, no NaN
     CheckArgs args{row.sizes, type, op, root, rank_, nranks_};
     test_.fillInput(inputOf(row, inPlace, 0), args);
@@ -777,8 +782,10 @@ void RankRunner::sweep(loomDataType_t type, loomRedOp_t op, int root) {
   barrier();
   for (size_t size = o_.minBytes; size <= maxBytes_; size = nextSize(size, 2, eltSize)) {  // warm every size up
     Row row = rowFor(size);
+    watchdog_.arm(watchdogSlot_, rank_, describe(row, type, "the warm-up of "));
     for (int iter = 0; iter < o_.warmupIters; iter++) startCall(row, type, op, root, false, iter);
     complete();
+    watchdog_.disarm(watchdogSlot_);
   }
   for (int cycle = 0; o_.runCycles == 0 || cycle < o_.runCycles; cycle++) {
     for (size_t size = o_.minBytes; size <= maxBytes_; size = nextSize(size, o_.stepFactor, eltSize)) {
@@ -812,15 +819,13 @@ int64_t RankRunner::run(const char* programName) {
     printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "(B)", "(elements)", "", "", "",
            "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
   }
-  int firstType = o_.type < 0 ? 0 : o_.type, lastType = o_.type < 0 ? loomNumTypes - 1 : o_.type;
-  int firstOp = !test_.hasOp ? 0
-                : o_.op < 0  ? 0
-                             : o_.op,
-      lastOp = !test_.hasOp ? 0
-               : o_.op < 0  ? loomNumOps - 1
-                            : o_.op;
-  int firstRoot = !test_.hasRoot ? 0 : o_.root < 0 ? 0 : o_.root;
-  int lastRoot = !test_.hasRoot ? 0 : o_.root < 0 ? nranks_ - 1 : o_.root;
+  // The values a loop takes: `chosen`, or all `count` of them for "all" (-1), or just 0 where it does not apply.
+  auto range = [](bool applies, int chosen, int count) {
+    return !applies ? std::pair{0, 0} : chosen < 0 ? std::pair{0, count - 1} : std::pair{chosen, chosen};
+  };
+  auto [firstType, lastType] = range(true, o_.type, loomNumTypes);
+  auto [firstOp, lastOp] = range(test_.hasOp, o_.op, loomNumOps);
+  auto [firstRoot, lastRoot] = range(test_.hasRoot, o_.root, nranks_);
   for (int type = firstType; type <= lastType; type++) {
     for (int op = firstOp; op <= lastOp; op++) {
       for (int root = firstRoot; root <= lastRoot; root++) {

@@ -327,7 +327,9 @@ class PeerServer : public AuthServer {
       if (kind == kRingConn) return takeRing(conn, peer);
       if (kind != kP2pConn) return drop(conn, "hello of unknown kind %u from rank %d", kind, peer);
       if (p2pConnected_[peer]) return drop(conn, "a second p2p connection from rank %d", peer);
+      // A sender whose write failed starts over on a new connection once the old one has closed.
       p2pConnected_[peer] = true;
+      setPeerGone(peer, false);
       conn.rank = peer;
       conn.deadline = Clock::time_point::max();  // an authenticated peer may stay quiet as long as it likes
       conn.stage = kFrameHeader;
@@ -353,11 +355,17 @@ class PeerServer : public AuthServer {
 
   void takeRing(Conn& conn, int peer) {
     int prev = (rank_ + nranks_ - 1) % nranks_;
-    std::lock_guard<std::mutex> lock(inbox_->mutex);
     if (peer != prev || ringPrev_) return drop(conn, "unexpected ring connection from rank %d", peer);
     ringPrev_ = true;
+    std::lock_guard<std::mutex> lock(inbox_->mutex);
     inbox_->ringPrev = conn.io.releaseFd();
-    conn.dead = true;
+    conn.dead = true;  // the connection now belongs to the Bootstrap's caller
+    inbox_->changed.notify_all();
+  }
+
+  void setPeerGone(int peer, bool gone) {
+    std::lock_guard<std::mutex> lock(inbox_->mutex);
+    inbox_->peerGone[peer] = gone;
     inbox_->changed.notify_all();
   }
 
@@ -375,9 +383,8 @@ class PeerServer : public AuthServer {
 
   void onGone(Conn& conn) override {
     if (conn.rank < 0) return;
-    std::lock_guard<std::mutex> lock(inbox_->mutex);
-    inbox_->peerGone[conn.rank] = 1;
-    inbox_->changed.notify_all();
+    p2pConnected_[conn.rank] = false;
+    setPeerGone(conn.rank, true);
   }
 
   int rank_;
@@ -455,6 +462,12 @@ loomResult_t createUniqueId(loomUniqueId* id) {
 loomResult_t startRoot(const UniqueIdInfo& info) {
   SocketAddress address;
   LOOM_CHECK(resolveAddress(info.rootAddress, &address));
+  std::string host;
+  int port = 0;
+  splitHostPort(info.rootAddress, &host, &port);
+  // A host name can resolve differently here than on the other hosts (Debian's /etc/hosts maps this host's own
+  // name to 127.0.1.1), so the root listens on every interface at that port; the secret keeps strangers out.
+  if (!isNumericHost(host)) address = wildcardOf(address);
   UniqueFd listener;
   std::string bound;
   // SO_REUSEADDR: the port is fixed by the launcher, and the previous job's connections may be in TIME_WAIT.
@@ -509,9 +522,14 @@ loomResult_t Bootstrap::Impl::joinRoot(const UniqueIdInfo& info, const IoWait& w
   const std::string rootName = "the root at " + info.rootAddress;
   UniqueFd root;
   LOOM_CHECK(connectTo(info.rootAddress, /*untilListening=*/true, wait, &root));
-  // Listen on the interface that reaches the root: the other ranks will reach this one the same way.
+  // Listen on the interface that reaches the root: the other ranks will reach this one the same way. Unless the
+  // root was named by a host name that led to loopback here: other hosts cannot reach this rank's loopback.
   SocketAddress local;
   LOOM_CHECK(localAddress(root.get(), &local));
+  std::string rootHost;
+  int rootPort = 0;
+  splitHostPort(info.rootAddress, &rootHost, &rootPort);
+  if (isLoopback(local) && !isNumericHost(rootHost)) LOOM_CHECK(chooseListenAddress(&local));
   setPort(&local, 0);
   std::string listenAddress;
   LOOM_CHECK(listenOn(local, false, listener, &listenAddress));

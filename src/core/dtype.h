@@ -76,7 +76,7 @@ inline float halfToFloat(uint16_t h) {
 }
 
 // Round to nearest, ties to even; values at or beyond 65520 become inf; subnormal results are rounded
-// correctly; NaN becomes a quiet NaN with its sign and the top 9 bits of its payload.
+// correctly. NaN stays NaN: made quiet, with its sign and the top 10 bits of its payload.
 inline uint16_t floatToHalf(float f) {
 #ifdef __F16C__
   return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
@@ -106,8 +106,8 @@ inline uint16_t floatToHalf(float f) {
 // Exact: bf16 is the top half of an fp32.
 inline float bf16ToFloat(uint16_t b) { return floatFromBits(static_cast<uint32_t>(b) << 16); }
 
-// Round to nearest, ties to even; overflow rounds to inf. NaN becomes a quiet NaN with its sign and the top
-// 6 bits of its payload (truncating could otherwise turn a NaN into inf).
+// Round to nearest, ties to even; overflow rounds to inf. NaN stays NaN: made quiet, with its sign and the top
+// 7 bits of its payload (rounding or truncating a NaN whose payload is all in the low bits would give inf).
 inline uint16_t floatToBf16(float f) {
   const uint32_t bits = floatBits(f);
   // Adding 0x7fff rounds up above the halfway point; the extra 1 when the kept lsb is odd makes a tie round

@@ -108,6 +108,43 @@ void setPort(SocketAddress* address, int port) {
   }
 }
 
+bool isNumericHost(const std::string& host) {
+  in6_addr scratch;
+  std::string bare = host.substr(0, host.find('%'));  // drop an IPv6 scope
+  return inet_pton(AF_INET, host.c_str(), &scratch) == 1 || inet_pton(AF_INET6, bare.c_str(), &scratch) == 1;
+}
+
+bool isLoopback(const SocketAddress& address) {
+  if (address.storage.ss_family == AF_INET) {
+    auto* v4 = reinterpret_cast<const sockaddr_in*>(&address.storage);
+    return (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (address.storage.ss_family == AF_INET6) {
+    auto* v6 = reinterpret_cast<const sockaddr_in6*>(&address.storage);
+    if (IN6_IS_ADDR_LOOPBACK(&v6->sin6_addr)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr) && v6->sin6_addr.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+SocketAddress wildcardOf(const SocketAddress& address) {
+  SocketAddress any;
+  if (address.storage.ss_family == AF_INET6) {
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&any.storage);
+    v6->sin6_family = AF_INET6;
+    v6->sin6_addr = in6addr_any;
+    v6->sin6_port = reinterpret_cast<const sockaddr_in6*>(&address.storage)->sin6_port;
+    any.length = sizeof(sockaddr_in6);
+  } else {
+    auto* v4 = reinterpret_cast<sockaddr_in*>(&any.storage);
+    v4->sin_family = AF_INET;
+    v4->sin_addr.s_addr = htonl(INADDR_ANY);
+    v4->sin_port = reinterpret_cast<const sockaddr_in*>(&address.storage)->sin_port;
+    any.length = sizeof(sockaddr_in);
+  }
+  return any;
+}
+
 loomResult_t chooseListenAddress(SocketAddress* out) {
   const std::string prefix = params::socketIfname();
   ifaddrs* list = nullptr;

@@ -73,6 +73,11 @@ std::string formatAddress(const SocketAddress& address);
 // The local address of a bound or connected socket.
 loomResult_t localAddress(int fd, SocketAddress* out);
 void setPort(SocketAddress* address, int port);
+// True for an IP literal ("10.0.0.1", "::1"), false for a host name.
+bool isNumericHost(const std::string& host);
+bool isLoopback(const SocketAddress& address);
+// The any-address of the same family as `address`, with its port.
+SocketAddress wildcardOf(const SocketAddress& address);
 
 // The address (port 0) a root listens on: the first up interface whose name starts with LOOM_SOCKET_IFNAME
 // (IPv4 preferred), else the first non-loopback IPv4 interface that is up, else 127.0.0.1.

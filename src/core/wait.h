@@ -12,9 +12,11 @@ using Clock = std::chrono::steady_clock;
 
 class Deadline {
  public:
-  // timeoutMs <= 0 means "already expired" only for 0; negative means never (used by nothing in the library).
+  static constexpr int64_t kNeverMs = int64_t{100} * 365 * 24 * 3600 * 1000;
+  // 0 means already expired; a negative or an enormous value (over a century) means never.
   explicit Deadline(int64_t timeoutMs)
-      : end_(timeoutMs < 0 ? Clock::time_point::max() : Clock::now() + std::chrono::milliseconds(timeoutMs)),
+      : end_(timeoutMs < 0 || timeoutMs > kNeverMs ? Clock::time_point::max()
+                                                   : Clock::now() + std::chrono::milliseconds(timeoutMs)),
         timeoutMs_(timeoutMs) {}
   bool expired() const { return Clock::now() >= end_; }
   int64_t remainingMs() const {

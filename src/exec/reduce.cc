@@ -84,7 +84,8 @@ struct Min {
 
 // One loop per aliasing case, so that every pointer can be __restrict__ without lying to the compiler: writing
 // through dst while reading the same element through a would break a restrict promise even though the loop
-// itself is harmless.
+// itself is harmless. noinline because GCC 12 loses the restrict information when these are inlined into
+// reduceNative, and at -O2 it does not vectorise a loop that would need a run-time alias check.
 template <typename T, typename Op>
 [[gnu::noinline]] void combineInto(T* __restrict__ dst, const T* __restrict__ a, const T* __restrict__ b,
                                    size_t count) {
@@ -160,8 +161,8 @@ struct Bf16Format {
 };
 
 // Any exact aliasing of dst with a or b is safe here: a block of both inputs is widened before the same block
-// of dst is written. Rounding the exact-enough fp32 result once gives the correctly rounded 16-bit result for
-// sum and prod, since fp32 carries more than twice the precision plus two bits of either format.
+// of dst is written. Rounding the fp32 result once more gives the correctly rounded 16-bit sum or product: fp32
+// has at least twice the precision of either format plus two bits, which makes the double rounding harmless.
 template <typename Format, typename Op>
 void reduceSixteenBit(void* dst, const void* a, const void* b, size_t count) {
   uint16_t* out = static_cast<uint16_t*>(dst);

@@ -127,6 +127,27 @@ TEST(Bootstrap, CommHashDiffersBetweenIds) {
   EXPECT_NE(hashes[0], hashes[1]);
 }
 
+TEST(Bootstrap, StartRootOnHostName) {
+  // torchrun and Slurm name rank 0 by host name: the root listens on every interface at the port, and ranks
+  // that reach it over loopback listen on a routable interface instead (127.0.0.1 only when there is none).
+  SocketAddress loopback;
+  ASSERT_EQ(resolveAddress("127.0.0.1:0", &loopback), loomSuccess);
+  UniqueFd probe;
+  std::string probeAddress;
+  ASSERT_EQ(listenOn(loopback, false, &probe, &probeAddress), loomSuccess);
+  probe.reset();
+  UniqueIdInfo info;
+  info.rootAddress = "localhost" + probeAddress.substr(probeAddress.rfind(':'));
+  std::memset(info.secret, 0x5c, kSecretBytes);
+  ASSERT_EQ(startRoot(info), loomSuccess) << threadLastError();
+  loomUniqueId id;
+  ASSERT_EQ(packUniqueId(info, &id), loomSuccess);
+  std::vector<loomResult_t> results;
+  auto boots = createAll(id, 2, &results);
+  for (int rank = 0; rank < 2; ++rank) ASSERT_EQ(results[rank], loomSuccess) << "create of rank " << rank;
+  runRanks(2, [&](int rank) { exerciseRank(*boots[rank]); });
+}
+
 // ---- Bad clients ----
 
 IoWait testWait(int64_t timeoutMs = 3000) { return IoWait{Deadline(timeoutMs), nullptr, "test client"}; }

@@ -6,9 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -325,7 +325,7 @@ struct Elem {
     if constexpr (std::is_floating_point_v<T>) {
       if (std::isnan(expected)) return std::isnan(actual);
     }
-    return std::memcmp(&expected, &actual, sizeof(T)) == 0;
+    return std::memcmp(&expected, &actual, sizeof(T)) == 0;  // bitwise, so that +0 and -0 differ
   }
   static std::string show(T value) {
     if constexpr (std::is_floating_point_v<T>) {
@@ -404,7 +404,7 @@ const char* aliasName(Alias alias) {
 // so that vector loops see addresses that are not vector-aligned and a write before dst would show.
 template <typename T>
 void checkReduce(loomDataType_t type, loomRedOp_t op, size_t count) {
-  std::mt19937_64 rng(count * 131 + type * 17 + op);
+  std::mt19937_64 rng(count * 131 + static_cast<size_t>(type) * 17 + static_cast<size_t>(op));
   std::vector<T> a(count + 1), b(count + 1);
   for (size_t i = 0; i <= count; ++i) {
     a[i] = Elem<T>::random(rng);
@@ -587,7 +587,10 @@ TEST(DivideInPlace, IntegersTruncateTowardZero) {
 TEST(DivideInPlace, FloatAndDouble) {
   std::vector<float> f(1000);
   std::vector<double> d(1000);
-  for (size_t i = 0; i < f.size(); ++i) f[i] = d[i] = static_cast<double>(i) - 500.25;
+  for (size_t i = 0; i < f.size(); ++i) {
+    d[i] = static_cast<double>(i) - 500.25;
+    f[i] = static_cast<float>(d[i]);
+  }
   divideInPlace(f.data(), f.size(), loomFloat32, 3);
   divideInPlace(d.data(), d.size(), loomFloat64, 3);
   for (size_t i = 0; i < f.size(); ++i) {

@@ -1,0 +1,39 @@
+// The collective test matrix shared by the mt suite (ranks as threads) and the mp suite (ranks as processes
+// under loomrun): every collective x datatype x op x layout x count, each checked exactly against a naive
+// reference. Inputs are small integers, exactly representable in every type (int8 and fp16 included), chosen
+// so that sums, products, maxima and averages are exact whatever the order of reduction. Uses only loom.h.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "loom/loom.h"
+
+namespace loomtest {
+
+enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, AllToAllv, Gather, Scatter, SendRecv };
+
+struct Case {
+  Coll coll;
+  loomDataType_t type;
+  loomRedOp_t op;  // loomSum for collectives without reduction
+  size_t count;
+  int nranks;
+  int root;
+  bool inPlace;
+};
+
+const char* collName(Coll coll);
+bool reduces(Coll coll);
+bool hasInPlace(Coll coll);
+std::string describe(const Case& c);
+
+// Every case for `nranks` ranks and the given counts: all collectives, all types, all ops where the collective
+// reduces, in place and out of place where the collective has an in-place form. Roots rotate with the count.
+std::vector<Case> matrix(int nranks, const std::vector<size_t>& counts);
+
+// Runs one case as `rank` on `comm` (every rank must run the same case) and checks the result. Returns "" on
+// success, else what went wrong, naming the case, the rank and the first wrong element.
+std::string runCase(const Case& c, loomComm_t comm, int rank);
+
+}  // namespace loomtest

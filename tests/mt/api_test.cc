@@ -1,0 +1,1081 @@
+// mt suite: the public API's contract, every rank a thread of this process. Argument checks (each bad call
+// returns loomInvalidArgument or loomInvalidUsage with a message naming the problem, touches no buffer and leaves
+// the communicator usable), count-0 no-ops, aborting a blocked call from another thread, deadlines, host streams,
+// groups (ring exchanges larger than a FIFO, sends to self), loomCommSplit, non-blocking init, memory and
+// registration helpers and the small queries. Cases that move data run over shm and over loopback.
+// Not here: loomCommInitFromEnv and dead processes (the environment and liveness are per process), see
+// tests/mp/failure_test.cc; collective results over many sizes and types, see tests/mt/collectives_test.cc.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/loom.h"
+#include "tests/mt/thread_ranks.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using loomtest::runRanks;
+using loomtest::ScopedEnv;
+
+constexpr float kSentinel = -12345.0f;
+// Deadline of the communicators of most tests: a library bug becomes a failure, not a hang.
+constexpr int kTestTimeoutMs = 20000;
+
+double secondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+loomConfig_t configWithTimeout(int timeoutMs) {
+  loomConfig_t config = LOOM_CONFIG_INITIALIZER;
+  config.timeoutMs = timeoutMs;
+  return config;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Index of the first element of `values` that is not `expected`, or -1.
+template <typename T>
+long firstDifferent(const std::vector<T>& values, T expected) {
+  auto found = std::find_if(values.begin(), values.end(), [&](T v) { return v != expected; });
+  return found == values.end() ? -1 : static_cast<long>(found - values.begin());
+}
+
+// A valid AllReduce every rank makes after a rejected call: it must run and give the right sum, which shows the
+// rejected call left nothing behind (queued work, half-sent messages, a pending error).
+void expectCommUsable(loomComm_t comm, int rank, int nranks, const std::string& after) {
+  constexpr size_t kCount = 1000;
+  std::vector<float> send(kCount), recv(kCount, kSentinel);
+  for (size_t i = 0; i < kCount; ++i) send[i] = static_cast<float>((rank + 1) * (i % 7 + 1));
+  ASSERT_EQ(loomAllReduce(send.data(), recv.data(), kCount, loomFloat32, loomSum, comm, nullptr), loomSuccess)
+      << "AllReduce after " << after << ", rank " << rank << " of " << nranks << ": " << loomGetLastError(comm);
+  const float ranksSum = nranks * (nranks + 1) / 2.0f;
+  for (size_t i = 0; i < kCount; ++i) {
+    if (recv[i] != ranksSum * (i % 7 + 1)) {
+      ADD_FAILURE() << "AllReduce after " << after << ", rank " << rank << " of " << nranks << ": element " << i
+                    << " is " << recv[i] << ", expected " << ranksSum * (i % 7 + 1);
+      return;
+    }
+  }
+}
+
+// Creates one communicator per rank concurrently, rank r with configs[r] (so ranks may differ in timeoutMs).
+std::vector<loomComm_t> initComms(std::vector<loomConfig_t> configs) {
+  const int nranks = static_cast<int>(configs.size());
+  std::vector<loomComm_t> comms(nranks, nullptr);
+  loomUniqueId id;
+  EXPECT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < nranks; ++rank) {
+    threads.emplace_back([&, rank] {
+      EXPECT_EQ(loomCommInitRankConfig(&comms[rank], nranks, id, rank, &configs[rank]), loomSuccess)
+          << "init of rank " << rank << ": " << loomGetLastError(nullptr);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return comms;
+}
+
+// Every test that moves data runs once per transport: the fixture restricts LOOM_TRANSPORTS for its lifetime.
+class ApiTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  ApiTest() : transport_("LOOM_TRANSPORTS", GetParam()) {}
+  ScopedEnv transport_;
+};
+
+// ---- Rejected calls ----
+
+// One call that must be rejected. `who` limits it to the ranks where it is wrong: a NULL recvbuff is fine on a
+// non-root of Reduce, so there the call would run and wait for its peers. Roots are nranks - 1 (not 0).
+struct BadCall {
+  using CallFn = std::function<loomResult_t(loomComm_t comm, int rank, int nranks, float* send, float* recv)>;
+  using WhoFn = std::function<bool(int rank, int nranks)>;
+  BadCall(std::string name, loomResult_t expected, std::vector<std::string> mentions, CallFn call, WhoFn who = {})
+      : name(std::move(name)), expected(expected), mentions(std::move(mentions)), call(std::move(call)),
+        who(std::move(who)) {}
+  std::string name;
+  loomResult_t expected;
+  std::vector<std::string> mentions;  // parts the error message must contain
+  CallFn call;
+  WhoFn who;  // empty: every rank
+};
+
+constexpr size_t kN = 16;  // elements per rank of the bad calls
+
+std::vector<BadCall> badCalls() {
+  const size_t n = kN;
+  const size_t huge = SIZE_MAX / 2;  // x 4 bytes of float overflows
+  const loomDataType_t f32 = loomFloat32;
+  const auto typeNum = static_cast<loomDataType_t>(loomNumTypes);
+  const auto typeNeg = static_cast<loomDataType_t>(-1);
+  const auto opNum = static_cast<loomRedOp_t>(loomNumOps);
+  const auto opNeg = static_cast<loomRedOp_t>(-1);
+  static int notAStream;
+  loomStream_t fake = &notAStream;
+  auto rootOnly = [](int rank, int nranks) { return rank == nranks - 1; };
+  const loomResult_t kArg = loomInvalidArgument;
+  using C = loomComm_t;
+  static const size_t zeros[64] = {};
+  // AllToAllv arguments: kN elements to and from every peer, packed.
+  auto counts = [](int nranks) { return std::vector<size_t>(nranks, kN); };
+  auto displs = [](int nranks) {
+    std::vector<size_t> d(nranks);
+    for (int p = 0; p < nranks; ++p) d[p] = p * kN;
+    return d;
+  };
+  return {
+      // NULL communicator.
+      {"AllReduce NULL comm", kArg, {"AllReduce", "comm is NULL"},
+       [=](C, int, int, float* s, float* r) { return loomAllReduce(s, r, n, f32, loomSum, nullptr, nullptr); }},
+      {"Broadcast NULL comm", kArg, {"Broadcast", "comm is NULL"},
+       [=](C, int, int, float* s, float* r) { return loomBroadcast(s, r, n, f32, 0, nullptr, nullptr); }},
+      {"Send NULL comm", kArg, {"Send", "comm is NULL"},
+       [=](C, int, int, float* s, float*) { return loomSend(s, n, f32, 0, nullptr, nullptr); }},
+      {"Barrier NULL comm", kArg, {"Barrier", "comm is NULL"},
+       [=](C, int, int, float*, float*) { return loomBarrier(nullptr, nullptr); }},
+      // A stream that is not a loom stream.
+      {"AllReduce foreign stream", kArg, {"AllReduce", "stream"},
+       [=](C c, int, int, float* s, float* r) { return loomAllReduce(s, r, n, f32, loomSum, c, fake); }},
+      {"Barrier foreign stream", kArg, {"Barrier", "stream"},
+       [=](C c, int, int, float*, float*) { return loomBarrier(c, fake); }},
+      // AllReduce.
+      {"AllReduce NULL sendbuff", kArg, {"AllReduce", "sendbuff is NULL"},
+       [=](C c, int, int, float*, float* r) { return loomAllReduce(nullptr, r, n, f32, loomSum, c, nullptr); }},
+      {"AllReduce NULL recvbuff", kArg, {"AllReduce", "recvbuff is NULL"},
+       [=](C c, int, int, float* s, float*) { return loomAllReduce(s, nullptr, n, f32, loomSum, c, nullptr); }},
+      {"AllReduce count SIZE_MAX/2 float", kArg, {"AllReduce", "overflows"},
+       [=](C c, int, int, float* s, float* r) { return loomAllReduce(s, r, huge, f32, loomSum, c, nullptr); }},
+      {"AllReduce datatype loomNumTypes", kArg, {"AllReduce", "datatype"},
+       [=](C c, int, int, float* s, float* r) { return loomAllReduce(s, r, n, typeNum, loomSum, c, nullptr); }},
+      {"AllReduce datatype -1", kArg, {"AllReduce", "datatype"},
+       [=](C c, int, int, float* s, float* r) { return loomAllReduce(s, r, n, typeNeg, loomSum, c, nullptr); }},
+      {"AllReduce datatype -1 count 0", kArg, {"AllReduce", "datatype"},
+       [=](C c, int, int, float* s, float* r) { return loomAllReduce(s, r, 0, typeNeg, loomSum, c, nullptr); }},
+      {"AllReduce op loomNumOps", kArg, {"AllReduce", "reduction op"},
+       [=](C c, int, int, float* s, float* r) { return loomAllReduce(s, r, n, f32, opNum, c, nullptr); }},
+      {"AllReduce op -1", kArg, {"AllReduce", "reduction op"},
+       [=](C c, int, int, float* s, float* r) { return loomAllReduce(s, r, n, f32, opNeg, c, nullptr); }},
+      {"AllReduce recvbuff = sendbuff + 1", kArg, {"AllReduce", "overlap"},
+       [=](C c, int, int, float* s, float*) { return loomAllReduce(s, s + 1, n, f32, loomSum, c, nullptr); }},
+      {"AllReduce sendbuff = recvbuff + 1", kArg, {"AllReduce", "overlap"},
+       [=](C c, int, int, float*, float* r) { return loomAllReduce(r + 1, r, n, f32, loomSum, c, nullptr); }},
+      // Broadcast.
+      {"Broadcast NULL sendbuff on root", kArg, {"Broadcast", "sendbuff (on root) is NULL"},
+       [=](C c, int, int k, float*, float* r) { return loomBroadcast(nullptr, r, n, f32, k - 1, c, nullptr); },
+       rootOnly},
+      {"Broadcast NULL recvbuff", kArg, {"Broadcast", "recvbuff is NULL"},
+       [=](C c, int, int k, float* s, float*) { return loomBroadcast(s, nullptr, n, f32, k - 1, c, nullptr); }},
+      {"Broadcast root -1", kArg, {"Broadcast", "root -1"},
+       [=](C c, int, int, float* s, float* r) { return loomBroadcast(s, r, n, f32, -1, c, nullptr); }},
+      {"Broadcast root nranks", kArg, {"Broadcast", "root"},
+       [=](C c, int, int k, float* s, float* r) { return loomBroadcast(s, r, n, f32, k, c, nullptr); }},
+      {"Broadcast count SIZE_MAX/2 float", kArg, {"Broadcast", "overflows"},
+       [=](C c, int, int k, float* s, float* r) { return loomBroadcast(s, r, huge, f32, k - 1, c, nullptr); }},
+      {"Broadcast datatype loomNumTypes", kArg, {"Broadcast", "datatype"},
+       [=](C c, int, int k, float* s, float* r) { return loomBroadcast(s, r, n, typeNum, k - 1, c, nullptr); }},
+      {"Broadcast recvbuff = sendbuff + 1 on root", kArg, {"Broadcast", "overlap"},
+       [=](C c, int, int k, float* s, float*) { return loomBroadcast(s, s + 1, n, f32, k - 1, c, nullptr); },
+       rootOnly},
+      // Reduce.
+      {"Reduce NULL sendbuff", kArg, {"Reduce", "sendbuff is NULL"},
+       [=](C c, int, int k, float*, float* r) { return loomReduce(nullptr, r, n, f32, loomSum, k - 1, c, nullptr); }},
+      {"Reduce NULL recvbuff on root", kArg, {"Reduce", "recvbuff (on root) is NULL"},
+       [=](C c, int, int k, float* s, float*) { return loomReduce(s, nullptr, n, f32, loomSum, k - 1, c, nullptr); },
+       rootOnly},
+      {"Reduce root -1", kArg, {"Reduce", "root -1"},
+       [=](C c, int, int, float* s, float* r) { return loomReduce(s, r, n, f32, loomSum, -1, c, nullptr); }},
+      {"Reduce root nranks", kArg, {"Reduce", "root"},
+       [=](C c, int, int k, float* s, float* r) { return loomReduce(s, r, n, f32, loomSum, k, c, nullptr); }},
+      {"Reduce op loomNumOps", kArg, {"Reduce", "reduction op"},
+       [=](C c, int, int k, float* s, float* r) { return loomReduce(s, r, n, f32, opNum, k - 1, c, nullptr); }},
+      {"Reduce datatype -1", kArg, {"Reduce", "datatype"},
+       [=](C c, int, int k, float* s, float* r) { return loomReduce(s, r, n, typeNeg, loomSum, k - 1, c, nullptr); }},
+      {"Reduce count SIZE_MAX/2 float", kArg, {"Reduce", "overflows"},
+       [=](C c, int, int k, float* s, float* r) { return loomReduce(s, r, huge, f32, loomSum, k - 1, c, nullptr); }},
+      {"Reduce recvbuff = sendbuff + 1 on root", kArg, {"Reduce", "overlap"},
+       [=](C c, int, int k, float* s, float*) { return loomReduce(s, s + 1, n, f32, loomSum, k - 1, c, nullptr); },
+       rootOnly},
+      // AllGather.
+      {"AllGather NULL sendbuff", kArg, {"AllGather", "sendbuff is NULL"},
+       [=](C c, int, int, float*, float* r) { return loomAllGather(nullptr, r, n, f32, c, nullptr); }},
+      {"AllGather NULL recvbuff", kArg, {"AllGather", "recvbuff is NULL"},
+       [=](C c, int, int, float* s, float*) { return loomAllGather(s, nullptr, n, f32, c, nullptr); }},
+      {"AllGather sendcount SIZE_MAX/2 float", kArg, {"AllGather", "overflows"},
+       [=](C c, int, int, float* s, float* r) { return loomAllGather(s, r, huge, f32, c, nullptr); }},
+      {"AllGather sendcount*nranks overflows (int8)", kArg, {"AllGather", "overflows"},
+       [=](C c, int, int, float* s, float* r) { return loomAllGather(s, r, SIZE_MAX / 2, loomInt8, c, nullptr); }},
+      {"AllGather datatype loomNumTypes", kArg, {"AllGather", "datatype"},
+       [=](C c, int, int, float* s, float* r) { return loomAllGather(s, r, n, typeNum, c, nullptr); }},
+      {"AllGather sendbuff = recvbuff + rank*count + 1", kArg, {"AllGather", "overlap"},
+       [=](C c, int rank, int, float*, float* r) { return loomAllGather(r + rank * n + 1, r, n, f32, c, nullptr); }},
+      {"AllGather sendbuff = recvbuff + (rank+1)*count wrapped", kArg, {"AllGather", "overlap"},
+       [=](C c, int rank, int k, float*, float* r) {
+         return loomAllGather(r + ((rank + 1) % k) * n, r, n, f32, c, nullptr);
+       }},
+      // ReduceScatter.
+      {"ReduceScatter NULL sendbuff", kArg, {"ReduceScatter", "sendbuff is NULL"},
+       [=](C c, int, int, float*, float* r) { return loomReduceScatter(nullptr, r, n, f32, loomSum, c, nullptr); }},
+      {"ReduceScatter NULL recvbuff", kArg, {"ReduceScatter", "recvbuff is NULL"},
+       [=](C c, int, int, float* s, float*) { return loomReduceScatter(s, nullptr, n, f32, loomSum, c, nullptr); }},
+      {"ReduceScatter recvcount SIZE_MAX/2 float", kArg, {"ReduceScatter", "overflows"},
+       [=](C c, int, int, float* s, float* r) { return loomReduceScatter(s, r, huge, f32, loomSum, c, nullptr); }},
+      {"ReduceScatter op -1", kArg, {"ReduceScatter", "reduction op"},
+       [=](C c, int, int, float* s, float* r) { return loomReduceScatter(s, r, n, f32, opNeg, c, nullptr); }},
+      {"ReduceScatter recvbuff = sendbuff + rank*count + 1", kArg, {"ReduceScatter", "overlap"},
+       [=](C c, int rank, int, float* s, float*) {
+         return loomReduceScatter(s, s + rank * n + 1, n, f32, loomSum, c, nullptr);
+       }},
+      {"ReduceScatter recvbuff = sendbuff", kArg, {"ReduceScatter", "overlap"},
+       [=](C c, int, int, float* s, float*) { return loomReduceScatter(s, s, n, f32, loomSum, c, nullptr); },
+       [](int rank, int) { return rank != 0; }},
+      // AllToAll.
+      {"AllToAll NULL sendbuff", kArg, {"AllToAll", "sendbuff is NULL"},
+       [=](C c, int, int, float*, float* r) { return loomAllToAll(nullptr, r, n, f32, c, nullptr); }},
+      {"AllToAll NULL recvbuff", kArg, {"AllToAll", "recvbuff is NULL"},
+       [=](C c, int, int, float* s, float*) { return loomAllToAll(s, nullptr, n, f32, c, nullptr); }},
+      {"AllToAll count SIZE_MAX/2 float", kArg, {"AllToAll", "overflows"},
+       [=](C c, int, int, float* s, float* r) { return loomAllToAll(s, r, huge, f32, c, nullptr); }},
+      {"AllToAll sendbuff == recvbuff", kArg, {"AllToAll", "overlap"},
+       [=](C c, int, int, float* s, float*) { return loomAllToAll(s, s, n, f32, c, nullptr); }},
+      {"AllToAll recvbuff = sendbuff + 1", kArg, {"AllToAll", "overlap"},
+       [=](C c, int, int, float* s, float*) { return loomAllToAll(s, s + 1, n, f32, c, nullptr); }},
+      // AllToAllv.
+      {"AllToAllv NULL sendcounts", kArg, {"AllToAllv", "must not be NULL"},
+       [=](C c, int, int k, float* s, float* r) {
+         auto d = displs(k), cnt = counts(k);
+         return loomAllToAllv(s, nullptr, d.data(), r, cnt.data(), d.data(), f32, c, nullptr);
+       }},
+      {"AllToAllv NULL sdispls", kArg, {"AllToAllv", "must not be NULL"},
+       [=](C c, int, int k, float* s, float* r) {
+         auto d = displs(k), cnt = counts(k);
+         return loomAllToAllv(s, cnt.data(), nullptr, r, cnt.data(), d.data(), f32, c, nullptr);
+       }},
+      {"AllToAllv NULL recvcounts", kArg, {"AllToAllv", "must not be NULL"},
+       [=](C c, int, int k, float* s, float* r) {
+         auto d = displs(k), cnt = counts(k);
+         return loomAllToAllv(s, cnt.data(), d.data(), r, nullptr, d.data(), f32, c, nullptr);
+       }},
+      {"AllToAllv NULL rdispls", kArg, {"AllToAllv", "must not be NULL"},
+       [=](C c, int, int k, float* s, float* r) {
+         auto d = displs(k), cnt = counts(k);
+         return loomAllToAllv(s, cnt.data(), d.data(), r, cnt.data(), nullptr, f32, c, nullptr);
+       }},
+      {"AllToAllv NULL sendbuff", kArg, {"AllToAllv", "sendbuff is NULL"},
+       [=](C c, int, int k, float*, float* r) {
+         auto d = displs(k), cnt = counts(k);
+         return loomAllToAllv(nullptr, cnt.data(), d.data(), r, cnt.data(), d.data(), f32, c, nullptr);
+       }},
+      {"AllToAllv recvbuff = sendbuff + 1", kArg, {"AllToAllv", "overlap"},
+       [=](C c, int, int k, float* s, float*) {
+         auto d = displs(k), cnt = counts(k);
+         return loomAllToAllv(s, cnt.data(), d.data(), s + 1, cnt.data(), d.data(), f32, c, nullptr);
+       }},
+      {"AllToAllv sdispls + sendcounts overflows", kArg, {"AllToAllv", "overflows"},
+       [=](C c, int, int k, float* s, float* r) {
+         auto d = displs(k), cnt = counts(k), bad = displs(k);
+         bad[k - 1] = SIZE_MAX - 1;
+         return loomAllToAllv(s, cnt.data(), bad.data(), r, cnt.data(), d.data(), f32, c, nullptr);
+       }},
+      {"AllToAllv self send and receive counts differ", kArg, {"AllToAllv", "itself"},
+       [=](C c, int rank, int k, float* s, float* r) {
+         auto d = displs(k), cnt = counts(k), fewer = counts(k);
+         fewer[rank] = kN - 1;
+         return loomAllToAllv(s, cnt.data(), d.data(), r, fewer.data(), d.data(), f32, c, nullptr);
+       }},
+      {"AllToAllv datatype loomNumTypes", kArg, {"AllToAllv", "datatype"},
+       [=](C c, int, int, float* s, float* r) {
+         return loomAllToAllv(s, zeros, zeros, r, zeros, zeros, typeNum, c, nullptr);
+       }},
+      // Gather.
+      {"Gather NULL sendbuff", kArg, {"Gather", "sendbuff is NULL"},
+       [=](C c, int, int k, float*, float* r) { return loomGather(nullptr, r, n, f32, k - 1, c, nullptr); }},
+      {"Gather NULL recvbuff on root", kArg, {"Gather", "recvbuff (on root) is NULL"},
+       [=](C c, int, int k, float* s, float*) { return loomGather(s, nullptr, n, f32, k - 1, c, nullptr); },
+       rootOnly},
+      {"Gather root -1", kArg, {"Gather", "root -1"},
+       [=](C c, int, int, float* s, float* r) { return loomGather(s, r, n, f32, -1, c, nullptr); }},
+      {"Gather root nranks", kArg, {"Gather", "root"},
+       [=](C c, int, int k, float* s, float* r) { return loomGather(s, r, n, f32, k, c, nullptr); }},
+      {"Gather sendcount SIZE_MAX/2 float", kArg, {"Gather", "overflows"},
+       [=](C c, int, int k, float* s, float* r) { return loomGather(s, r, huge, f32, k - 1, c, nullptr); }},
+      {"Gather sendbuff = recvbuff + 1 on root", kArg, {"Gather", "overlap"},
+       [=](C c, int, int k, float*, float* r) { return loomGather(r + 1, r, n, f32, k - 1, c, nullptr); },
+       rootOnly},
+      // Scatter.
+      {"Scatter NULL sendbuff on root", kArg, {"Scatter", "sendbuff (on root) is NULL"},
+       [=](C c, int, int k, float*, float* r) { return loomScatter(nullptr, r, n, f32, k - 1, c, nullptr); },
+       rootOnly},
+      {"Scatter NULL recvbuff", kArg, {"Scatter", "recvbuff is NULL"},
+       [=](C c, int, int k, float* s, float*) { return loomScatter(s, nullptr, n, f32, k - 1, c, nullptr); }},
+      {"Scatter root -1", kArg, {"Scatter", "root -1"},
+       [=](C c, int, int, float* s, float* r) { return loomScatter(s, r, n, f32, -1, c, nullptr); }},
+      {"Scatter root nranks", kArg, {"Scatter", "root"},
+       [=](C c, int, int k, float* s, float* r) { return loomScatter(s, r, n, f32, k, c, nullptr); }},
+      {"Scatter datatype loomNumTypes", kArg, {"Scatter", "datatype"},
+       [=](C c, int, int k, float* s, float* r) { return loomScatter(s, r, n, typeNum, k - 1, c, nullptr); }},
+      {"Scatter recvbuff = sendbuff + 1 on root", kArg, {"Scatter", "overlap"},
+       [=](C c, int, int k, float* s, float*) { return loomScatter(s, s + 1, n, f32, k - 1, c, nullptr); },
+       rootOnly},
+      // Send and Recv.
+      {"Send NULL sendbuff", kArg, {"Send", "sendbuff is NULL"},
+       [=](C c, int rank, int k, float*, float*) { return loomSend(nullptr, n, f32, (rank + 1) % k, c, nullptr); }},
+      {"Send peer -1", kArg, {"Send", "peer -1"},
+       [=](C c, int, int, float* s, float*) { return loomSend(s, n, f32, -1, c, nullptr); }},
+      {"Send peer nranks", kArg, {"Send", "peer"},
+       [=](C c, int, int k, float* s, float*) { return loomSend(s, n, f32, k, c, nullptr); }},
+      {"Send datatype -1", kArg, {"Send", "datatype"},
+       [=](C c, int rank, int k, float* s, float*) { return loomSend(s, n, typeNeg, (rank + 1) % k, c, nullptr); }},
+      {"Send count SIZE_MAX/2 float", kArg, {"Send", "overflows"},
+       [=](C c, int rank, int k, float* s, float*) { return loomSend(s, huge, f32, (rank + 1) % k, c, nullptr); }},
+      {"Send to self outside a group", loomInvalidUsage, {"Send", "self", "group"},
+       [=](C c, int rank, int, float* s, float*) { return loomSend(s, n, f32, rank, c, nullptr); }},
+      {"Recv NULL recvbuff", kArg, {"Recv", "recvbuff is NULL"},
+       [=](C c, int rank, int k, float*, float*) { return loomRecv(nullptr, n, f32, (rank + 1) % k, c, nullptr); }},
+      {"Recv peer -1", kArg, {"Recv", "peer -1"},
+       [=](C c, int, int, float*, float* r) { return loomRecv(r, n, f32, -1, c, nullptr); }},
+      {"Recv peer nranks", kArg, {"Recv", "peer"},
+       [=](C c, int, int k, float*, float* r) { return loomRecv(r, n, f32, k, c, nullptr); }},
+      {"Recv foreign stream", kArg, {"Recv", "stream"},
+       [=](C c, int rank, int k, float*, float* r) { return loomRecv(r, n, f32, (rank + 1) % k, c, fake); }},
+      {"Recv from self outside a group", loomInvalidUsage, {"Recv", "self", "group"},
+       [=](C c, int rank, int, float*, float* r) { return loomRecv(r, n, f32, rank, c, nullptr); }},
+  };
+}
+
+// Each bad call on the ranks where it is wrong: the expected code, a message on the thread and on the
+// communicator, both buffers untouched; then a valid AllReduce on every rank.
+TEST_P(ApiTest, BadArgumentsAreRejectedAndChangeNothing) {
+  const int nranks = 3;  // AllGather's sendcount*nranks overflow needs 3 ranks for int8
+  const std::vector<BadCall> cases = badCalls();
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  runRanks(
+      nranks,
+      [&](loomComm_t comm, int rank) {
+        std::vector<float> arena(8 * nranks * kN);
+        float* send = arena.data();
+        float* recv = arena.data() + 4 * nranks * kN;
+        for (const BadCall& bad : cases) {
+          std::string where = bad.name + " (" + GetParam() + ", rank " + std::to_string(rank) + " of " +
+                              std::to_string(nranks) + ")";
+          std::fill(arena.begin(), arena.end(), kSentinel);
+          if (!bad.who || bad.who(rank, nranks)) {
+            loomResult_t result = bad.call(comm, rank, nranks, send, recv);
+            EXPECT_EQ(result, bad.expected) << where << ": " << loomGetLastError(comm);
+            std::string threadMessage = loomGetLastError(nullptr);
+            for (const std::string& part : bad.mentions)
+              EXPECT_TRUE(contains(threadMessage, part)) << where << ": message \"" << threadMessage
+                                                         << "\" does not mention \"" << part << "\"";
+            if (!contains(bad.name, "NULL comm")) {
+              EXPECT_EQ(std::string(loomGetLastError(comm)), threadMessage) << where << ": comm's last error";
+            }
+          }
+          long touched = firstDifferent(arena, kSentinel);
+          EXPECT_EQ(touched, -1) << where << ": a rejected call wrote element " << touched;
+          expectCommUsable(comm, rank, nranks, where);
+          loomResult_t pending = loomInternalError;
+          EXPECT_EQ(loomCommGetAsyncError(comm, &pending), loomSuccess);
+          EXPECT_EQ(pending, loomSuccess) << where << ": a rejected call left an async error";
+        }
+      },
+      &config);
+}
+
+// Zero-count calls succeed, with NULL buffers or with real ones, and touch nothing; AllToAllv with all counts 0
+// likewise. Checks still come first: a count-0 call with a bad type is rejected (in BadArguments above).
+TEST_P(ApiTest, ZeroCountCallsSucceedAndTouchNothing) {
+  const int nranks = 3;
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  runRanks(
+      nranks,
+      [&](loomComm_t comm, int rank) {
+        std::vector<float> send(64, kSentinel), recv(64, kSentinel);
+        const std::vector<size_t> zeros(nranks, 0);
+        for (bool nullBuffers : {true, false}) {
+          float* s = nullBuffers ? nullptr : send.data();
+          float* r = nullBuffers ? nullptr : recv.data();
+          std::string where = std::string(nullBuffers ? "NULL" : "real") + " buffers, " + GetParam() + ", rank " +
+                              std::to_string(rank);
+          const int root = nranks - 1;
+          EXPECT_EQ(loomAllReduce(s, r, 0, loomFloat32, loomSum, comm, nullptr), loomSuccess) << "AllReduce " << where;
+          EXPECT_EQ(loomBroadcast(s, r, 0, loomFloat32, root, comm, nullptr), loomSuccess) << "Broadcast " << where;
+          EXPECT_EQ(loomReduce(s, r, 0, loomFloat32, loomMax, root, comm, nullptr), loomSuccess) << "Reduce " << where;
+          EXPECT_EQ(loomAllGather(s, r, 0, loomFloat32, comm, nullptr), loomSuccess) << "AllGather " << where;
+          EXPECT_EQ(loomReduceScatter(s, r, 0, loomFloat32, loomSum, comm, nullptr), loomSuccess)
+              << "ReduceScatter " << where;
+          EXPECT_EQ(loomAllToAll(s, r, 0, loomFloat32, comm, nullptr), loomSuccess) << "AllToAll " << where;
+          EXPECT_EQ(loomAllToAllv(s, zeros.data(), zeros.data(), r, zeros.data(), zeros.data(), loomFloat32, comm,
+                                  nullptr),
+                    loomSuccess)
+              << "AllToAllv " << where;
+          EXPECT_EQ(loomGather(s, r, 0, loomFloat32, root, comm, nullptr), loomSuccess) << "Gather " << where;
+          EXPECT_EQ(loomScatter(s, r, 0, loomFloat32, root, comm, nullptr), loomSuccess) << "Scatter " << where;
+          // Matched zero-count Send/Recv pairs around the ring, in one group.
+          EXPECT_EQ(loomGroupStart(), loomSuccess);
+          EXPECT_EQ(loomSend(s, 0, loomFloat32, (rank + 1) % nranks, comm, nullptr), loomSuccess) << "Send " << where;
+          EXPECT_EQ(loomRecv(r, 0, loomFloat32, (rank + nranks - 1) % nranks, comm, nullptr), loomSuccess)
+              << "Recv " << where;
+          EXPECT_EQ(loomGroupEnd(), loomSuccess) << "grouped Send/Recv of 0 " << where << ": "
+                                                 << loomGetLastError(comm);
+          EXPECT_EQ(firstDifferent(send, kSentinel), -1) << where;
+          EXPECT_EQ(firstDifferent(recv, kSentinel), -1) << where;
+        }
+        expectCommUsable(comm, rank, nranks, "count-0 calls");
+      },
+      &config);
+}
+
+// ---- Groups ----
+
+TEST(ApiGroupTest, GroupEndWithoutGroupStartIsInvalidUsage) {
+  EXPECT_EQ(loomGroupEnd(), loomInvalidUsage);
+  EXPECT_TRUE(contains(loomGetLastError(nullptr), "loomGroupStart")) << loomGetLastError(nullptr);
+  // Nested groups: only the outermost end runs anything; an extra end is an error again.
+  EXPECT_EQ(loomGroupStart(), loomSuccess);
+  EXPECT_EQ(loomGroupStart(), loomSuccess);
+  EXPECT_EQ(loomGroupEnd(), loomSuccess);
+  EXPECT_EQ(loomGroupEnd(), loomSuccess);
+  EXPECT_EQ(loomGroupEnd(), loomInvalidUsage);
+}
+
+// A bad call inside a group is rejected at once and not queued; the group's valid calls still run at its end.
+TEST_P(ApiTest, BadCallInsideAGroupIsRejectedAndTheRestRuns) {
+  const int nranks = 3;
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  runRanks(
+      nranks,
+      [&](loomComm_t comm, int rank) {
+        std::vector<int32_t> send(100, rank + 1), recv(100, -1), untouched(100, -1);
+        ASSERT_EQ(loomGroupStart(), loomSuccess);
+        EXPECT_EQ(loomAllReduce(send.data(), recv.data(), 100, loomInt32, loomSum, comm, nullptr), loomSuccess);
+        EXPECT_EQ(loomAllReduce(send.data(), nullptr, 100, loomInt32, loomSum, comm, nullptr), loomInvalidArgument)
+            << "grouped AllReduce with NULL recvbuff, rank " << rank;
+        EXPECT_TRUE(contains(loomGetLastError(comm), "recvbuff")) << loomGetLastError(comm);
+        EXPECT_EQ(loomSend(send.data(), 100, loomInt32, nranks, comm, nullptr), loomInvalidArgument)
+            << "grouped Send to peer nranks, rank " << rank;
+        EXPECT_EQ(loomRecv(untouched.data(), 100, loomInt32, -1, comm, nullptr), loomInvalidArgument)
+            << "grouped Recv from peer -1, rank " << rank;
+        EXPECT_EQ(loomGroupEnd(), loomSuccess) << "rank " << rank << ": " << loomGetLastError(comm);
+        EXPECT_EQ(firstDifferent(recv, nranks * (nranks + 1) / 2), -1) << "grouped AllReduce, rank " << rank;
+        EXPECT_EQ(firstDifferent(untouched, -1), -1) << "rejected grouped Recv wrote, rank " << rank;
+        expectCommUsable(comm, rank, nranks, "a group with rejected calls");
+      },
+      &config);
+}
+
+// Each rank sends to rank+1 and receives from rank-1 in one group. Messages of 4 MB exceed a FIFO (8 slots of
+// 128 KB by default), so without the group every rank would block in its send.
+TEST_P(ApiTest, RingExchangeInAGroupLargerThanTheFifo) {
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  for (int nranks : {2, 3}) {
+    runRanks(
+        nranks,
+        [&](loomComm_t comm, int rank) {
+          const int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+          for (size_t count : {size_t{1}, size_t{1000}, size_t{1} << 20}) {
+            std::vector<int32_t> send(count), recv(count, -1);
+            for (size_t i = 0; i < count; ++i) send[i] = static_cast<int32_t>(rank * 10000000 + i);
+            std::string where = "ring exchange of " + std::to_string(count) + " int32, rank " + std::to_string(rank) +
+                                " of " + std::to_string(nranks) + ", " + GetParam();
+            ASSERT_EQ(loomGroupStart(), loomSuccess);
+            ASSERT_EQ(loomSend(send.data(), count, loomInt32, next, comm, nullptr), loomSuccess) << where;
+            ASSERT_EQ(loomRecv(recv.data(), count, loomInt32, prev, comm, nullptr), loomSuccess) << where;
+            ASSERT_EQ(loomGroupEnd(), loomSuccess) << where << ": " << loomGetLastError(comm);
+            for (size_t i = 0; i < count; ++i) {
+              if (recv[i] != static_cast<int32_t>(prev * 10000000 + i)) {
+                ADD_FAILURE() << where << ": element " << i << " is " << recv[i];
+                break;
+              }
+            }
+          }
+        },
+        &config);
+  }
+}
+
+// Sends to self pair with receives from self of the same count, in order; a mismatch is invalid usage and
+// runs nothing of the group.
+TEST_P(ApiTest, SendToSelfInAGroup) {
+  const int nranks = 2;
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  runRanks(
+      nranks,
+      [&](loomComm_t comm, int rank) {
+        std::vector<float> a(300000), b(7), outA(300000, kSentinel), outB(7, kSentinel);
+        for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 1000) + rank;
+        for (size_t i = 0; i < b.size(); ++i) b[i] = -static_cast<float>(i) - rank;
+        std::string where = std::string("self send/recv, rank ") + std::to_string(rank) + ", " + GetParam();
+        ASSERT_EQ(loomGroupStart(), loomSuccess);
+        EXPECT_EQ(loomSend(a.data(), a.size(), loomFloat32, rank, comm, nullptr), loomSuccess) << where;
+        EXPECT_EQ(loomSend(b.data(), b.size(), loomFloat32, rank, comm, nullptr), loomSuccess) << where;
+        EXPECT_EQ(loomRecv(outA.data(), a.size(), loomFloat32, rank, comm, nullptr), loomSuccess) << where;
+        EXPECT_EQ(loomRecv(outB.data(), b.size(), loomFloat32, rank, comm, nullptr), loomSuccess) << where;
+        ASSERT_EQ(loomGroupEnd(), loomSuccess) << where << ": " << loomGetLastError(comm);
+        EXPECT_EQ(outA, a) << where;
+        EXPECT_EQ(outB, b) << where;
+
+        std::fill(outB.begin(), outB.end(), kSentinel);
+        ASSERT_EQ(loomGroupStart(), loomSuccess);
+        EXPECT_EQ(loomSend(b.data(), 7, loomFloat32, rank, comm, nullptr), loomSuccess);
+        EXPECT_EQ(loomRecv(outB.data(), 6, loomFloat32, rank, comm, nullptr), loomSuccess);
+        EXPECT_EQ(loomGroupEnd(), loomInvalidUsage) << "mismatched self counts 7/6, rank " << rank;
+        EXPECT_TRUE(contains(loomGetLastError(nullptr), "itself")) << loomGetLastError(nullptr);
+        EXPECT_EQ(firstDifferent(outB, kSentinel), -1) << "mismatched self counts wrote, rank " << rank;
+
+        ASSERT_EQ(loomGroupStart(), loomSuccess);
+        EXPECT_EQ(loomSend(b.data(), 7, loomFloat32, rank, comm, nullptr), loomSuccess);
+        EXPECT_EQ(loomGroupEnd(), loomInvalidUsage) << "send to self without a receive, rank " << rank;
+        expectCommUsable(comm, rank, nranks, "rejected self sends");
+      },
+      &config);
+}
+
+// Calls of one group on different streams (NULL and a host stream) are invalid usage; none of them runs.
+TEST_P(ApiTest, GroupMixingStreamsIsInvalidUsage) {
+  const int nranks = 2;
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  runRanks(
+      nranks,
+      [&](loomComm_t comm, int rank) {
+        loomStream_t stream = nullptr;
+        ASSERT_EQ(loomStreamCreate(&stream), loomSuccess);
+        std::vector<float> send(10, 1.0f), recvA(10, kSentinel), recvB(10, kSentinel);
+        ASSERT_EQ(loomGroupStart(), loomSuccess);
+        EXPECT_EQ(loomAllReduce(send.data(), recvA.data(), 10, loomFloat32, loomSum, comm, nullptr), loomSuccess);
+        EXPECT_EQ(loomAllReduce(send.data(), recvB.data(), 10, loomFloat32, loomSum, comm, stream), loomSuccess);
+        EXPECT_EQ(loomGroupEnd(), loomInvalidUsage) << "group on two streams, rank " << rank;
+        EXPECT_TRUE(contains(loomGetLastError(nullptr), "stream")) << loomGetLastError(nullptr);
+        EXPECT_EQ(loomStreamSynchronize(stream), loomSuccess);
+        EXPECT_EQ(firstDifferent(recvA, kSentinel), -1) << "rank " << rank;
+        EXPECT_EQ(firstDifferent(recvB, kSentinel), -1) << "rank " << rank;
+        EXPECT_EQ(loomStreamDestroy(stream), loomSuccess);
+        expectCommUsable(comm, rank, nranks, "a group on two streams");
+      },
+      &config);
+}
+
+// ---- Streams ----
+
+// Calls queued on a host stream return before the peers have even started theirs; synchronize then shows the
+// results. A group (ring exchange) on a stream too. A destroyed stream is no longer a stream.
+TEST_P(ApiTest, StreamQueuesCallsAndSynchronizeShowsResults) {
+  const int nranks = 2;
+  constexpr int kCalls = 4;
+  constexpr size_t kCount = 100000;
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  std::atomic<bool> rank0Queued{false};
+  runRanks(
+      nranks,
+      [&](loomComm_t comm, int rank) {
+        loomStream_t stream = nullptr;
+        ASSERT_EQ(loomStreamCreate(&stream), loomSuccess);
+        ASSERT_NE(stream, nullptr);
+        // Rank 1 queues only after rank 0 has queued all its calls: were queuing blocking, rank 0 would wait for
+        // rank 1 here until its deadline.
+        if (rank == 1) {
+          auto start = Clock::now();
+          while (!rank0Queued.load() && secondsSince(start) < 15) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          EXPECT_TRUE(rank0Queued.load()) << "rank 0's queued AllReduce calls did not return before rank 1 joined";
+        }
+        std::vector<std::vector<float>> send(kCalls, std::vector<float>(kCount)), recv(kCalls, std::vector<float>(kCount, kSentinel));
+        for (int c = 0; c < kCalls; ++c)
+          for (size_t i = 0; i < kCount; ++i) send[c][i] = static_cast<float>((rank + 1) * (c + 1) + i % 5);
+        for (int c = 0; c < kCalls; ++c)
+          ASSERT_EQ(loomAllReduce(send[c].data(), recv[c].data(), kCount, loomFloat32, loomSum, comm, stream), loomSuccess)
+              << "queued AllReduce " << c << ", rank " << rank;
+        if (rank == 0) rank0Queued = true;
+        ASSERT_EQ(loomStreamSynchronize(stream), loomSuccess) << "rank " << rank << ": " << loomGetLastError(comm);
+        for (int c = 0; c < kCalls; ++c) {
+          for (size_t i = 0; i < kCount; ++i) {
+            float expected = static_cast<float>(3 * (c + 1) + 2 * (i % 5));
+            if (recv[c][i] != expected) {
+              ADD_FAILURE() << "streamed AllReduce " << c << ", rank " << rank << ", " << GetParam() << ": element "
+                            << i << " is " << recv[c][i] << ", expected " << expected;
+              break;
+            }
+          }
+        }
+        // A grouped ring exchange larger than a FIFO, on the stream.
+        std::vector<int32_t> out(1 << 20, rank), in(1 << 20, -1);
+        ASSERT_EQ(loomGroupStart(), loomSuccess);
+        EXPECT_EQ(loomSend(out.data(), out.size(), loomInt32, 1 - rank, comm, stream), loomSuccess);
+        EXPECT_EQ(loomRecv(in.data(), in.size(), loomInt32, 1 - rank, comm, stream), loomSuccess);
+        ASSERT_EQ(loomGroupEnd(), loomSuccess) << "grouped exchange on a stream, rank " << rank;
+        ASSERT_EQ(loomStreamSynchronize(stream), loomSuccess) << "rank " << rank << ": " << loomGetLastError(comm);
+        EXPECT_EQ(firstDifferent(in, 1 - rank), -1) << "grouped exchange on a stream, rank " << rank;
+        EXPECT_EQ(loomStreamDestroy(stream), loomSuccess);
+        // The stream is gone: using it is an argument error, not a crash.
+        EXPECT_EQ(loomStreamSynchronize(stream), loomInvalidArgument);
+        EXPECT_EQ(loomAllReduce(send[0].data(), recv[0].data(), kCount, loomFloat32, loomSum, comm, stream),
+                  loomInvalidArgument);
+        expectCommUsable(comm, rank, nranks, "a destroyed stream");
+      },
+      &config);
+}
+
+TEST(ApiStreamTest, StreamArgumentErrors) {
+  EXPECT_EQ(loomStreamCreate(nullptr), loomInvalidArgument);
+  int notAStream = 0;
+  EXPECT_EQ(loomStreamSynchronize(&notAStream), loomInvalidArgument);
+  EXPECT_EQ(loomStreamDestroy(&notAStream), loomInvalidArgument);
+  EXPECT_EQ(loomStreamSynchronize(nullptr), loomInvalidArgument);
+}
+
+// An error inside a stream (a Recv whose peer never sends, past a 300 ms deadline) comes back from
+// loomStreamSynchronize and stays as the communicator's async error.
+TEST_P(ApiTest, ErrorInsideAStreamComesBackFromSynchronize) {
+  std::vector<loomComm_t> comms = initComms({configWithTimeout(300), configWithTimeout(kTestTimeoutMs)});
+  ASSERT_TRUE(comms[0] && comms[1]);
+  loomStream_t stream = nullptr;
+  ASSERT_EQ(loomStreamCreate(&stream), loomSuccess);
+  std::vector<float> recv(1000, kSentinel);
+  auto start = Clock::now();
+  EXPECT_EQ(loomRecv(recv.data(), recv.size(), loomFloat32, 1, comms[0], stream), loomSuccess);
+  EXPECT_EQ(loomStreamSynchronize(stream), loomTimeout) << GetParam();
+  EXPECT_LT(secondsSince(start), 10.0) << "streamed Recv with timeoutMs 300 on " << GetParam();
+  loomResult_t asyncError = loomSuccess;
+  EXPECT_EQ(loomCommGetAsyncError(comms[0], &asyncError), loomSuccess);
+  EXPECT_EQ(asyncError, loomTimeout) << GetParam();
+  EXPECT_TRUE(contains(loomGetLastError(comms[0]), "Recv")) << loomGetLastError(comms[0]);
+  // The first error was reported; the drained stream is clean again.
+  EXPECT_EQ(loomStreamSynchronize(stream), loomSuccess);
+  EXPECT_EQ(loomStreamDestroy(stream), loomSuccess);
+  EXPECT_EQ(loomCommDestroy(comms[0]), loomSuccess);
+  EXPECT_EQ(loomCommDestroy(comms[1]), loomSuccess);
+}
+
+// ---- Deadlines and abort ----
+
+// Rank 0 receives from rank 1, which never sends: loomTimeout after timeoutMs (300), a message naming the
+// operation and the deadline, the error kept as the async error, and later calls refused as invalid usage.
+TEST_P(ApiTest, RecvFromASilentPeerTimesOut) {
+  std::vector<loomComm_t> comms = initComms({configWithTimeout(300), configWithTimeout(kTestTimeoutMs)});
+  ASSERT_TRUE(comms[0] && comms[1]);
+  std::vector<float> recv(1000, kSentinel);
+  auto start = Clock::now();
+  EXPECT_EQ(loomRecv(recv.data(), recv.size(), loomFloat32, 1, comms[0], nullptr), loomTimeout) << GetParam();
+  double seconds = secondsSince(start);
+  EXPECT_GE(seconds, 0.29) << "Recv with timeoutMs 300 gave up early on " << GetParam();
+  EXPECT_LT(seconds, 10.0) << "Recv with timeoutMs 300 on " << GetParam();
+  std::string message = loomGetLastError(comms[0]);
+  EXPECT_TRUE(contains(message, "Recv")) << message;
+  EXPECT_TRUE(contains(message, "300 ms")) << message;
+  loomResult_t asyncError = loomSuccess;
+  EXPECT_EQ(loomCommGetAsyncError(comms[0], &asyncError), loomSuccess);
+  EXPECT_EQ(asyncError, loomTimeout);
+  EXPECT_EQ(firstDifferent(recv, kSentinel), -1);
+  // The communicator is no longer trusted: calls are refused, naming the pending error.
+  EXPECT_EQ(loomAllReduce(recv.data(), recv.data(), 10, loomFloat32, loomSum, comms[0], nullptr), loomInvalidUsage);
+  EXPECT_TRUE(contains(loomGetLastError(comms[0]), "pending error")) << loomGetLastError(comms[0]);
+  EXPECT_EQ(loomCommDestroy(comms[0]), loomSuccess);
+  EXPECT_EQ(loomCommDestroy(comms[1]), loomSuccess);
+}
+
+// As above for a collective whose peer never joins: rank 0 waits either to connect to rank 1 or for its data.
+TEST_P(ApiTest, AllReduceWithoutItsPeerTimesOut) {
+  std::vector<loomComm_t> comms = initComms({configWithTimeout(300), configWithTimeout(kTestTimeoutMs)});
+  ASSERT_TRUE(comms[0] && comms[1]);
+  std::vector<float> data(1000, 1.0f);
+  auto start = Clock::now();
+  EXPECT_EQ(loomAllReduce(data.data(), data.data(), data.size(), loomFloat32, loomSum, comms[0], nullptr),
+            loomTimeout)
+      << GetParam();
+  EXPECT_LT(secondsSince(start), 10.0) << "AllReduce with timeoutMs 300 on " << GetParam();
+  std::string message = loomGetLastError(comms[0]);
+  EXPECT_TRUE(contains(message, "AllReduce")) << message;
+  EXPECT_TRUE(contains(message, "rank 1")) << message;
+  EXPECT_TRUE(contains(message, "300 ms")) << message;
+  loomResult_t asyncError = loomSuccess;
+  EXPECT_EQ(loomCommGetAsyncError(comms[0], &asyncError), loomSuccess);
+  EXPECT_EQ(asyncError, loomTimeout);
+  EXPECT_EQ(loomCommDestroy(comms[0]), loomSuccess);
+  EXPECT_EQ(loomCommDestroy(comms[1]), loomSuccess);
+}
+
+// Rank 0 blocks in a Recv from rank 1 that never sends (as a plain call, then inside a group); another thread
+// aborts rank 0's communicator. With a 60 s deadline, the Recv must return loomRemoteError within seconds.
+// Rank 1, meanwhile waiting for a message from rank 0, shares no FIFO with it in that direction and learns of
+// the abort only from its own 1.5 s deadline: loomRemoteError or loomTimeout are both right, a hang is not.
+TEST_P(ApiTest, AbortFromAnotherThreadEndsABlockedRecv) {
+  for (bool inGroup : {false, true}) {
+    const std::string what = std::string(inGroup ? "grouped" : "plain") + " Recv on " + GetParam();
+    std::vector<loomComm_t> comms = initComms({configWithTimeout(60000), configWithTimeout(1500)});
+    ASSERT_TRUE(comms[0] && comms[1]) << what;
+    std::atomic<bool> entering{false}, aborted{false};
+    loomResult_t result0 = loomSuccess, result1 = loomSuccess, abortResult = loomInternalError;
+    double seconds0 = 0, seconds1 = 0;
+    std::string message0;
+    std::vector<float> recv0(1024, kSentinel), recv1(1024, kSentinel);
+    Clock::time_point abortAt, returnedAt;
+    std::thread rank0([&] {
+      entering = true;
+      if (inGroup) {
+        loomGroupStart();
+        loomRecv(recv0.data(), recv0.size(), loomFloat32, 1, comms[0], nullptr);
+        result0 = loomGroupEnd();
+      } else {
+        result0 = loomRecv(recv0.data(), recv0.size(), loomFloat32, 1, comms[0], nullptr);
+      }
+      returnedAt = Clock::now();
+      message0 = loomGetLastError(nullptr);  // the comm itself is freed by the abort
+    });
+    std::thread rank1([&] {
+      auto start = Clock::now();
+      result1 = loomRecv(recv1.data(), recv1.size(), loomFloat32, 0, comms[1], nullptr);
+      seconds1 = secondsSince(start);
+    });
+    std::thread aborter([&] {
+      while (!entering.load()) std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      abortAt = Clock::now();
+      abortResult = loomCommAbort(comms[0]);
+      aborted = true;
+    });
+    aborter.join();
+    rank0.join();
+    rank1.join();
+    seconds0 = std::chrono::duration<double>(returnedAt - abortAt).count();
+    EXPECT_EQ(abortResult, loomSuccess) << what;
+    EXPECT_EQ(result0, loomRemoteError) << what << ": " << message0;
+    EXPECT_LT(seconds0, 5.0) << what << ": the aborted call took this long to return";
+    EXPECT_TRUE(contains(message0, "abort")) << what << ": " << message0;
+    EXPECT_TRUE(result1 == loomRemoteError || result1 == loomTimeout)
+        << what << ", rank 1: " << loomGetErrorString(result1) << ": " << loomGetLastError(comms[1]);
+    EXPECT_LT(seconds1, 1.5 + 5.0) << what << ", rank 1 waited this long";
+    EXPECT_EQ(firstDifferent(recv0, kSentinel), -1) << what;
+    EXPECT_EQ(firstDifferent(recv1, kSentinel), -1) << what;
+    EXPECT_EQ(loomCommDestroy(comms[1]), loomSuccess) << what;
+  }
+}
+
+// Where the peer does share FIFOs with the aborted rank (after a first AllReduce connected them), the abort
+// reaches it at once: rank 1 blocked in an AllReduce that rank 0 never joins returns loomRemoteError long
+// before its 60 s deadline, with a message naming rank 0.
+TEST_P(ApiTest, AbortReachesAPeerThroughSharedConnections) {
+  std::vector<loomComm_t> comms = initComms({configWithTimeout(60000), configWithTimeout(60000)});
+  ASSERT_TRUE(comms[0] && comms[1]);
+  std::vector<std::vector<float>> data(2, std::vector<float>(50000, 1.0f));
+  std::vector<std::thread> warmUp;
+  for (int rank = 0; rank < 2; ++rank)
+    warmUp.emplace_back([&, rank] {
+      EXPECT_EQ(loomAllReduce(data[rank].data(), data[rank].data(), data[rank].size(), loomFloat32, loomSum,
+                              comms[rank], nullptr),
+                loomSuccess);
+    });
+  for (std::thread& thread : warmUp) thread.join();
+  std::atomic<int> entering{0};
+  loomResult_t result0 = loomSuccess, result1 = loomSuccess;
+  double seconds0 = 0, seconds1 = 0;
+  Clock::time_point abortAt, returned0, returned1;
+  std::vector<float> recv0(16, kSentinel);
+  std::thread rank0([&] {
+    ++entering;
+    result0 = loomRecv(recv0.data(), recv0.size(), loomFloat32, 1, comms[0], nullptr);
+    returned0 = Clock::now();
+  });
+  std::thread rank1([&] {
+    ++entering;
+    result1 = loomAllReduce(data[1].data(), data[1].data(), data[1].size(), loomFloat32, loomSum, comms[1], nullptr);
+    returned1 = Clock::now();
+  });
+  while (entering.load() < 2) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  abortAt = Clock::now();
+  EXPECT_EQ(loomCommAbort(comms[0]), loomSuccess);
+  rank0.join();
+  rank1.join();
+  seconds0 = std::chrono::duration<double>(returned0 - abortAt).count();
+  seconds1 = std::chrono::duration<double>(returned1 - abortAt).count();
+  EXPECT_EQ(result0, loomRemoteError) << GetParam();
+  EXPECT_LT(seconds0, 5.0) << GetParam();
+  EXPECT_EQ(result1, loomRemoteError) << "rank 1's AllReduce on " << GetParam() << ": " << loomGetLastError(comms[1]);
+  EXPECT_LT(seconds1, 5.0) << "rank 1's AllReduce on " << GetParam() << " returned this long after the abort";
+  EXPECT_TRUE(contains(loomGetLastError(comms[1]), "rank 0")) << loomGetLastError(comms[1]);
+  loomResult_t asyncError = loomSuccess;
+  EXPECT_EQ(loomCommGetAsyncError(comms[1], &asyncError), loomSuccess);
+  EXPECT_EQ(asyncError, loomRemoteError);
+  EXPECT_EQ(loomCommDestroy(comms[1]), loomSuccess);
+}
+
+// ---- Split ----
+
+// 6 ranks split by parity with key -rank: two communicators of 3 whose ranks run in reverse order. An AllReduce
+// and an AllGather of the old ranks on each show membership and order. LOOM_SPLIT_NOCOLOR gives NULL.
+TEST_P(ApiTest, SplitByParityInReverseOrder) {
+  const int nranks = 6;
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  runRanks(
+      nranks,
+      [&](loomComm_t comm, int rank) {
+        const std::string where = "split of rank " + std::to_string(rank) + " on " + GetParam();
+        loomComm_t half = nullptr;
+        ASSERT_EQ(loomCommSplit(comm, rank % 2, -rank, &half, nullptr), loomSuccess)
+            << where << ": " << loomGetLastError(nullptr);
+        ASSERT_NE(half, nullptr) << where;
+        int count = 0, newRank = -1;
+        EXPECT_EQ(loomCommCount(half, &count), loomSuccess);
+        EXPECT_EQ(loomCommUserRank(half, &newRank), loomSuccess);
+        EXPECT_EQ(count, 3) << where;
+        // Members of a parity in reverse order: old rank 4 (or 5) first.
+        EXPECT_EQ(newRank, (4 + rank % 2 - rank) / 2) << where;
+        int32_t mine = rank + 1, sum = 0;
+        ASSERT_EQ(loomAllReduce(&mine, &sum, 1, loomInt32, loomSum, half, nullptr), loomSuccess) << where;
+        EXPECT_EQ(sum, rank % 2 == 0 ? 1 + 3 + 5 : 2 + 4 + 6) << where;
+        int32_t oldRank = rank;
+        std::vector<int32_t> order(3, -1);
+        ASSERT_EQ(loomAllGather(&oldRank, order.data(), 1, loomInt32, half, nullptr), loomSuccess) << where;
+        std::vector<int32_t> expected = rank % 2 == 0 ? std::vector<int32_t>{4, 2, 0} : std::vector<int32_t>{5, 3, 1};
+        EXPECT_EQ(order, expected) << where;
+        EXPECT_EQ(loomCommDestroy(half), loomSuccess);
+
+        // Ranks 1, 3 and 5 opt out; a config with its own deadline is accepted.
+        loomConfig_t subConfig = configWithTimeout(kTestTimeoutMs);
+        loomComm_t evens = reinterpret_cast<loomComm_t>(&subConfig);  // must be overwritten with NULL
+        ASSERT_EQ(loomCommSplit(comm, rank % 2 == 0 ? 7 : LOOM_SPLIT_NOCOLOR, 0, &evens, &subConfig), loomSuccess)
+            << where;
+        if (rank % 2 == 1) {
+          EXPECT_EQ(evens, nullptr) << where << ": LOOM_SPLIT_NOCOLOR must give NULL";
+        } else {
+          ASSERT_NE(evens, nullptr);
+          EXPECT_EQ(loomCommCount(evens, &count), loomSuccess);
+          EXPECT_EQ(count, 3) << where;
+          EXPECT_EQ(loomCommUserRank(evens, &newRank), loomSuccess);
+          EXPECT_EQ(newRank, rank / 2) << where;
+          EXPECT_EQ(loomBarrier(evens, nullptr), loomSuccess) << where;
+          EXPECT_EQ(loomCommDestroy(evens), loomSuccess);
+        }
+        // Bad arguments, made by every rank (the call returns before talking to anyone).
+        loomComm_t untouched = nullptr;
+        EXPECT_EQ(loomCommSplit(comm, -5, 0, &untouched, nullptr), loomInvalidArgument) << where;
+        EXPECT_TRUE(contains(loomGetLastError(nullptr), "color")) << loomGetLastError(nullptr);
+        EXPECT_EQ(loomCommSplit(comm, 0, 0, nullptr, nullptr), loomInvalidArgument) << where;
+        loomConfig_t wrong;
+        std::memset(&wrong, 0, sizeof(wrong));
+        EXPECT_EQ(loomCommSplit(comm, 0, 0, &untouched, &wrong), loomInvalidArgument) << where;
+        EXPECT_EQ(untouched, nullptr);
+        expectCommUsable(comm, rank, nranks, "splits");
+      },
+      &config);
+}
+
+// ---- Init ----
+
+// Non-blocking init returns loomInProgress while its peer has not joined; a call then is invalid usage; once
+// the peer joins, polling loomCommGetAsyncError reaches loomSuccess and collectives work.
+TEST_P(ApiTest, NonBlockingInit) {
+  const int nranks = 2;
+  loomUniqueId id;
+  ASSERT_EQ(loomGetUniqueId(&id), loomSuccess);
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  config.blocking = 0;
+  std::vector<loomComm_t> comms(nranks, nullptr);
+  // Rank 0 alone: it cannot be ready before rank 1 calls init.
+  ASSERT_EQ(loomCommInitRankConfig(&comms[0], nranks, id, 0, &config), loomInProgress) << loomGetLastError(nullptr);
+  ASSERT_NE(comms[0], nullptr);
+  loomResult_t state = loomInternalError;
+  EXPECT_EQ(loomCommGetAsyncError(comms[0], &state), loomSuccess);
+  EXPECT_EQ(state, loomInProgress);
+  float x = 1.0f;
+  EXPECT_EQ(loomAllReduce(&x, &x, 1, loomFloat32, loomSum, comms[0], nullptr), loomInvalidUsage);
+  EXPECT_TRUE(contains(loomGetLastError(comms[0]), "initialising")) << loomGetLastError(comms[0]);
+
+  loomResult_t init1 = loomCommInitRankConfig(&comms[1], nranks, id, 1, &config);
+  EXPECT_TRUE(init1 == loomInProgress || init1 == loomSuccess) << loomGetErrorString(init1);
+  for (int rank = 0; rank < nranks; ++rank) {
+    auto start = Clock::now();
+    do {
+      ASSERT_EQ(loomCommGetAsyncError(comms[rank], &state), loomSuccess);
+      if (state == loomInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } while (state == loomInProgress && secondsSince(start) < 15);
+    ASSERT_EQ(state, loomSuccess) << "non-blocking init of rank " << rank << ": " << loomGetLastError(comms[rank]);
+  }
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < nranks; ++rank)
+    threads.emplace_back([&, rank] { expectCommUsable(comms[rank], rank, nranks, "non-blocking init"); });
+  for (std::thread& thread : threads) thread.join();
+  for (loomComm_t comm : comms) EXPECT_EQ(loomCommDestroy(comm), loomSuccess);
+}
+
+// Init arguments are checked before anything is created or contacted; *comm is left alone.
+TEST(ApiInitTest, BadInitArguments) {
+  loomUniqueId id;
+  ASSERT_EQ(loomGetUniqueId(&id), loomSuccess);
+  int marker = 0;
+  const loomComm_t kUntouched = reinterpret_cast<loomComm_t>(&marker);
+  struct InitCase {
+    const char* name;
+    int nranks, rank;
+    loomResult_t expected;
+    const char* mentions;
+  };
+  for (const InitCase& c : {InitCase{"nranks 0", 0, 0, loomInvalidArgument, "nranks 0"},
+                            InitCase{"nranks -3", -3, 0, loomInvalidArgument, "nranks -3"},
+                            InitCase{"rank -1 of 2", 2, -1, loomInvalidArgument, "rank -1"},
+                            InitCase{"rank 2 of 2", 2, 2, loomInvalidArgument, "rank 2"}}) {
+    loomComm_t comm = kUntouched;
+    EXPECT_EQ(loomCommInitRank(&comm, c.nranks, id, c.rank), c.expected) << c.name;
+    EXPECT_TRUE(contains(loomGetLastError(nullptr), c.mentions)) << c.name << ": " << loomGetLastError(nullptr);
+    EXPECT_EQ(comm, kUntouched) << c.name;
+  }
+  EXPECT_EQ(loomCommInitRank(nullptr, 1, id, 0), loomInvalidArgument);
+
+  // A config not made with LOOM_CONFIG_INITIALIZER: zeroed, or with a wrong magic.
+  loomConfig_t zeroed;
+  std::memset(&zeroed, 0, sizeof(zeroed));
+  loomConfig_t wrongMagic = LOOM_CONFIG_INITIALIZER;
+  wrongMagic.magic = 0x12345678u;
+  for (loomConfig_t* config : {&zeroed, &wrongMagic}) {
+    loomComm_t comm = kUntouched;
+    EXPECT_EQ(loomCommInitRankConfig(&comm, 1, id, 0, config), loomInvalidArgument);
+    EXPECT_TRUE(contains(loomGetLastError(nullptr), "LOOM_CONFIG_INITIALIZER")) << loomGetLastError(nullptr);
+    EXPECT_EQ(comm, kUntouched);
+  }
+  // A CUDA communicator in a host-only build, and an id not made by loomGetUniqueId.
+  loomConfig_t cuda = LOOM_CONFIG_INITIALIZER;
+  cuda.device = loomDeviceCuda;
+  loomComm_t comm = kUntouched;
+  EXPECT_EQ(loomCommInitRankConfig(&comm, 1, id, 0, &cuda), loomInvalidArgument) << loomGetLastError(nullptr);
+  EXPECT_EQ(comm, kUntouched);
+  loomUniqueId garbage;
+  std::memset(&garbage, 0x5a, sizeof(garbage));
+  EXPECT_EQ(loomCommInitRank(&comm, 1, garbage, 0), loomInvalidArgument);
+  EXPECT_TRUE(contains(loomGetLastError(nullptr), "unique id")) << loomGetLastError(nullptr);
+  EXPECT_EQ(comm, kUntouched);
+  EXPECT_EQ(loomGetUniqueId(nullptr), loomInvalidArgument);
+  // The id is still good for a real communicator of one rank.
+  ASSERT_EQ(loomCommInitRank(&comm, 1, id, 0), loomSuccess) << loomGetLastError(nullptr);
+  expectCommUsable(comm, 0, 1, "rejected inits");
+  EXPECT_EQ(loomCommDestroy(comm), loomSuccess);
+}
+
+// A finalized communicator refuses new calls as invalid usage.
+TEST_P(ApiTest, FinalizedCommunicatorRefusesCalls) {
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  runRanks(
+      2,
+      [&](loomComm_t comm, int rank) {
+        expectCommUsable(comm, rank, 2, "nothing");
+        EXPECT_EQ(loomCommFinalize(comm), loomSuccess);
+        float x = 1.0f;
+        EXPECT_EQ(loomAllReduce(&x, &x, 1, loomFloat32, loomSum, comm, nullptr), loomInvalidUsage);
+        EXPECT_TRUE(contains(loomGetLastError(comm), "finalized")) << loomGetLastError(comm);
+      },
+      &config);
+}
+
+// ---- Memory, registration and queries ----
+
+TEST(ApiMemTest, MemAllocAndFree) {
+  void* ptr = nullptr;
+  ASSERT_EQ(loomMemAlloc(&ptr, 1 << 20), loomSuccess) << loomGetLastError(nullptr);
+  ASSERT_NE(ptr, nullptr);
+  std::memset(ptr, 0x7f, 1 << 20);
+  EXPECT_EQ(static_cast<unsigned char*>(ptr)[(1 << 20) - 1], 0x7f);
+  int onStack = 0;
+  EXPECT_EQ(loomMemFree(&onStack), loomInvalidArgument);
+  EXPECT_TRUE(contains(loomGetLastError(nullptr), "loomMemAlloc")) << loomGetLastError(nullptr);
+  EXPECT_EQ(loomMemFree(static_cast<char*>(ptr) + 64), loomInvalidArgument) << "pointer inside an allocation";
+  EXPECT_EQ(loomMemFree(ptr), loomSuccess);
+  EXPECT_EQ(loomMemFree(ptr), loomInvalidArgument) << "double free";
+  EXPECT_EQ(loomMemFree(nullptr), loomSuccess);
+  EXPECT_EQ(loomMemAlloc(nullptr, 64), loomInvalidArgument);
+  void* none = &onStack;
+  EXPECT_EQ(loomMemAlloc(&none, 0), loomInvalidArgument);
+  EXPECT_EQ(none, &onStack);
+}
+
+// Collectives on loomMemAlloc memory, and registration: a good handle deregisters once, a bad one is an error.
+TEST_P(ApiTest, RegisteredMemoryAndHandles) {
+  const int nranks = 2;
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  runRanks(
+      nranks,
+      [&](loomComm_t comm, int rank) {
+        constexpr size_t kCount = 300000;
+        void* memory = nullptr;
+        ASSERT_EQ(loomMemAlloc(&memory, kCount * sizeof(float)), loomSuccess);
+        auto* values = static_cast<float*>(memory);
+        std::fill(values, values + kCount, static_cast<float>(rank + 1));
+        void* handle = nullptr;
+        ASSERT_EQ(loomCommRegister(comm, memory, kCount * sizeof(float), &handle), loomSuccess);
+        ASSERT_EQ(loomAllReduce(values, values, kCount, loomFloat32, loomSum, comm, nullptr), loomSuccess);
+        EXPECT_EQ(std::count(values, values + kCount, 3.0f), static_cast<long>(kCount)) << "rank " << rank;
+        int bogus = 0;
+        EXPECT_EQ(loomCommDeregister(comm, &bogus), loomInvalidArgument);
+        EXPECT_TRUE(contains(loomGetLastError(nullptr), "loomCommDeregister")) << loomGetLastError(nullptr);
+        EXPECT_EQ(loomCommDeregister(nullptr, handle), loomInvalidArgument);
+        EXPECT_EQ(loomCommDeregister(comm, handle), loomSuccess);
+        EXPECT_EQ(loomCommDeregister(comm, handle), loomInvalidArgument) << "deregistered twice";
+        void* h = nullptr;
+        EXPECT_EQ(loomCommRegister(comm, nullptr, 64, &h), loomInvalidArgument);
+        EXPECT_EQ(loomCommRegister(comm, memory, 0, &h), loomInvalidArgument);
+        EXPECT_EQ(loomCommRegister(comm, memory, 64, nullptr), loomInvalidArgument);
+        EXPECT_EQ(loomCommRegister(nullptr, memory, 64, &h), loomInvalidArgument);
+        EXPECT_EQ(loomMemFree(memory), loomSuccess);
+        expectCommUsable(comm, rank, nranks, "registration calls");
+      },
+      &config);
+}
+
+TEST(ApiQueryTest, VersionAndErrorStrings) {
+  int version = -1;
+  EXPECT_EQ(loomGetVersion(&version), loomSuccess);
+  EXPECT_EQ(version, LOOM_VERSION_CODE);
+  EXPECT_EQ(loomGetVersion(nullptr), loomInvalidArgument);
+  std::set<std::string> seen;
+  for (int code = loomSuccess; code < loomNumResults; ++code) {
+    const char* text = loomGetErrorString(static_cast<loomResult_t>(code));
+    ASSERT_NE(text, nullptr) << "code " << code;
+    EXPECT_GT(std::strlen(text), 0u) << "code " << code;
+    EXPECT_TRUE(seen.insert(text).second) << "code " << code << " shares its string \"" << text << "\"";
+  }
+  for (int code : {static_cast<int>(loomNumResults), -1, 1000}) {
+    const char* text = loomGetErrorString(static_cast<loomResult_t>(code));
+    ASSERT_NE(text, nullptr);
+    EXPECT_GT(std::strlen(text), 0u);
+    EXPECT_EQ(seen.count(text), 0u) << "out-of-range code " << code << " reads as a real one";
+  }
+}
+
+TEST_P(ApiTest, CountRankAndLastError) {
+  const int nranks = 3;
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  runRanks(
+      nranks,
+      [&](loomComm_t comm, int rank) {
+        int count = -1, userRank = -1;
+        EXPECT_EQ(loomCommCount(comm, &count), loomSuccess);
+        EXPECT_EQ(loomCommUserRank(comm, &userRank), loomSuccess);
+        EXPECT_EQ(count, nranks);
+        EXPECT_EQ(userRank, rank);
+        EXPECT_EQ(loomCommCount(comm, nullptr), loomInvalidArgument);
+        EXPECT_EQ(loomCommUserRank(comm, nullptr), loomInvalidArgument);
+        EXPECT_EQ(loomCommCount(nullptr, &count), loomInvalidArgument);
+        EXPECT_EQ(loomCommUserRank(nullptr, &userRank), loomInvalidArgument);
+        loomResult_t asyncError = loomInternalError;
+        EXPECT_EQ(loomCommGetAsyncError(comm, &asyncError), loomSuccess);
+        EXPECT_EQ(asyncError, loomSuccess);
+        EXPECT_EQ(loomCommGetAsyncError(comm, nullptr), loomInvalidArgument);
+        EXPECT_EQ(loomCommGetAsyncError(nullptr, &asyncError), loomInvalidArgument);
+        EXPECT_STREQ(loomGetLastError(comm), "") << "a fresh communicator has no last error";
+        EXPECT_EQ(loomBarrier(comm, nullptr), loomSuccess) << loomGetLastError(comm);
+        // One rank's error is its own: the others' messages stay empty.
+        if (rank == 1) {
+          EXPECT_EQ(loomBarrier(comm, &count), loomInvalidArgument);
+        }
+        EXPECT_EQ(loomBarrier(comm, nullptr), loomSuccess);
+        EXPECT_EQ(std::string(loomGetLastError(comm)).empty(), rank != 1) << "rank " << rank;
+      },
+      &config);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ApiTest, ::testing::Values("shm", "loopback"),
+                         [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+
+}  // namespace

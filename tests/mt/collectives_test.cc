@@ -1,0 +1,87 @@
+// Every collective x datatype x op x layout x count {0, 1, 7, 1000, 1M+3} at ranks {1, 2, 3, 4, 5, 8}, as threads
+// of one process over shm; the same matrix at small counts over the loopback transport, with two channels,
+// forced LL and forced Simple; host streams and barriers.
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "tests/common/matrix.h"
+#include "tests/mt/thread_ranks.h"
+
+namespace {
+
+using loomtest::Case;
+
+// Runs all `cases` on one communicator of `nranks` threads; fails on the first wrong case.
+void runMatrix(int nranks, const std::vector<size_t>& counts) {
+  std::vector<Case> cases = loomtest::matrix(nranks, counts);
+  std::atomic<bool> failed{false};
+  loomtest::runRanks(nranks, [&](loomComm_t comm, int rank) {
+    for (const Case& c : cases) {
+      std::string error = loomtest::runCase(c, comm, rank);
+      if (!error.empty()) {
+        ADD_FAILURE() << error;
+        failed = true;
+      }
+      // Ranks stop together: a rank that went on alone would wait for peers that gave up.
+      int stop = failed ? 1 : 0, anyStop = 0;
+      ASSERT_EQ(loomAllReduce(&stop, &anyStop, 1, loomInt32, loomMax, comm, nullptr), loomSuccess);
+      if (anyStop) return;
+    }
+  });
+}
+
+class Collectives : public testing::TestWithParam<int> {};
+
+TEST_P(Collectives, FullMatrixOverShm) { runMatrix(GetParam(), {0, 1, 7, 1000, 1000003}); }
+
+TEST_P(Collectives, SmallCountsOverLoopback) {
+  loomtest::ScopedEnv transport("LOOM_TRANSPORTS", "loopback");
+  runMatrix(GetParam(), {1, 7, 1000});
+}
+
+TEST_P(Collectives, TwoChannelsForcedProtocols) {
+  loomtest::ScopedEnv channels("LOOM_NCHANNELS", "2");
+  for (const char* proto : {"LL", "Simple"}) {
+    loomtest::ScopedEnv force("LOOM_PROTO", proto);
+    runMatrix(GetParam(), {7, 5000});
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, testing::Values(1, 2, 3, 4, 5, 8),
+                         [](const testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "ranks"; });
+
+TEST(Collectives, StreamsQueueInOrder) {
+  loomtest::runRanks(4, [](loomComm_t comm, int rank) {
+    loomStream_t stream = nullptr;
+    ASSERT_EQ(loomStreamCreate(&stream), loomSuccess);
+    std::vector<std::vector<float>> data(10, std::vector<float>(100000, float(rank + 1)));
+    // Each call doubles the previous result's input: in-order execution gives 10 * sum(1..4) only if each
+    // AllReduce ran after the one before it on the same buffer.
+    for (auto& buffer : data) ASSERT_EQ(loomAllReduce(buffer.data(), buffer.data(), buffer.size(), loomFloat32, loomSum, comm, stream), loomSuccess);
+    float total = 0;
+    ASSERT_EQ(loomAllReduce(data[0].data(), data[0].data(), data[0].size(), loomFloat32, loomSum, comm, stream), loomSuccess);
+    ASSERT_EQ(loomStreamSynchronize(stream), loomSuccess);
+    total = data[0][99999];
+    EXPECT_EQ(total, 40.0f);  // 10 after the first, 40 after the second AllReduce on data[0]
+    EXPECT_EQ(data[9][0], 10.0f);
+    EXPECT_EQ(loomStreamDestroy(stream), loomSuccess);
+  });
+}
+
+TEST(Collectives, BarrierAtEveryRankCount) {
+  for (int n = 1; n <= 8; ++n) {
+    std::atomic<int> entered{0};
+    loomtest::runRanks(n, [&](loomComm_t comm, int) {
+      for (int round = 1; round <= 5; ++round) {
+        entered.fetch_add(1);
+        ASSERT_EQ(loomBarrier(comm, nullptr), loomSuccess);
+        // No rank may leave round k before all n entered it.
+        EXPECT_GE(entered.load(), round * n);
+        ASSERT_EQ(loomBarrier(comm, nullptr), loomSuccess);
+      }
+    });
+  }
+}
+
+}  // namespace

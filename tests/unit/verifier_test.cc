@@ -1,0 +1,253 @@
+// The verifier proves every plan of every algorithm for 1..64 ranks, counts {0, 1, 7, 1000, 1M+3} and every
+// root; in-place layouts and the executor's sliced order (with tight FIFOs) at smaller sizes; and it catches
+// broken plans: double counting, size mismatches, deadlocks, writes to the input, lost messages, wrong results.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "algorithms/builders.h"
+#include "algorithms/verifier.h"
+
+namespace loom {
+namespace {
+
+const size_t kCounts[] = {0, 1, 7, 1000, 1000003};
+const Collective kUniform[] = {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather,
+                               Collective::kBroadcast, Collective::kReduce,        Collective::kGather,
+                               Collective::kScatter,   Collective::kAllToAll,      Collective::kBarrier};
+
+bool rooted(Collective c) {
+  return c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kGather ||
+         c == Collective::kScatter;
+}
+
+bool hasInPlace(Collective c) {
+  return c != Collective::kAllToAll && c != Collective::kBarrier;
+}
+
+CollArgs uniformArgs(Collective collective, int nranks, size_t count, int root, int channels) {
+  CollArgs args;
+  args.collective = collective;
+  args.nranks = nranks;
+  args.rank = 0;
+  args.root = root;
+  args.count = collective == Collective::kBarrier ? 1 : count;
+  args.nChannels = channels;
+  return args;
+}
+
+void expectProven(const CollArgs& args, const std::string& algorithm, const VerifyOptions& options) {
+  std::string error = verifyPlan(argsForAllRanks(args), algorithm, options);
+  ASSERT_EQ(error, "") << collectiveName(args.collective) << " algorithm " << algorithm << " ranks " << args.nranks
+                       << " count " << args.count << " root " << args.root << " channels " << args.nChannels
+                       << (options.inPlace ? " in place" : "") << " slice " << options.sliceElems;
+}
+
+TEST(Verifier, EveryAlgorithmEveryRankCountAndRoot) {
+  for (Collective collective : kUniform) {
+    for (const std::string& algorithm : algorithmsFor(collective)) {
+      for (int n = 1; n <= 64; ++n) {
+        for (size_t count : kCounts) {
+          // Every root for the rooted collectives; where the root is irrelevant, root 0.
+          for (int root = 0; root < (rooted(collective) ? n : 1); ++root) {
+            expectProven(uniformArgs(collective, n, count, root, 1), algorithm, {});
+            if (HasFatalFailure()) return;
+          }
+        }
+        expectProven(uniformArgs(collective, n, 1000, n / 2, 3), algorithm, {});  // several channels
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+TEST(Verifier, InPlaceAndSlicedAsTheExecutorRuns) {
+  for (Collective collective : kUniform) {
+    for (const std::string& algorithm : algorithmsFor(collective)) {
+      for (int n : {1, 2, 3, 4, 5, 8, 13}) {
+        for (size_t count : {size_t{1}, size_t{7}, size_t{100}}) {
+          for (int channels : {1, 2}) {
+            for (int root : {0, n - 1}) {
+              CollArgs args = uniformArgs(collective, n, count, root, channels);
+              VerifyOptions sliced{false, 3, 2};
+              expectProven(args, algorithm, sliced);
+              if (hasInPlace(collective)) {
+                expectProven(args, algorithm, {true, 0, 0});
+                expectProven(args, algorithm, {true, 3, 2});
+              }
+              if (HasFatalFailure()) return;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// AllToAllv with random counts (some zero) and shuffled displacements, counts agreeing pairwise.
+std::vector<CollArgs> randomAllToAllv(int n, std::mt19937& rng, std::vector<std::vector<size_t>>* storage) {
+  std::vector<std::vector<size_t>> counts(n, std::vector<size_t>(n));
+  for (auto& row : counts)
+    for (size_t& c : row) c = rng() % 4 == 0 ? 0 : rng() % 50;
+  storage->assign(4 * n, {});
+  std::vector<CollArgs> all;
+  for (int r = 0; r < n; ++r) {
+    auto& sendCounts = (*storage)[4 * r];
+    auto& sendDispls = (*storage)[4 * r + 1];
+    auto& recvCounts = (*storage)[4 * r + 2];
+    auto& recvDispls = (*storage)[4 * r + 3];
+    std::vector<int> order(n);
+    for (int p = 0; p < n; ++p) order[p] = p;
+    std::shuffle(order.begin(), order.end(), rng);
+    sendCounts.resize(n), sendDispls.resize(n), recvCounts.resize(n), recvDispls.resize(n);
+    size_t sendAt = 0, recvAt = 0;
+    for (int p : order) {
+      sendCounts[p] = counts[r][p];
+      sendDispls[p] = sendAt;
+      sendAt += counts[r][p] + rng() % 3;  // gaps between blocks
+      recvCounts[p] = counts[p][r];
+      recvDispls[p] = recvAt;
+      recvAt += counts[p][r] + rng() % 3;
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    CollArgs args;
+    args.collective = Collective::kAllToAllv;
+    args.nranks = n;
+    args.rank = r;
+    args.sendCounts = (*storage)[4 * r];
+    args.sendDispls = (*storage)[4 * r + 1];
+    args.recvCounts = (*storage)[4 * r + 2];
+    args.recvDispls = (*storage)[4 * r + 3];
+    all.push_back(args);
+  }
+  return all;
+}
+
+TEST(Verifier, AllToAllvRandomCounts) {
+  std::mt19937 rng(7);
+  for (int n = 1; n <= 64; ++n) {
+    std::vector<std::vector<size_t>> storage;
+    std::vector<CollArgs> all = randomAllToAllv(n, rng, &storage);
+    for (VerifyOptions options : {VerifyOptions{}, VerifyOptions{false, 7, 2}})
+      ASSERT_EQ(verifyPlan(all, "", options), "") << "AllToAllv ranks " << n;
+  }
+}
+
+TEST(Verifier, SendRecvGroups) {
+  std::mt19937 rng(11);
+  for (int n = 1; n <= 16; ++n) {
+    // Every rank sends to a few random peers (self included); receivers mirror the sends in order.
+    std::vector<std::vector<P2POp>> ops(n);
+    for (int r = 0; r < n; ++r) {
+      for (int k = 0; k < 3; ++k) {
+        int peer = static_cast<int>(rng() % n);
+        size_t count = rng() % 3000;
+        ops[r].push_back({true, peer, count});
+        ops[peer].push_back({false, r, count});
+      }
+    }
+    std::vector<CollArgs> all;
+    for (int r = 0; r < n; ++r) {
+      CollArgs args;
+      args.collective = Collective::kSendRecv;
+      args.nranks = n;
+      args.rank = r;
+      args.p2p = ops[r];
+      all.push_back(args);
+    }
+    for (VerifyOptions options : {VerifyOptions{}, VerifyOptions{false, 500, 2}})
+      ASSERT_EQ(verifyPlan(all, "", options), "") << "SendRecv ranks " << n;
+  }
+}
+
+// Broken plans: each is a ring AllReduce (or a two-rank exchange) with one thing wrong.
+std::string verifyBroken(int n, size_t count, const PlanBuilder& build, VerifyOptions options = {}) {
+  return verifyPlan(argsForAllRanks(uniformArgs(Collective::kAllReduce, n, count, 0, 1)), build, options);
+}
+
+TEST(Verifier, CatchesDoubleCounting) {
+  std::string error = verifyBroken(3, 9, [](const CollArgs& args) {
+    RankPlan plan = buildRingAllReduce(args);
+    // Reduce the own input into the output once more at the end.
+    plan.lanes[0].steps.push_back({Action::kReduce, -1, -1, input(0, 9), output(0, 9), output(0, 9)});
+    return plan;
+  });
+  EXPECT_NE(error.find("twice"), std::string::npos) << error;
+}
+
+TEST(Verifier, CatchesSizeMismatch) {
+  std::string error = verifyBroken(2, 10, [](const CollArgs& args) {
+    RankPlan plan = planShell(args, "broken");
+    int peer = 1 - args.rank;
+    plan.lanes.push_back({0, {send(peer, input(0, args.rank == 0 ? 10 : 5)), recv(peer, output(0, 10))}});
+    return plan;
+  });
+  EXPECT_NE(error.find("expects"), std::string::npos) << error;
+}
+
+TEST(Verifier, CatchesDeadlock) {
+  std::string error = verifyBroken(2, 10, [](const CollArgs& args) {
+    RankPlan plan = planShell(args, "broken");
+    int peer = 1 - args.rank;
+    plan.lanes.push_back({0, {recv(peer, output(0, 10)), send(peer, input(0, 10))}});  // both wait first
+    return plan;
+  });
+  EXPECT_NE(error.find("can never run"), std::string::npos) << error;
+}
+
+TEST(Verifier, CatchesBoundedFifoDeadlock) {
+  // Both ranks send three slices before receiving: fine with unbounded FIFOs, stuck when a FIFO holds two.
+  auto build = [](const CollArgs& args) {
+    RankPlan plan = planShell(args, "broken");
+    int peer = 1 - args.rank;
+    plan.lanes.push_back({0, {send(peer, input(0, 3)), send(peer, input(3, 3)), send(peer, input(6, 3)),
+                              recv(peer, output(0, 3)), recv(peer, output(3, 3)), recv(peer, output(6, 3))}});
+    return plan;
+  };
+  EXPECT_EQ(verifyBroken(2, 9, build, {false, 0, 0}).find("can never run"), std::string::npos);
+  EXPECT_NE(verifyBroken(2, 9, build, {false, 0, 2}).find("can never run"), std::string::npos);
+}
+
+TEST(Verifier, CatchesWriteToInput) {
+  std::string error = verifyBroken(1, 4, [](const CollArgs& args) {
+    RankPlan plan = planShell(args, "broken");
+    plan.lanes.push_back({0, {copy(output(0, 4), input(0, 4))}});
+    return plan;
+  });
+  EXPECT_NE(error.find("writes to the input"), std::string::npos) << error;
+}
+
+TEST(Verifier, CatchesLostMessageAndWrongResult) {
+  std::string lost = verifyBroken(2, 4, [](const CollArgs& args) {
+    RankPlan plan = buildRingAllReduce(args);
+    plan.lanes[0].steps.push_back(send(1 - args.rank, input(0, 4)));
+    return plan;
+  });
+  EXPECT_NE(lost.find("never received"), std::string::npos) << lost;
+  std::string wrong = verifyBroken(2, 4, [](const CollArgs& args) {
+    RankPlan plan = planShell(args, "broken");
+    plan.lanes.push_back({0, {copy(input(0, 4), output(0, 4))}});  // no communication at all
+    return plan;
+  });
+  EXPECT_NE(wrong.find("expected op over ranks {0,1}"), std::string::npos) << wrong;
+}
+
+TEST(Verifier, CatchesInPlaceHazard) {
+  // An AllGather that parks the peer's block in its own slot before moving it: correct out of place, but in
+  // place its own slot is its input, which it overwrites before the last copy reads it.
+  auto build = [](const CollArgs& args) {
+    RankPlan plan = planShell(args, "broken");
+    int peer = 1 - args.rank;
+    size_t c = args.count, mine = args.rank * c, theirs = peer * c;
+    plan.lanes.push_back({0, {send(peer, input(0, c)), recv(peer, output(mine, c)), copy(output(mine, c), output(theirs, c)),
+                              copy(input(0, c), output(mine, c))}});
+    return plan;
+  };
+  auto args = argsForAllRanks(uniformArgs(Collective::kAllGather, 2, 5, 0, 1));
+  EXPECT_EQ(verifyPlan(args, build, {false, 0, 0}), "");
+  EXPECT_NE(verifyPlan(args, build, {true, 0, 0}), "");
+}
+
+}  // namespace
+}  // namespace loom
