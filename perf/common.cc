@@ -2,7 +2,7 @@
 // public API. Ranks are the processes of a launcher (loomrun, mpirun, torchrun, srun: loomCommInitFromEnv) or,
 // with no launcher, -t threads of this process (loomGetUniqueId + loomCommInitRank). Written from nccl-tests'
 // documented behaviour; its per-iteration timing (-I), JSON output (-J) and CUDA-only flags are left out.
-#include "common.h"
+#include "perf/common.h"
 
 #include <getopt.h>
 #include <unistd.h>

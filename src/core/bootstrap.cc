@@ -7,7 +7,7 @@
 //   rank -> rank   u32 kRingConn or kP2pConn, i32 from-rank; then on a ring connection raw allGather blocks,
 //                  on a p2p connection frames of i32 tag, u32 0, u64 length, payload
 // Not here: retrying a failed rank, re-forming a ring, or encrypting anything (the secret authenticates only).
-#include "bootstrap.h"
+#include "src/core/bootstrap.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -23,10 +23,10 @@
 #include <thread>
 #include <vector>
 
-#include "check.h"
-#include "params.h"
-#include "siphash.h"
-#include "socket.h"
+#include "src/core/check.h"
+#include "src/core/params.h"
+#include "src/core/siphash.h"
+#include "src/core/socket.h"
 
 namespace loom {
 namespace {

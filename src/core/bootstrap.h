@@ -16,7 +16,7 @@
 #include <string>
 
 #include "loom/loom.h"
-#include "wait.h"
+#include "src/core/wait.h"
 
 namespace loom {
 

@@ -1,5 +1,5 @@
 // fail() and the per-thread last error message.
-#include "check.h"
+#include "src/core/check.h"
 
 #include <cstdarg>
 #include <cstdio>

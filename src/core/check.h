@@ -6,7 +6,7 @@
 #include <string>
 
 #include "loom/loom.h"
-#include "log.h"
+#include "src/core/log.h"
 
 namespace loom {
 

@@ -1,10 +1,10 @@
 // Definitions of the params.def accessors: the only place loom reads its environment.
-#include "params.h"
+#include "src/core/params.h"
 
 #include <cerrno>
 #include <cstdlib>
 
-#include "log.h"
+#include "src/core/log.h"
 
 namespace loom::params {
 namespace {

@@ -1,5 +1,5 @@
 // SipHash-2-4: two compression rounds per 8-byte block, four finalisation rounds, 64-bit output.
-#include "siphash.h"
+#include "src/core/siphash.h"
 
 namespace loom {
 namespace {

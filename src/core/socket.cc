@@ -1,7 +1,7 @@
 // Socket helpers: addresses, interface choice, listen/accept/connect, exact I/O under a deadline and abort
 // flag, the secret handshake, StreamConn and AuthServer. Blocking helpers never block in the kernel: sockets are
 // non-blocking and every wait is a poll() of at most kPollSliceMs. No DNS caching, no IPv6 scope guessing.
-#include "socket.h"
+#include "src/core/socket.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -19,9 +19,9 @@
 #include <cstring>
 #include <thread>
 
-#include "check.h"
-#include "params.h"
-#include "siphash.h"
+#include "src/core/check.h"
+#include "src/core/params.h"
+#include "src/core/siphash.h"
 
 namespace loom {
 

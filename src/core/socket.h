@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "loom/loom.h"
-#include "wait.h"
+#include "src/core/wait.h"
 
 namespace loom {
 

@@ -1,10 +1,10 @@
 // Backoff: spin with a CPU pause hint, then sched_yield, then short sleeps growing to 200 us.
-#include "wait.h"
+#include "src/core/wait.h"
 
 #include <sched.h>
 #include <time.h>
 
-#include "params.h"
+#include "src/core/params.h"
 
 namespace loom {
 namespace {

@@ -2,7 +2,7 @@
 // The loops are plain C++ shaped for GCC's auto-vectoriser; half and bfloat16 are widened to fp32 a block at a
 // time so that the conversions vectorise too. Left out: threading, non-temporal stores, and run-time CPU
 // dispatch (wider vectors and F16C come from the compiler flags the library is built with).
-#include "reduce.h"
+#include "src/exec/reduce.h"
 
 #include <algorithm>
 #include <array>
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/dtype.h"
+#include "src/core/dtype.h"
 
 namespace loom {
 

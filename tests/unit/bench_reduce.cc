@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/dtype.h"
-#include "exec/reduce.h"
+#include "src/core/dtype.h"
+#include "src/exec/reduce.h"
 
 namespace loom {
 namespace {

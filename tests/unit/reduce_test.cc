@@ -1,7 +1,7 @@
 // Unit tests of core/dtype and exec/reduce: every type x op x count x aliasing against a naive scalar reference,
 // the fp16 / bf16 conversions against a reference built from frexp / ldexp / nearbyint in double (exhaustive
 // where the input space allows), and the avg divide. Multi-rank avg is tested with the collectives, not here.
-#include "exec/reduce.h"
+#include "src/exec/reduce.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/dtype.h"
+#include "src/core/dtype.h"
 
 namespace loom {
 namespace {

@@ -1,0 +1,539 @@
+// mp suite: rank failures, every rank a forked process. A rank killed with SIGKILL in the middle of large
+// AllReduce calls, and a rank that exits right after init, must become loomRemoteError (or, at worst,
+// loomTimeout) on every survivor: never a hang, and no shared-memory segment left behind. Also
+// loomCommInitFromEnv with loomrun's variables and with torchrun's, which needs a process per rank because the
+// environment is per process.
+// Children run a function and leave with _exit, never returning into gtest; they die with the test process
+// (PR_SET_PDEATHSIG) and after kChildAlarmSeconds in any case. The parent bounds every wait with a deadline and
+// reaps every child on every path (Children's destructor kills and reaps whatever is left).
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/loom.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kChildAlarmSeconds = 60;  // a child still alive then is killed by SIGALRM
+constexpr int kInitFailed = 100;        // exit code 100 + loomResult_t: init failed
+constexpr int kChildCheckFailed = 120;  // the child's own check failed (wrong data, wrong rank, ...)
+constexpr int kTimeoutMs = 10000;       // the communicators' deadline in the failure tests
+constexpr double kHardBoundSeconds = 30;
+
+double secondsBetween(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// A child's words to the parent, over its pipe: "R" once it is ready, then any message.
+void tell(int toParent, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = write(toParent, text.data() + done, text.size() - done);
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+std::string describeStatus(int status) {
+  if (WIFEXITED(status)) {
+    int code = WEXITSTATUS(status);
+    std::string text = "exit " + std::to_string(code);
+    if (code < loomNumResults) text += std::string(" (") + loomGetErrorString(static_cast<loomResult_t>(code)) + ")";
+    if (code >= kInitFailed && code < kInitFailed + loomNumResults) text += " (init failed)";
+    if (code == kChildCheckFailed) text += " (the child's check failed)";
+    return text;
+  }
+  if (WIFSIGNALED(status)) return std::string("killed by ") + strsignal(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+class Children {
+ public:
+  struct Child {
+    pid_t pid = -1;
+    int fromChild = -1;  // read end of the child's pipe
+    bool reaped = false;
+    int status = 0;
+    Clock::time_point endedAt;
+    std::string said;
+  };
+
+  Children() = default;
+  Children(const Children&) = delete;
+  Children& operator=(const Children&) = delete;
+  ~Children() {
+    killAll();
+    for (Child& child : children_)
+      if (child.fromChild >= 0) close(child.fromChild);
+  }
+
+  // Forks a child that runs body(write end of its pipe) and leaves with _exit(the value body returns).
+  bool spawn(const std::function<int(int toParent)>& body) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return false;
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid < 0) {
+      close(fds[0]);
+      close(fds[1]);
+      return false;
+    }
+    if (pid == 0) {
+      close(fds[0]);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(kChildCheckFailed);
+      alarm(kChildAlarmSeconds);
+      int code = kChildCheckFailed;
+      try {
+        code = body(fds[1]);
+      } catch (...) {
+      }
+      _exit(code);
+    }
+    close(fds[1]);
+    Child child;
+    child.pid = pid;
+    child.fromChild = fds[0];
+    children_.push_back(child);
+    return true;
+  }
+
+  size_t size() const { return children_.size(); }
+  const Child& operator[](size_t i) const { return children_[i]; }
+
+  // Reads each child's first byte, which must be 'R', within `seconds`. False when one said something else,
+  // exited first or the time ran out.
+  bool waitReady(double seconds) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+    for (Child& child : children_) {
+      char mark = 0;
+      for (;;) {
+        int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+        if (left <= 0) return false;
+        pollfd fd{child.fromChild, POLLIN, 0};
+        int ready = poll(&fd, 1, left);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready <= 0) return false;
+        ssize_t n = read(child.fromChild, &mark, 1);
+        if (n == 1) break;
+        if (n < 0 && errno == EINTR) continue;
+        return false;  // EOF: the child is gone
+      }
+      if (mark != 'R') {
+        child.said.push_back(mark);
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void signal(size_t i, int sig) {
+    if (!children_[i].reaped) kill(children_[i].pid, sig);
+  }
+
+  // Reaps children as they exit, noting when; true when all are reaped within `seconds`. Otherwise the rest are
+  // killed and reaped, and false comes back.
+  bool waitAll(double seconds) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+    for (;;) {
+      bool allReaped = true;
+      for (Child& child : children_) {
+        if (child.reaped) continue;
+        int status = 0;
+        pid_t done = waitpid(child.pid, &status, WNOHANG);
+        if (done == child.pid) {
+          child.reaped = true;
+          child.status = status;
+          child.endedAt = Clock::now();
+          drain(child);
+        } else {
+          allReaped = false;
+        }
+      }
+      if (allReaped) return true;
+      if (Clock::now() >= deadline) {
+        killAll();
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+
+  // What every child ended with and said: for failure messages.
+  std::string report() const {
+    std::string text;
+    for (size_t i = 0; i < children_.size(); ++i) {
+      const Child& child = children_[i];
+      text += "\n  child " + std::to_string(i) + " (pid " + std::to_string(child.pid) + "): " +
+              (child.reaped ? describeStatus(child.status) : std::string("not reaped"));
+      if (!child.said.empty()) text += ": \"" + child.said + "\"";
+    }
+    return text;
+  }
+
+ private:
+  void killAll() {
+    for (Child& child : children_) {
+      if (child.reaped) continue;
+      kill(child.pid, SIGKILL);
+      int status = 0;
+      while (waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      child.reaped = true;
+      child.status = status;
+      child.endedAt = Clock::now();
+      drain(child);
+    }
+  }
+
+  // Appends what is left in a reaped child's pipe (the write end is closed, so this ends).
+  static void drain(Child& child) {
+    char buffer[4096];
+    ssize_t n;
+    while ((n = read(child.fromChild, buffer, sizeof(buffer))) > 0 || (n < 0 && errno == EINTR))
+      if (n > 0) child.said.append(buffer, static_cast<size_t>(n));
+  }
+
+  std::vector<Child> children_;
+};
+
+// No child of this process is left, zombie or running.
+void expectNoChildrenLeft(const char* test) {
+  errno = 0;
+  EXPECT_EQ(waitpid(-1, nullptr, WNOHANG), -1) << test << ": a child process is left";
+  EXPECT_EQ(errno, ECHILD) << test;
+}
+
+// A private LOOM_SHM_DIR (a directory in /dev/shm) for the children: whatever loom leaves is found there,
+// unaffected by other loom jobs on the machine. Removed, with anything in it, at the end.
+class ShmDir {
+ public:
+  ShmDir() {
+    char name[] = "/dev/shm/loomtest-failure-XXXXXX";
+    if (mkdtemp(name) != nullptr) path_ = name;
+  }
+  ~ShmDir() {
+    for (const std::string& entry : entries()) unlink((path_ + "/" + entry).c_str());
+    if (!path_.empty()) rmdir(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+  std::vector<std::string> entries() const {
+    std::vector<std::string> names;
+    if (DIR* dir = opendir(path_.c_str())) {
+      while (dirent* entry = readdir(dir))
+        if (std::string(entry->d_name) != "." && std::string(entry->d_name) != "..") names.push_back(entry->d_name);
+      closedir(dir);
+    }
+    return names;
+  }
+
+ private:
+  std::string path_;
+};
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string text;
+  for (const std::string& name : names) text += " " + name;
+  return text;
+}
+
+// A rank of a failure test: joins `id` with a 10 s deadline and calls AllReduce on 4M floats (16 MB, 16 FIFOs'
+// worth) until one fails; says "R" after the first, whose result it checks. Returns the failing call's result.
+int allReduceUntilError(int toParent, const loomUniqueId& id, int rank, int nranks, const std::string& shmDir) {
+  setenv("LOOM_SHM_DIR", shmDir.c_str(), 1);
+  loomConfig_t config = LOOM_CONFIG_INITIALIZER;
+  config.timeoutMs = kTimeoutMs;
+  loomComm_t comm = nullptr;
+  loomResult_t result = loomCommInitRankConfig(&comm, nranks, id, rank, &config);
+  if (result != loomSuccess) {
+    tell(toParent, std::string("init: ") + loomGetLastError(nullptr));
+    return kInitFailed + result;
+  }
+  constexpr size_t kCount = size_t{4} << 20;
+  std::vector<float> send(kCount, static_cast<float>(rank + 1)), recv(kCount, 0.0f);
+  for (long call = 0;; ++call) {
+    result = loomAllReduce(send.data(), recv.data(), kCount, loomFloat32, loomSum, comm, nullptr);
+    if (result != loomSuccess) break;
+    if (call == 0) {
+      const float expected = nranks * (nranks + 1) / 2.0f;
+      if (recv[0] != expected || recv[kCount - 1] != expected) {
+        tell(toParent, "first AllReduce gave a wrong sum");
+        return kChildCheckFailed;
+      }
+      tell(toParent, "R");
+    }
+  }
+  tell(toParent, loomGetLastError(comm));
+  loomCommDestroy(comm);
+  return result;
+}
+
+// ---- A rank killed with SIGKILL in the middle of AllReduce calls ----
+
+// 4 ranks loop 16 MB AllReduce calls; rank 2 is killed with SIGKILL about 1 s into the loop. Every survivor
+// must end with loomRemoteError (the watch of peer processes, or a neighbour's aborted FIFO) well within the
+// 10 s deadline, or with loomTimeout; none may hang. No segment is left in the shared-memory directory.
+TEST(FailureTest, SigkillInTheMiddleOfAllReduce) {
+  const int nranks = 4, victim = 2;
+  ShmDir shm;
+  ASSERT_FALSE(shm.path().empty()) << "mkdtemp in /dev/shm: " << strerror(errno);
+  loomUniqueId id;
+  ASSERT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);  // starts the root in this process
+  {
+    Children children;
+    for (int rank = 0; rank < nranks; ++rank)
+      ASSERT_TRUE(children.spawn([&, rank](int out) { return allReduceUntilError(out, id, rank, nranks, shm.path()); }))
+          << "fork: " << strerror(errno);
+    ASSERT_TRUE(children.waitReady(kHardBoundSeconds)) << "ranks did not all finish a first AllReduce:"
+                                                       << (children.waitAll(5), children.report());
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    const Clock::time_point killedAt = Clock::now();
+    children.signal(victim, SIGKILL);
+    ASSERT_TRUE(children.waitAll(kHardBoundSeconds))
+        << "survivors still running " << kHardBoundSeconds << " s after rank " << victim << " was killed:"
+        << children.report();
+    const std::string report = children.report();
+    EXPECT_TRUE(WIFSIGNALED(children[victim].status) && WTERMSIG(children[victim].status) == SIGKILL) << report;
+    for (int rank = 0; rank < nranks; ++rank) {
+      if (rank == victim) continue;
+      const int status = children[rank].status;
+      ASSERT_TRUE(WIFEXITED(status)) << "rank " << rank << report;
+      const int code = WEXITSTATUS(status);
+      EXPECT_TRUE(code == loomRemoteError || code == loomTimeout)
+          << "rank " << rank << " after rank " << victim << " was killed mid-AllReduce:" << report;
+      const double seconds = secondsBetween(killedAt, children[rank].endedAt);
+      if (code == loomRemoteError) {
+        EXPECT_LT(seconds, 5.0) << "rank " << rank << " took this long to see rank " << victim << " die:" << report;
+      }
+    }
+  }
+  EXPECT_TRUE(shm.entries().empty()) << "left in " << shm.path() << ":" << joined(shm.entries());
+  expectNoChildrenLeft("SigkillInTheMiddleOfAllReduce");
+}
+
+// ---- A rank that leaves right after init ----
+
+// Rank 3 joins, then _exits (status 0) 300 ms later, while ranks 0-2 are already in an AllReduce that needs it
+// and may not have connected yet. No survivor may hang. With `strict`, each must end with loomRemoteError within
+// 5 s (what the peer watch is for); otherwise loomTimeout at the 10 s deadline is accepted too.
+void exitRightAfterInit(bool strict) {
+  const int nranks = 4, leaver = 3;
+  ShmDir shm;
+  ASSERT_FALSE(shm.path().empty()) << "mkdtemp in /dev/shm: " << strerror(errno);
+  loomUniqueId id;
+  ASSERT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);
+  {
+    Children children;
+    for (int rank = 0; rank < nranks; ++rank) {
+      ASSERT_TRUE(children.spawn([&, rank](int out) {
+        if (rank != leaver) return allReduceUntilError(out, id, rank, nranks, shm.path());
+        setenv("LOOM_SHM_DIR", shm.path().c_str(), 1);
+        loomConfig_t config = LOOM_CONFIG_INITIALIZER;
+        config.timeoutMs = kTimeoutMs;
+        loomComm_t comm = nullptr;
+        loomResult_t result = loomCommInitRankConfig(&comm, nranks, id, rank, &config);
+        if (result != loomSuccess) return kInitFailed + result;
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        _exit(0);
+      })) << "fork: " << strerror(errno);
+    }
+    const Clock::time_point start = Clock::now();
+    ASSERT_TRUE(children.waitAll(kHardBoundSeconds))
+        << "ranks still running " << kHardBoundSeconds << " s after start:" << children.report();
+    const std::string report = children.report();
+    EXPECT_TRUE(WIFEXITED(children[leaver].status) && WEXITSTATUS(children[leaver].status) == 0) << report;
+    for (int rank = 0; rank < nranks; ++rank) {
+      if (rank == leaver) continue;
+      const int status = children[rank].status;
+      ASSERT_TRUE(WIFEXITED(status)) << "rank " << rank << report;
+      const int code = WEXITSTATUS(status);
+      const double seconds = secondsBetween(start, children[rank].endedAt);
+      if (strict) {
+        EXPECT_EQ(code, loomRemoteError) << "rank " << rank << " after rank " << leaver << " exited:" << report;
+      } else {
+        EXPECT_TRUE(code == loomRemoteError || code == loomTimeout)
+            << "rank " << rank << " after rank " << leaver << " exited:" << report;
+      }
+      if (code == loomRemoteError) {
+        EXPECT_LT(seconds, 5.0) << "rank " << rank << report;
+      } else {
+        EXPECT_LT(seconds, kTimeoutMs / 1000.0 + 5.0) << "rank " << rank << report;
+      }
+    }
+  }
+  EXPECT_TRUE(shm.entries().empty()) << "left in " << shm.path() << ":" << joined(shm.entries());
+  expectNoChildrenLeft("exitRightAfterInit");
+}
+
+TEST(FailureTest, RankExitsRightAfterInit) { exitRightAfterInit(/*strict=*/false); }
+
+// KNOWN BUG, disabled until fixed: survivors should all see loomRemoteError at once, but a rank still
+// connecting waits out the whole deadline and ends with loomTimeout. Connections::connect (src/core/comm.cc)
+// calls Transport::attachSender, whose wait loop (transports/shm/transport.cc, and loopback's) checks only the
+// deadline and the abort flag, never the peer watch. Two ways to get there: rank 2, whose ring successor is the
+// rank that left, waits for a segment that will never be created; and rank 0 when its successor (rank 1) has
+// already failed, destroyed its comm and so unlinked the segment rank 0 was about to open. Run with
+// --gtest_also_run_disabled_tests to check a fix.
+TEST(FailureTest, DISABLED_RankExitsRightAfterInitEverySurvivorSeesRemoteError) { exitRightAfterInit(/*strict=*/true); }
+
+// ---- loomCommInitFromEnv ----
+
+// A TCP port that was free a moment ago on 127.0.0.1.
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0)
+    port = ntohs(address.sin_port);
+  close(fd);
+  return port;
+}
+
+// Removes every launcher variable loomCommInitFromEnv reads, so only what a test sets counts.
+void clearLauncherEnv() {
+  for (const char* name : {"LOOM_RANK", "LOOM_NRANKS", "LOOM_ROOT_ADDR", "LOOM_SECRET", "LOOM_PORT_OFFSET", "RANK",
+                           "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                           "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS"})
+    unsetenv(name);
+}
+
+// A child of the init-from-env tests: joins the world its environment describes, checks its size and rank, and
+// checks an AllReduce. 0 when all is well.
+int joinFromEnvAndAllReduce(int toParent, int rank, int nranks) {
+  loomComm_t comm = nullptr;
+  loomResult_t result = loomCommInitFromEnv(&comm);
+  if (result != loomSuccess) {
+    tell(toParent, std::string("init: ") + loomGetLastError(nullptr));
+    return kInitFailed + result;
+  }
+  int count = -1, userRank = -1;
+  loomCommCount(comm, &count);
+  loomCommUserRank(comm, &userRank);
+  if (count != nranks || userRank != rank) {
+    tell(toParent, "rank " + std::to_string(userRank) + " of " + std::to_string(count));
+    return kChildCheckFailed;
+  }
+  std::vector<int32_t> send(100000, rank + 1), recv(100000, -1);
+  result = loomAllReduce(send.data(), recv.data(), send.size(), loomInt32, loomSum, comm, nullptr);
+  if (result != loomSuccess) {
+    tell(toParent, std::string("AllReduce: ") + loomGetLastError(comm));
+    return result;
+  }
+  for (int32_t value : recv) {
+    if (value != nranks * (nranks + 1) / 2) {
+      tell(toParent, "AllReduce gave " + std::to_string(value));
+      return kChildCheckFailed;
+    }
+  }
+  return loomCommDestroy(comm);
+}
+
+// Runs `nranks` children that set their environment with setEnv(rank), then join and AllReduce.
+void runWorldFromEnv(const char* launcher, int nranks, const std::function<void(int rank)>& setEnv) {
+  {
+    Children children;
+    for (int rank = 0; rank < nranks; ++rank) {
+      ASSERT_TRUE(children.spawn([&, rank](int out) {
+        clearLauncherEnv();
+        setEnv(rank);
+        return joinFromEnvAndAllReduce(out, rank, nranks);
+      })) << "fork: " << strerror(errno);
+    }
+    ASSERT_TRUE(children.waitAll(kHardBoundSeconds)) << launcher << " world did not finish:" << children.report();
+    for (int rank = 0; rank < nranks; ++rank)
+      EXPECT_TRUE(WIFEXITED(children[rank].status) && WEXITSTATUS(children[rank].status) == 0)
+          << launcher << " variables, rank " << rank << " of " << nranks << ":" << children.report();
+  }
+  expectNoChildrenLeft(launcher);
+}
+
+TEST(InitFromEnvTest, LoomrunVariables) {
+  const int port = freePort();
+  ASSERT_GT(port, 0);
+  const std::string root = "127.0.0.1:" + std::to_string(port);
+  runWorldFromEnv("loomrun", 3, [&](int rank) {
+    setenv("LOOM_RANK", std::to_string(rank).c_str(), 1);
+    setenv("LOOM_NRANKS", "3", 1);
+    setenv("LOOM_ROOT_ADDR", root.c_str(), 1);
+    setenv("LOOM_SECRET", "00112233445566778899aabbccddeeff", 1);
+  });
+}
+
+// torchrun's variables and no LOOM_SECRET: loom's root listens on MASTER_PORT + LOOM_PORT_OFFSET (default 1).
+TEST(InitFromEnvTest, TorchrunVariables) {
+  const int port = freePort();
+  ASSERT_GT(port, 1);
+  runWorldFromEnv("torchrun", 3, [&](int rank) {
+    setenv("RANK", std::to_string(rank).c_str(), 1);
+    setenv("WORLD_SIZE", "3", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", std::to_string(port - 1).c_str(), 1);
+  });
+}
+
+// Environments loomCommInitFromEnv must refuse at once, each in a child (the environment is per process): no
+// launcher at all, a rank outside the world, a malformed LOOM_SECRET, a NULL comm pointer.
+TEST(InitFromEnvTest, BadEnvironmentsAreRefused) {
+  struct Case {
+    const char* name;
+    std::vector<std::pair<const char*, const char*>> env;
+    loomResult_t expected;
+    const char* mentions;
+  };
+  const std::vector<Case> cases = {
+      {"no launcher", {}, loomInvalidUsage, "no launcher"},
+      {"LOOM_RANK 3 of 2", {{"LOOM_RANK", "3"}, {"LOOM_NRANKS", "2"}, {"LOOM_ROOT_ADDR", "127.0.0.1:1"}},
+       loomInvalidUsage, "rank 3 of 2"},
+      {"LOOM_SECRET of 6 characters",
+       {{"LOOM_RANK", "1"}, {"LOOM_NRANKS", "2"}, {"LOOM_ROOT_ADDR", "127.0.0.1:1"}, {"LOOM_SECRET", "abcdef"}},
+       loomInvalidArgument, "LOOM_SECRET"},
+  };
+  for (const Case& c : cases) {
+    Children children;
+    ASSERT_TRUE(children.spawn([&](int out) {
+      clearLauncherEnv();
+      for (const auto& [name, value] : c.env) setenv(name, value, 1);
+      loomComm_t comm = nullptr;
+      loomResult_t result = loomCommInitFromEnv(&comm);
+      tell(out, loomGetLastError(nullptr));
+      if (result == c.expected && std::string(loomGetLastError(nullptr)).find(c.mentions) == std::string::npos)
+        return kChildCheckFailed;
+      if (result == loomSuccess) loomCommDestroy(comm);
+      return result == loomSuccess ? kChildCheckFailed : static_cast<int>(result);
+    }));
+    ASSERT_TRUE(children.waitAll(kHardBoundSeconds)) << c.name << ":" << children.report();
+    EXPECT_TRUE(WIFEXITED(children[0].status) && WEXITSTATUS(children[0].status) == c.expected)
+        << c.name << ": expected " << loomGetErrorString(c.expected) << " mentioning \"" << c.mentions << "\":"
+        << children.report();
+  }
+  EXPECT_EQ(loomCommInitFromEnv(nullptr), loomInvalidArgument);
+  expectNoChildrenLeft("BadEnvironmentsAreRefused");
+}
+
+}  // namespace
