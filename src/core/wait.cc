@@ -1,4 +1,6 @@
-// Backoff: spin with a CPU pause hint, then sched_yield, then short sleeps growing to 200 us.
+// Backoff: spin with a CPU pause hint, then yield the CPU until LOOM_YIELD_US has passed, then short sleeps
+// growing to 200 us. Yielding keeps latency low when ranks outnumber cores (the peer gets the core at once);
+// sleeping only after a long wait keeps an idle rank from burning a core.
 #include "src/core/wait.h"
 
 #include <sched.h>
@@ -17,20 +19,25 @@ inline void cpuRelax() {
 }
 }  // namespace
 
-Backoff::Backoff() : spinLimit_(params::spinCount()) {}
+Backoff::Backoff() : spinLimit_(params::spinCount()), yieldMicros_(params::yieldUs()) {}
 
 void Backoff::pause() {
   ++polls_;
   if (polls_ <= spinLimit_) {
     cpuRelax();
-  } else if (polls_ <= spinLimit_ + 64) {
-    sched_yield();
-  } else {
-    // Sleep grows 10us per extra poll to a 200us cap: a peer needing the CPU gets it; latency stays bounded.
-    int64_t micros = std::min<int64_t>(200, 10 * (polls_ - spinLimit_ - 64));
-    timespec nap{0, static_cast<long>(micros * 1000)};
-    nanosleep(&nap, nullptr);
+    return;
   }
+  Clock::time_point now = Clock::now();
+  if (polls_ == spinLimit_ + 1) waitStart_ = now;
+  auto waited = std::chrono::duration_cast<std::chrono::microseconds>(now - waitStart_).count();
+  if (waited < yieldMicros_) {
+    sched_yield();
+    return;
+  }
+  // Sleep grows by 10 us per 100 us waited, to a 200 us cap.
+  int64_t micros = std::min<int64_t>(200, 10 + (waited - yieldMicros_) / 10);
+  timespec nap{0, static_cast<long>(micros * 1000)};
+  nanosleep(&nap, nullptr);
 }
 
 }  // namespace loom

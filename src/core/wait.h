@@ -41,6 +41,8 @@ class Backoff {
  private:
   int64_t polls_ = 0;
   int64_t spinLimit_;
+  int64_t yieldMicros_;
+  Clock::time_point waitStart_;
 };
 
 }  // namespace loom

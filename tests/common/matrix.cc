@@ -53,12 +53,6 @@ constexpr bool kIsInteger = std::is_integral_v<T>;
 template <typename T>
 constexpr bool kIsSigned = !std::is_integral_v<T> || std::is_signed_v<T>;
 
-size_t elementSize(loomDataType_t type) {
-  size_t size = 0;
-  withType(type, [&](auto value) { size = sizeof(value); });
-  return size;
-}
-
 // Input element i of `rank` for case c.
 template <typename T>
 double inputValue(const Case& c, int rank, size_t i) {
