@@ -11,6 +11,9 @@ constexpr size_t kPage = 4096;
 
 size_t headerBytes() { return (sizeof(FifoHeader) + kPage - 1) / kPage * kPage; }
 
+// Marks a Simple message whose slot holds a DirectDescriptor.
+constexpr uint64_t kDirectBit = uint64_t{1} << 63;
+
 // An LL flag is never 0, so zeroed memory is never mistaken for a posted word.
 inline uint32_t llFlag(uint64_t sequence) { return static_cast<uint32_t>(sequence % 0xffffffffu) + 1; }
 
@@ -66,10 +69,10 @@ void* FifoSender::reserve(Protocol protocol) {
   return staging_.data();
 }
 
-void FifoSender::post(Protocol protocol, size_t bytes) {
+void FifoSender::post(Protocol protocol, size_t bytes, bool direct) {
   FifoHeader* header = memory_.header;
   if (protocol == Protocol::kSimple) {
-    header->sizes[posted_ % header->depth].store(bytes, std::memory_order_relaxed);
+    header->sizes[posted_ % header->depth].store(bytes | (direct ? kDirectBit : 0), std::memory_order_relaxed);
   } else {
     // Spread the staged payload over flagged words; data first, the size word last.
     uint64_t flag = llFlag(posted_);
@@ -88,11 +91,14 @@ FifoReceiver::FifoReceiver(FifoMemory memory) : memory_(memory) {
   consumed_ = memory_.header->tail.load(std::memory_order_acquire);
 }
 
-const void* FifoReceiver::poll(Protocol protocol, size_t* bytes) {
+const void* FifoReceiver::poll(Protocol protocol, size_t* bytes, bool* direct) {
   FifoHeader* header = memory_.header;
+  *direct = false;
   if (protocol == Protocol::kSimple) {
     if (header->head.load(std::memory_order_acquire) <= consumed_) return nullptr;
-    *bytes = header->sizes[consumed_ % header->depth].load(std::memory_order_relaxed);
+    uint64_t size = header->sizes[consumed_ % header->depth].load(std::memory_order_relaxed);
+    *direct = (size & kDirectBit) != 0;
+    *bytes = size & ~kDirectBit;
     return memory_.slots + (consumed_ % header->depth) * header->slotBytes;
   }
   uint32_t flag = llFlag(consumed_);

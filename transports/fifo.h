@@ -8,8 +8,9 @@
 //  - LL (low latency): each 8-byte word carries 4 bytes of data and a 4-byte flag derived from the slot's
 //    sequence number, written with one 64-bit store, so the receiver needs no fence and no counter read: it
 //    polls the words themselves. Word 0 carries the message size. Half of every slot is flags.
-// Each message is at most one slot. Both ends keep the abort flag in the header, so an error on either side is
-// seen by the other at its next poll.
+// Each message is at most one slot. A Simple message may instead be a DirectDescriptor: where the payload lies
+// in the sender's registered memory, for the receiver to read itself (one copy instead of two). Both ends keep
+// the abort flag in the header, so an error on either side is seen by the other at its next poll.
 #pragma once
 
 #include <atomic>
@@ -50,6 +51,15 @@ void fifoInit(void* memory, const FifoShape& shape);
 // Largest payload of one message for a protocol.
 size_t fifoPayloadBytes(const FifoShape& shape, Protocol protocol);
 
+// The payload of a direct message: `bytes` at `address` in process `pid`, readable until the receiver releases
+// the message.
+struct DirectDescriptor {
+  uint64_t address;
+  uint64_t bytes;
+  int32_t pid;
+  int32_t reserved;
+};
+
 // A FIFO as one end sees it in its own address space.
 struct FifoMemory {
   FifoHeader* header = nullptr;
@@ -64,8 +74,11 @@ class FifoSender {
   explicit FifoSender(FifoMemory memory);
   // Where to write the next message (up to fifoPayloadBytes), or nullptr while the FIFO is full.
   void* reserve(Protocol protocol);
-  // Publishes the message written at the pointer reserve() returned.
-  void post(Protocol protocol, size_t bytes);
+  // Publishes the message written at the pointer reserve() returned. `direct`: it is a DirectDescriptor for a
+  // payload of `bytes` (Simple only).
+  void post(Protocol protocol, size_t bytes, bool direct = false);
+  // Whether the receiver has released every message posted so far.
+  bool drained() const { return memory_.header->tail.load(std::memory_order_acquire) >= posted_; }
   bool aborted() const { return memory_.header->aborted.load(std::memory_order_relaxed) != 0; }
   void abort() { memory_.header->aborted.store(1, std::memory_order_relaxed); }
 
@@ -78,8 +91,9 @@ class FifoSender {
 class FifoReceiver {
  public:
   explicit FifoReceiver(FifoMemory memory);
-  // The next message, or nullptr when it has not fully arrived. *bytes receives its size.
-  const void* poll(Protocol protocol, size_t* bytes);
+  // The next message, or nullptr when it has not fully arrived. *bytes receives its payload size; *direct
+  // whether the message is a DirectDescriptor rather than the payload.
+  const void* poll(Protocol protocol, size_t* bytes, bool* direct);
   // Gives the slot of the message poll() returned back to the sender.
   void release();
   bool aborted() const { return memory_.header->aborted.load(std::memory_order_relaxed) != 0; }

@@ -1,6 +1,7 @@
 // Communicator creation and teardown, its connections, and the watch every wait consults.
 #include "src/core/comm.h"
 
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -29,9 +30,21 @@ uint64_t hostHash() {
   return sipHash24(kKey, identity.data(), identity.size());
 }
 
+// A word at a known address that peers read to find out whether they can read this process's memory.
+const uint64_t kProbeWord = 0x6c6f6f6d2d636d61;  // "loom-cma"
+
+// Whether this process can read `pid`'s memory with process_vm_readv (Yama or a container may forbid it).
+bool canReadProcess(int pid, uint64_t probeAddress) {
+  if (pid == getpid()) return true;
+  uint64_t word = 0;
+  iovec local{&word, sizeof(word)}, remote{reinterpret_cast<void*>(probeAddress), sizeof(word)};
+  return process_vm_readv(pid, &local, 1, &remote, 1, 0) == sizeof(word) && word == kProbeWord;
+}
+
 // What every rank must agree on; exchanged at init next to PeerInfo.
 struct RankSetup {
   PeerInfo info;
+  uint64_t probeAddress;
   int fifoDepth;
   uint64_t slotBytes;
   uint64_t llSlotBytes;
@@ -39,6 +52,22 @@ struct RankSetup {
 };
 
 int64_t clampParam(int64_t value, int64_t lo, int64_t hi) { return value < lo ? lo : value > hi ? hi : value; }
+
+// Each rank probes which same-host peers' memory it can read; the rows are exchanged so that every rank knows
+// which peers may be sent DirectDescriptors.
+loomResult_t exchangeDirectAccess(loomComm* comm, const std::vector<RankSetup>& setups, const Deadline& deadline) {
+  int n = comm->nranks;
+  std::vector<uint8_t> canRead(static_cast<size_t>(n) * n, 0);
+  bool enabled = params::direct() != 0;
+  for (int p = 0; p < n && enabled; ++p)
+    canRead[comm->rank * n + p] = setups[p].info.hostHash == setups[comm->rank].info.hostHash &&
+                                  canReadProcess(setups[p].info.pid, setups[p].probeAddress);
+  LOOM_CHECK(comm->bootstrap->allGather(canRead.data(), n, deadline.remainingMs()));
+  std::vector<bool> directTo(n);
+  for (int p = 0; p < n; ++p) directTo[p] = p != comm->rank && canRead[p * n + comm->rank];
+  comm->connections.setDirectPeers(std::move(directTo));
+  return loomSuccess;
+}
 
 }  // namespace
 
@@ -77,6 +106,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   mine.slotBytes = comm->fifoShape.slotBytes;
   mine.llSlotBytes = comm->fifoShape.llSlotBytes;
   mine.nChannels = comm->nChannels;
+  mine.probeAddress = reinterpret_cast<uint64_t>(&kProbeWord);
   LOOM_CHECK(comm->bootstrap->allGather(setups.data(), sizeof(RankSetup), deadline.remainingMs()));
   for (const RankSetup& setup : setups) {
     if (setup.fifoDepth != mine.fifoDepth || setup.slotBytes != mine.slotBytes ||
@@ -91,6 +121,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
     if (setup.info.hostHash == mine.info.hostHash && setup.info.rank != rank)
       comm->peerWatch.add(setup.info.rank, setup.info.pid);
   }
+  LOOM_CHECK(exchangeDirectAccess(comm, setups, deadline));
   LOOM_INFO(INIT, "comm %s rank %d of %d ready (%d channel(s), FIFO %d x %zu bytes)", comm->name.c_str(), rank,
             nranks, comm->nChannels, comm->fifoShape.depth, comm->fifoShape.slotBytes);
   return loomSuccess;

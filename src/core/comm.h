@@ -28,6 +28,9 @@ class Connections : public Links {
  public:
   FifoSender* sender(int peer, int channel) override;
   FifoReceiver* receiver(int peer, int channel) override;
+  bool directTo(int peer) override { return peer < static_cast<int>(directTo_.size()) && directTo_[peer]; }
+  // directTo[p]: whether peer p can read this process's memory (probed at init; LOOM_DIRECT=0 clears it).
+  void setDirectPeers(std::vector<bool> directTo) { directTo_ = std::move(directTo); }
   // Makes sure every connection `plan` uses exists: receivers are created first (that never waits), then
   // senders attach to their peers' receivers (that waits, with the comm's deadline and abort flag).
   loomResult_t connect(loomComm* comm, const RankPlan& plan);
@@ -44,6 +47,7 @@ class Connections : public Links {
   loomResult_t pickTransport(loomComm* comm, int peer, Transport** transport);
   std::map<std::pair<int, int>, Link<FifoSender>> senders_;
   std::map<std::pair<int, int>, Link<FifoReceiver>> receivers_;
+  std::vector<bool> directTo_;
 };
 
 // The key of a cached plan.
@@ -66,6 +70,7 @@ struct loomComm {
   loom::Connections connections;
   std::map<loom::PlanKey, loom::RankPlan> planCache;
   std::vector<std::byte> scratch;
+  uint64_t directMessages = 0;  // DirectDescriptors sent so far (statistics, tests)
 
   std::atomic<bool> abortFlag{false};
   std::atomic<int> asyncError{loomSuccess};

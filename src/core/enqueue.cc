@@ -1,12 +1,15 @@
 // submit() and runCalls(): planning (with a per-communicator cache), connecting and executing calls.
 #include "src/core/enqueue.h"
 
+#include <cstdint>
+
 #include <algorithm>
 
 #include "algorithms/builders.h"
 #include "src/core/check.h"
 #include "src/core/comm.h"
 #include "src/core/dtype.h"
+#include "src/core/mem.h"
 #include "src/core/params.h"
 #include "src/core/stream.h"
 
@@ -62,6 +65,36 @@ loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** p
   return loomSuccess;
 }
 
+// Bytes of input / output buffer `index` of a call.
+size_t bufferBytes(const Call& call, const RankPlan* plan, bool input, size_t index) {
+  size_t count = input ? plan->inputCount : plan->outputCount;
+  if (call.collective == Collective::kSendRecv) count = call.p2p[index].count;
+  return count * dtypeSize(call.datatype);
+}
+
+// A buffer is direct when it is registered and, for inputs, overlaps no output: a peer reads it later than
+// the step that posted it, so the call must not write it meanwhile.
+void markDirectBuffers(const Call& call, const RankPlan* plan, ExecTask* task) {
+  auto span = [&](bool input, size_t i) {
+    auto base = reinterpret_cast<uintptr_t>(input ? call.inputs[i] : call.outputs[i]);
+    return std::pair<uintptr_t, uintptr_t>{base, base + bufferBytes(call, plan, input, i)};
+  };
+  task->directOutputs.assign(call.outputs.size(), false);
+  for (size_t i = 0; i < call.outputs.size(); ++i)
+    task->directOutputs[i] = isRegistered(call.comm, call.outputs[i], bufferBytes(call, plan, false, i));
+  task->directInputs.assign(call.inputs.size(), false);
+  for (size_t i = 0; i < call.inputs.size(); ++i) {
+    if (!isRegistered(call.comm, call.inputs[i], bufferBytes(call, plan, true, i))) continue;
+    bool overlaps = false;
+    auto [inLo, inHi] = span(true, i);
+    for (size_t o = 0; o < call.outputs.size(); ++o) {
+      auto [outLo, outHi] = span(false, o);
+      overlaps |= call.outputs[o] != nullptr && inLo < outHi && outLo < inHi;
+    }
+    task->directInputs[i] = !overlaps;
+  }
+}
+
 ExecTask taskFor(const Call& call, const RankPlan* plan) {
   loomComm* comm = call.comm;
   ExecTask task;
@@ -78,6 +111,8 @@ ExecTask taskFor(const Call& call, const RankPlan* plan) {
   task.llSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kLL);
   task.links = &comm->connections;
   task.what = collectiveName(call.collective);
+  markDirectBuffers(call, plan, &task);
+  task.directMessages = &comm->directMessages;
   return task;
 }
 

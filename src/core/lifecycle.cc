@@ -129,8 +129,11 @@ loomResult_t loomCommFinalize(loomComm_t comm) {
 
 loomResult_t loomCommDestroy(loomComm_t comm) {
   if (comm == nullptr) return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommDestroy: comm is NULL");
+  ScopedLogRank logRank(comm->rank);
   if (comm->initThread.joinable()) comm->initThread.join();
   waitForIdle(comm);
+  LOOM_INFO(SHM, "rank %d: %llu direct (zero-copy) messages sent", comm->rank,
+            (unsigned long long)comm->directMessages);
   delete comm;
   return loomSuccess;
 }

@@ -11,6 +11,7 @@
 
 #include "src/core/check.h"
 #include "src/core/comm.h"
+#include "src/core/mem.h"
 
 namespace loom {
 namespace {
@@ -26,7 +27,26 @@ std::map<void*, Allocation>& allocations() {
   return table;
 }
 
+bool inside(const void* base, size_t size, const void* ptr, size_t bytes) {
+  auto b = reinterpret_cast<uintptr_t>(base), p = reinterpret_cast<uintptr_t>(ptr);
+  return p >= b && bytes <= size && p - b <= size - bytes;
+}
+
 }  // namespace
+
+// Called with comm->runMutex held (from planning a call).
+bool isRegistered(loomComm* comm, const void* ptr, size_t bytes) {
+  if (ptr == nullptr || bytes == 0) return false;
+  for (const auto& [base, size] : comm->registrations)
+    if (inside(base, size, ptr, bytes)) return true;
+  std::lock_guard<std::mutex> lock(gAllocMutex);
+  auto& table = allocations();
+  auto found = table.upper_bound(const_cast<void*>(ptr));
+  if (found == table.begin()) return false;
+  --found;
+  return inside(found->first, found->second.bytes, ptr, bytes);
+}
+
 }  // namespace loom
 
 using namespace loom;

@@ -1,8 +1,13 @@
 // Host executor (see host_executor.h): lanes as non-blocking state machines over FIFO slots.
 #include "src/exec/host_executor.h"
 
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 #include <memory>
+#include <set>
 
 #include "src/core/check.h"
 #include "src/core/dtype.h"
@@ -11,6 +16,28 @@
 
 namespace loom {
 namespace {
+
+// Reads a direct message's payload: a memcpy within this process, else process_vm_readv (CMA), which copies
+// straight from the peer's memory into ours.
+loomResult_t readDirect(const DirectDescriptor& from, void* to, const char* what, int peer) {
+  if (from.pid == getpid()) {
+    std::memcpy(to, reinterpret_cast<const void*>(from.address), from.bytes);
+    return loomSuccess;
+  }
+  size_t done = 0;
+  while (done < from.bytes) {
+    iovec local{static_cast<std::byte*>(to) + done, from.bytes - done};
+    iovec remote{reinterpret_cast<void*>(from.address + done), from.bytes - done};
+    ssize_t got = process_vm_readv(from.pid, &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      if (got < 0 && errno == EINTR) continue;
+      return LOOM_FAIL(loomRemoteError, SHM, "%s: cannot read %zu bytes from rank %d (pid %d): %m", what,
+                       static_cast<size_t>(from.bytes - done), peer, from.pid);
+    }
+    done += static_cast<size_t>(got);
+  }
+  return loomSuccess;
+}
 
 struct LaneRun {
   const Lane* lane;
@@ -34,9 +61,12 @@ class TaskRun {
     }
   }
 
+  // Done when every lane is, and every peer has read the direct messages this task sent it.
   bool done() const {
     for (const LaneRun& lane : lanes_)
       if (!lane.done()) return false;
+    for (const FifoSender* sender : directSenders_)
+      if (!sender->drained()) return false;
     return true;
   }
 
@@ -123,10 +153,11 @@ class TaskRun {
     FifoSender* out = nullptr;
     const void* incoming = nullptr;
     void* slot = nullptr;
+    bool incomingDirect = false;
     if (actionReceives(step.action)) {
       in = task_.links->receiver(step.recvPeer, channel);
       size_t arrived = 0;
-      incoming = in->poll(protocol, &arrived);
+      incoming = in->poll(protocol, &arrived, &incomingDirect);
       if (incoming == nullptr) return *ran = false, loomSuccess;
       if (arrived != bytes)
         return LOOM_FAIL(loomRemoteError, COLL,
@@ -139,19 +170,32 @@ class TaskRun {
       slot = out->reserve(protocol);
       if (slot == nullptr) return *ran = false, loomSuccess;
     }
+    if (incomingDirect) {
+      // Pull the payload now: straight into the destination when the step only stores it.
+      bool stores = step.action == Action::kRecv || step.action == Action::kRecvCopySend;
+      if (!stores) staging_.resize(bytes);
+      void* target = stores ? pointer(step.dst, lo) : staging_.data();
+      LOOM_CHECK(readDirect(*static_cast<const DirectDescriptor*>(incoming), target, task_.what, step.recvPeer));
+      incoming = target;
+    }
+    const Region* directSource = out ? directSourceOf(step, protocol) : nullptr;
     size_t n = hi - lo;
     switch (step.action) {
-      case Action::kSend: std::memcpy(slot, pointer(step.src, lo), bytes); break;
-      case Action::kRecv: std::memcpy(pointer(step.dst, lo), incoming, bytes); break;
+      case Action::kSend:
+        if (!directSource) std::memcpy(slot, pointer(step.src, lo), bytes);
+        break;
+      case Action::kRecv:
+        if (incoming != pointer(step.dst, lo)) std::memcpy(pointer(step.dst, lo), incoming, bytes);
+        break;
       case Action::kRecvReduce: reduce_(pointer(step.dst, lo), pointer(step.src, lo), incoming, n); break;
       case Action::kRecvReduceSend: reduce_(slot, pointer(step.src, lo), incoming, n); break;
       case Action::kRecvReduceCopySend:
         reduce_(pointer(step.dst, lo), pointer(step.src, lo), incoming, n);
-        std::memcpy(slot, pointer(step.dst, lo), bytes);
+        if (!directSource) std::memcpy(slot, pointer(step.dst, lo), bytes);
         break;
       case Action::kRecvCopySend:
-        std::memcpy(pointer(step.dst, lo), incoming, bytes);
-        std::memcpy(slot, incoming, bytes);
+        if (incoming != pointer(step.dst, lo)) std::memcpy(pointer(step.dst, lo), incoming, bytes);
+        if (!directSource) std::memcpy(slot, incoming, bytes);
         break;
       case Action::kCopy:
         // In-place layouts make some copies onto themselves.
@@ -159,15 +203,38 @@ class TaskRun {
         break;
       case Action::kReduce: reduce_(pointer(step.dst, lo), pointer(step.src, lo), pointer(step.src2, lo), n); break;
     }
-    if (out) out->post(protocol, bytes);
+    if (directSource) {
+      // The payload stays where it is; the peer reads it, and this task ends only when it has.
+      *static_cast<DirectDescriptor*>(slot) = {reinterpret_cast<uint64_t>(pointer(*directSource, lo)), bytes,
+                                               static_cast<int32_t>(getpid()), 0};
+      directSenders_.insert(out);
+      if (task_.directMessages) ++*task_.directMessages;
+    }
+    if (out) out->post(protocol, bytes, directSource != nullptr);
     if (in) in->release();
     return loomSuccess;
+  }
+
+  // The region a step sends, when it may go out as a DirectDescriptor: Simple protocol, a peer that can read
+  // our memory, and data that sits in a buffer the task marked direct (the input for send; the destination,
+  // written just before, for the forwarding steps).
+  const Region* directSourceOf(const Step& step, Protocol protocol) const {
+    if (protocol != Protocol::kSimple || !task_.links->directTo(step.sendPeer)) return nullptr;
+    auto marked = [](const std::vector<bool>& flags, uint32_t index) { return index < flags.size() && flags[index]; };
+    if (step.action == Action::kSend && step.src.buffer == Buffer::kInput && marked(task_.directInputs, step.src.bufferIndex))
+      return &step.src;
+    bool forwards = step.action == Action::kRecvCopySend || step.action == Action::kRecvReduceCopySend;
+    if (forwards && step.dst.buffer == Buffer::kOutput && marked(task_.directOutputs, step.dst.bufferIndex))
+      return &step.dst;
+    return nullptr;
   }
 
   ExecTask& task_;
   size_t elementBytes_;
   ReduceFn reduce_;
   std::vector<LaneRun> lanes_;
+  std::vector<std::byte> staging_;         // a direct payload on its way into a reduction
+  std::set<FifoSender*> directSenders_;  // connections that carried direct messages of this task
 };
 
 }  // namespace

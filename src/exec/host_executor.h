@@ -22,6 +22,8 @@ class Links {
   virtual ~Links() = default;
   virtual FifoSender* sender(int peer, int channel) = 0;
   virtual FifoReceiver* receiver(int peer, int channel) = 0;
+  // Whether `peer` can read this process's memory itself, so that messages to it may be DirectDescriptors.
+  virtual bool directTo(int peer) = 0;
 };
 
 struct ExecTask {
@@ -40,6 +42,11 @@ struct ExecTask {
   size_t llSliceBytes = 0;
   Links* links = nullptr;
   const char* what = "";  // e.g. "AllReduce", for error messages
+  // Buffers peers may read in place (registered, and not overlapping a buffer this call writes): a Simple send
+  // of such data goes out as a DirectDescriptor, and the call ends only when every peer has read it.
+  std::vector<bool> directInputs;
+  std::vector<bool> directOutputs;
+  uint64_t* directMessages = nullptr;  // counts the DirectDescriptors sent (for statistics and tests)
 };
 
 // Called when no lane can move; returns loomSuccess to keep waiting, or the error that ends the run (having

@@ -144,14 +144,44 @@ std::string check(const Case& c, int rank, const T* out, size_t count, std::vect
   return "";
 }
 
+// A buffer of `count` elements from the chosen kind of memory, released (and deregistered) on destruction.
 template <typename T>
-std::string runTyped(const Case& c, loomComm_t comm, int rank) {
+class Buffer {
+ public:
+  Buffer(size_t count, Memory memory, loomComm_t comm) : count_(std::max<size_t>(count, 1)), memory_(memory), comm_(comm) {
+    if (memory_ == Memory::kLoomAlloc) {
+      void* ptr = nullptr;
+      if (loomMemAlloc(&ptr, count_ * sizeof(T)) == loomSuccess) data_ = static_cast<T*>(ptr);
+    } else {
+      plain_.resize(count_);
+      data_ = plain_.data();
+      if (memory_ == Memory::kRegistered) loomCommRegister(comm_, data_, count_ * sizeof(T), &handle_);
+    }
+  }
+  ~Buffer() {
+    if (memory_ == Memory::kLoomAlloc && data_) loomMemFree(data_);
+    if (handle_) loomCommDeregister(comm_, handle_);
+  }
+  T* data() { return data_; }
+
+ private:
+  size_t count_;
+  Memory memory_;
+  loomComm_t comm_;
+  std::vector<T> plain_;
+  T* data_ = nullptr;
+  void* handle_ = nullptr;
+};
+
+template <typename T>
+std::string runTyped(const Case& c, loomComm_t comm, int rank, Memory memoryKind) {
   const size_t n = c.nranks, k = c.count;
   Layout l = layoutOf(c, rank);
   bool rootOnly = c.coll == Coll::Broadcast || c.coll == Coll::Reduce || c.coll == Coll::Gather || c.coll == Coll::Scatter;
   bool inPlace = c.inPlace && hasInPlace(c.coll) && (!rootOnly || rank == c.root);
   // One allocation: both buffers apart (with a gap), or the bigger one holding the other when in place.
-  std::vector<T> memory(inPlace ? std::max(l.sendCount, l.recvCount) : l.sendCount + l.recvCount + 1);
+  Buffer<T> memory(inPlace ? std::max(l.sendCount, l.recvCount) : l.sendCount + l.recvCount + 1, memoryKind, comm);
+  if (memory.data() == nullptr) return describe(c) + ": cannot allocate the buffers";
   T* send = memory.data();
   T* recv = memory.data() + l.sendCount + 1;
   if (inPlace) {
@@ -275,9 +305,9 @@ std::vector<Case> matrix(int nranks, const std::vector<size_t>& counts) {
   return cases;
 }
 
-std::string runCase(const Case& c, loomComm_t comm, int rank) {
+std::string runCase(const Case& c, loomComm_t comm, int rank, Memory memory) {
   std::string error = "unknown datatype";
-  withType(c.type, [&](auto value) { error = runTyped<decltype(value)>(c, comm, rank); });
+  withType(c.type, [&](auto value) { error = runTyped<decltype(value)>(c, comm, rank, memory); });
   return error;
 }
 

@@ -32,8 +32,12 @@ std::string describe(const Case& c);
 // reduces, in place and out of place where the collective has an in-place form. Roots rotate with the count.
 std::vector<Case> matrix(int nranks, const std::vector<size_t>& counts);
 
+// Where a case's buffers live: ordinary memory, loomMemAlloc, or ordinary memory registered with
+// loomCommRegister. The last two let peers read the buffers in place (zero-copy).
+enum class Memory { kPlain, kLoomAlloc, kRegistered };
+
 // Runs one case as `rank` on `comm` (every rank must run the same case) and checks the result. Returns "" on
 // success, else what went wrong, naming the case, the rank and the first wrong element.
-std::string runCase(const Case& c, loomComm_t comm, int rank);
+std::string runCase(const Case& c, loomComm_t comm, int rank, Memory memory = Memory::kPlain);
 
 }  // namespace loomtest

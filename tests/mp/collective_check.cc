@@ -1,7 +1,8 @@
 // Runs the collective test matrix as one rank of a job started by loomrun (or any launcher that
 // loomCommInitFromEnv understands), and exits 0 only if every case passed on this rank and its peers.
-//   collective_check [small counts, comma separated] [big count]
-// Every type and op at the small counts; float and int32 (sum, avg, max) at the big count.
+//   collective_check [small counts, comma separated] [big count] [plain|alloc|registered]
+// Every type and op at the small counts; float and int32 (sum, avg, max) at the big count. The last argument
+// puts the buffers in loomMemAlloc memory or registers them, so peers read them in place.
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -20,6 +21,10 @@ int main(int argc, char** argv) {
     for (std::string item; std::getline(list, item, ',');) small.push_back(std::stoul(item));
   }
   if (argc > 2) big = std::stoul(argv[2]);
+  loomtest::Memory memory = loomtest::Memory::kPlain;
+  if (argc > 3) memory = std::string(argv[3]) == "alloc"        ? loomtest::Memory::kLoomAlloc
+                         : std::string(argv[3]) == "registered" ? loomtest::Memory::kRegistered
+                                                                : loomtest::Memory::kPlain;
 
   loomComm_t comm = nullptr;
   if (loomCommInitFromEnv(&comm) != loomSuccess) {
@@ -37,7 +42,7 @@ int main(int argc, char** argv) {
   }
   int failures = 0;
   for (const loomtest::Case& c : cases) {
-    std::string error = loomtest::runCase(c, comm, rank);
+    std::string error = loomtest::runCase(c, comm, rank, memory);
     int mine = error.empty() ? 0 : 1, any = 0;
     if (!error.empty()) std::fprintf(stderr, "rank %d: FAILED %s\n", rank, error.c_str());
     if (loomAllReduce(&mine, &any, 1, loomInt32, loomMax, comm, nullptr) != loomSuccess || any) {

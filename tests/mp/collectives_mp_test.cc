@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <set>
 #include <string>
 
@@ -20,19 +21,51 @@ std::set<std::string> loomSegments() {
   return names;
 }
 
-class CollectivesMp : public testing::TestWithParam<int> {};
-
-TEST_P(CollectivesMp, MatrixUnderLoomrun) {
+// Runs collective_check with `args` on `nranks` processes; expects success and no segment left behind.
+// Returns what the job printed.
+std::string runCheck(int nranks, const std::string& args) {
   const char* loomrun = std::getenv("LOOMRUN");
   const char* check = std::getenv("MP_CHECK");
-  ASSERT_TRUE(loomrun && check) << "LOOMRUN and MP_CHECK must name the built programs";
+  if (!loomrun || !check) {
+    ADD_FAILURE() << "LOOMRUN and MP_CHECK must name the built programs";
+    return "";
+  }
   std::set<std::string> before = loomSegments();
-  std::string command = std::string(loomrun) + " -n " + std::to_string(GetParam()) + " --timeout 900 " + check;
-  int status = std::system(command.c_str());
-  ASSERT_TRUE(WIFEXITED(status)) << command;
-  EXPECT_EQ(WEXITSTATUS(status), 0) << command;
+  std::string command = std::string(loomrun) + " -n " + std::to_string(nranks) + " --timeout 900 " + check + " " + args;
+  std::string output;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) {
+    ADD_FAILURE() << "cannot run " << command;
+    return output;
+  }
+  char buffer[4096];
+  for (size_t got; (got = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, got);
+  int status = pclose(pipe);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << output;
   std::set<std::string> after = loomSegments();
   for (const std::string& name : after) EXPECT_TRUE(before.count(name)) << "left behind: /dev/shm/" << name;
+  return output;
+}
+
+// The number in the "N direct (zero-copy) messages sent" line that rank 0 logs at INFO when it is destroyed.
+long directMessages(const std::string& output) {
+  size_t at = output.find("INFO SHM rank 0: ");
+  if (at == std::string::npos) return -1;
+  return std::atol(output.c_str() + at + std::strlen("INFO SHM rank 0: "));
+}
+
+class CollectivesMp : public testing::TestWithParam<int> {};
+
+TEST_P(CollectivesMp, MatrixUnderLoomrun) { runCheck(GetParam(), ""); }
+
+// Buffers from loomMemAlloc and registered buffers: peers in other processes read them with CMA.
+TEST(CollectivesMpZeroCopy, LoomMemAllocAndRegistered) {
+  setenv("LOOM_DEBUG", "INFO", 1);
+  setenv("LOOM_DEBUG_SUBSYS", "SHM", 1);
+  EXPECT_GT(directMessages(runCheck(4, "7,70000 1000003 alloc")), 0);
+  EXPECT_GT(directMessages(runCheck(3, "7,70000 1000003 registered")), 0);
+  EXPECT_EQ(directMessages(runCheck(2, "70000 0 plain")), 0) << "plain memory is never read in place";
+  setenv("LOOM_DEBUG", "WARN", 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesMp, testing::Values(2, 4, 8),

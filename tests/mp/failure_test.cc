@@ -5,7 +5,9 @@
 // environment is per process.
 // Children run a function and leave with _exit, never returning into gtest; they die with the test process
 // (PR_SET_PDEATHSIG) and after kChildAlarmSeconds in any case. The parent bounds every wait with a deadline and
-// reaps every child on every path (Children's destructor kills and reaps whatever is left).
+// reaps every child on every path (Children's destructor kills and reaps whatever is left). Children are forked
+// before the parent calls loomGetUniqueId and get the id over a pipe: forking after it would copy a process
+// whose bootstrap root thread may hold a lock (seen as a hang under ASan, whose allocator lock a child inherited).
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -43,6 +45,12 @@ double secondsBetween(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
+// A child's two pipes: its words to the parent ("R" once it is ready, then any message), and the parent's to it.
+struct ChildPipes {
+  int toParent;
+  int fromParent;
+};
+
 // A child's words to the parent, over its pipe: "R" once it is ready, then any message.
 void tell(int toParent, const std::string& text) {
   size_t done = 0;
@@ -71,6 +79,7 @@ class Children {
   struct Child {
     pid_t pid = -1;
     int fromChild = -1;  // read end of the child's pipe
+    int toChild = -1;    // write end of the parent's pipe to the child
     bool reaped = false;
     int status = 0;
     Clock::time_point endedAt;
@@ -82,44 +91,61 @@ class Children {
   Children& operator=(const Children&) = delete;
   ~Children() {
     killAll();
-    for (Child& child : children_)
+    for (Child& child : children_) {
       if (child.fromChild >= 0) close(child.fromChild);
+      if (child.toChild >= 0) close(child.toChild);
+    }
   }
 
-  // Forks a child that runs body(write end of its pipe) and leaves with _exit(the value body returns).
-  bool spawn(const std::function<int(int toParent)>& body) {
-    int fds[2];
+  // Forks a child that runs body(its pipes) and leaves with _exit(the value body returns).
+  bool spawn(const std::function<int(const ChildPipes&)>& body) {
+    int fds[2], down[2];
     if (pipe2(fds, O_CLOEXEC) != 0) return false;
+    if (pipe2(down, O_CLOEXEC) != 0) {
+      close(fds[0]);
+      close(fds[1]);
+      return false;
+    }
     std::fflush(stdout);
     std::fflush(stderr);
     const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid < 0) {
-      close(fds[0]);
-      close(fds[1]);
+      for (int fd : {fds[0], fds[1], down[0], down[1]}) close(fd);
       return false;
     }
     if (pid == 0) {
       close(fds[0]);
+      close(down[1]);
+      for (const Child& earlier : children_) close(earlier.toChild);  // an earlier child sees EOF when we die
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(kChildCheckFailed);
       alarm(kChildAlarmSeconds);
       int code = kChildCheckFailed;
       try {
-        code = body(fds[1]);
+        code = body(ChildPipes{fds[1], down[0]});
       } catch (...) {
       }
       _exit(code);
     }
     close(fds[1]);
+    close(down[0]);
     Child child;
     child.pid = pid;
     child.fromChild = fds[0];
+    child.toChild = down[1];
     children_.push_back(child);
     return true;
   }
 
   size_t size() const { return children_.size(); }
+
+  // Writes `bytes` to every child's pipe (they are far below a pipe's capacity, so this does not block).
+  bool sendToAll(const void* data, size_t bytes) {
+    for (const Child& child : children_)
+      if (write(child.toChild, data, bytes) != static_cast<ssize_t>(bytes)) return false;
+    return true;
+  }
   const Child& operator[](size_t i) const { return children_[i]; }
 
   // Reads each child's first byte, which must be 'R', within `seconds`. False when one said something else,
@@ -129,7 +155,8 @@ class Children {
     for (Child& child : children_) {
       char mark = 0;
       for (;;) {
-        int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+        int left =
+            static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
         if (left <= 0) return false;
         pollfd fd{child.fromChild, POLLIN, 0};
         int ready = poll(&fd, 1, left);
@@ -185,8 +212,8 @@ class Children {
     std::string text;
     for (size_t i = 0; i < children_.size(); ++i) {
       const Child& child = children_[i];
-      text += "\n  child " + std::to_string(i) + " (pid " + std::to_string(child.pid) + "): " +
-              (child.reaped ? describeStatus(child.status) : std::string("not reaped"));
+      text += "\n  child " + std::to_string(i) + " (pid " + std::to_string(child.pid) +
+              "): " + (child.reaped ? describeStatus(child.status) : std::string("not reaped"));
       if (!child.said.empty()) text += ": \"" + child.said + "\"";
     }
     return text;
@@ -258,10 +285,30 @@ std::string joined(const std::vector<std::string>& names) {
   return text;
 }
 
+// A child's copy of the unique id the parent sends once every child is forked.
+bool receiveId(int fromParent, loomUniqueId* id) {
+  size_t done = 0;
+  auto* bytes = reinterpret_cast<char*>(id);
+  while (done < sizeof(*id)) {
+    pollfd fd{fromParent, POLLIN, 0};
+    if (poll(&fd, 1, static_cast<int>(kHardBoundSeconds * 1000)) <= 0) return false;
+    ssize_t n = read(fromParent, bytes + done, sizeof(*id) - done);
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
 // A rank of a failure test: joins `id` with a 10 s deadline and calls AllReduce on 4M floats (16 MB, 16 FIFOs'
 // worth) until one fails; says "R" after the first, whose result it checks. Returns the failing call's result.
-int allReduceUntilError(int toParent, const loomUniqueId& id, int rank, int nranks, const std::string& shmDir) {
+int allReduceUntilError(const ChildPipes& pipes, int rank, int nranks, const std::string& shmDir) {
+  const int toParent = pipes.toParent;
   setenv("LOOM_SHM_DIR", shmDir.c_str(), 1);
+  loomUniqueId id;
+  if (!receiveId(pipes.fromParent, &id)) {
+    tell(toParent, "no unique id from the parent");
+    return kChildCheckFailed;
+  }
   loomConfig_t config = LOOM_CONFIG_INITIALIZER;
   config.timeoutMs = kTimeoutMs;
   loomComm_t comm = nullptr;
@@ -298,21 +345,24 @@ TEST(FailureTest, SigkillInTheMiddleOfAllReduce) {
   const int nranks = 4, victim = 2;
   ShmDir shm;
   ASSERT_FALSE(shm.path().empty()) << "mkdtemp in /dev/shm: " << strerror(errno);
-  loomUniqueId id;
-  ASSERT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);  // starts the root in this process
   {
     Children children;
     for (int rank = 0; rank < nranks; ++rank)
-      ASSERT_TRUE(children.spawn([&, rank](int out) { return allReduceUntilError(out, id, rank, nranks, shm.path()); }))
-          << "fork: " << strerror(errno);
-    ASSERT_TRUE(children.waitReady(kHardBoundSeconds)) << "ranks did not all finish a first AllReduce:"
-                                                       << (children.waitAll(5), children.report());
+      ASSERT_TRUE(children.spawn([&, rank](const ChildPipes& pipes) {
+        return allReduceUntilError(pipes, rank, nranks, shm.path());
+      })) << "fork: "
+          << strerror(errno);
+    loomUniqueId id;
+    ASSERT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);  // starts the root in this process
+    ASSERT_TRUE(children.sendToAll(&id, sizeof(id)));
+    ASSERT_TRUE(children.waitReady(kHardBoundSeconds))
+        << "ranks did not all finish a first AllReduce:" << (children.waitAll(5), children.report());
     std::this_thread::sleep_for(std::chrono::seconds(1));
     const Clock::time_point killedAt = Clock::now();
     children.signal(victim, SIGKILL);
     ASSERT_TRUE(children.waitAll(kHardBoundSeconds))
-        << "survivors still running " << kHardBoundSeconds << " s after rank " << victim << " was killed:"
-        << children.report();
+        << "survivors still running " << kHardBoundSeconds << " s after rank " << victim
+        << " was killed:" << children.report();
     const std::string report = children.report();
     EXPECT_TRUE(WIFSIGNALED(children[victim].status) && WTERMSIG(children[victim].status) == SIGKILL) << report;
     for (int rank = 0; rank < nranks; ++rank) {
@@ -341,14 +391,14 @@ void exitRightAfterInit(bool strict) {
   const int nranks = 4, leaver = 3;
   ShmDir shm;
   ASSERT_FALSE(shm.path().empty()) << "mkdtemp in /dev/shm: " << strerror(errno);
-  loomUniqueId id;
-  ASSERT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);
   {
     Children children;
     for (int rank = 0; rank < nranks; ++rank) {
-      ASSERT_TRUE(children.spawn([&, rank](int out) {
-        if (rank != leaver) return allReduceUntilError(out, id, rank, nranks, shm.path());
+      ASSERT_TRUE(children.spawn([&, rank](const ChildPipes& pipes) {
+        if (rank != leaver) return allReduceUntilError(pipes, rank, nranks, shm.path());
         setenv("LOOM_SHM_DIR", shm.path().c_str(), 1);
+        loomUniqueId id;
+        if (!receiveId(pipes.fromParent, &id)) return kChildCheckFailed;
         loomConfig_t config = LOOM_CONFIG_INITIALIZER;
         config.timeoutMs = kTimeoutMs;
         loomComm_t comm = nullptr;
@@ -356,8 +406,12 @@ void exitRightAfterInit(bool strict) {
         if (result != loomSuccess) return kInitFailed + result;
         std::this_thread::sleep_for(std::chrono::milliseconds(300));
         _exit(0);
-      })) << "fork: " << strerror(errno);
+      })) << "fork: "
+          << strerror(errno);
     }
+    loomUniqueId id;
+    ASSERT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);
+    ASSERT_TRUE(children.sendToAll(&id, sizeof(id)));
     const Clock::time_point start = Clock::now();
     ASSERT_TRUE(children.waitAll(kHardBoundSeconds))
         << "ranks still running " << kHardBoundSeconds << " s after start:" << children.report();
@@ -425,7 +479,8 @@ void clearLauncherEnv() {
 
 // A child of the init-from-env tests: joins the world its environment describes, checks its size and rank, and
 // checks an AllReduce. 0 when all is well.
-int joinFromEnvAndAllReduce(int toParent, int rank, int nranks) {
+int joinFromEnvAndAllReduce(const ChildPipes& pipes, int rank, int nranks) {
+  const int toParent = pipes.toParent;
   loomComm_t comm = nullptr;
   loomResult_t result = loomCommInitFromEnv(&comm);
   if (result != loomSuccess) {
@@ -459,11 +514,12 @@ void runWorldFromEnv(const char* launcher, int nranks, const std::function<void(
   {
     Children children;
     for (int rank = 0; rank < nranks; ++rank) {
-      ASSERT_TRUE(children.spawn([&, rank](int out) {
+      ASSERT_TRUE(children.spawn([&, rank](const ChildPipes& pipes) {
         clearLauncherEnv();
         setEnv(rank);
-        return joinFromEnvAndAllReduce(out, rank, nranks);
-      })) << "fork: " << strerror(errno);
+        return joinFromEnvAndAllReduce(pipes, rank, nranks);
+      })) << "fork: "
+          << strerror(errno);
     }
     ASSERT_TRUE(children.waitAll(kHardBoundSeconds)) << launcher << " world did not finish:" << children.report();
     for (int rank = 0; rank < nranks; ++rank)
@@ -508,15 +564,19 @@ TEST(InitFromEnvTest, BadEnvironmentsAreRefused) {
   };
   const std::vector<Case> cases = {
       {"no launcher", {}, loomInvalidUsage, "no launcher"},
-      {"LOOM_RANK 3 of 2", {{"LOOM_RANK", "3"}, {"LOOM_NRANKS", "2"}, {"LOOM_ROOT_ADDR", "127.0.0.1:1"}},
-       loomInvalidUsage, "rank 3 of 2"},
+      {"LOOM_RANK 3 of 2",
+       {{"LOOM_RANK", "3"}, {"LOOM_NRANKS", "2"}, {"LOOM_ROOT_ADDR", "127.0.0.1:1"}},
+       loomInvalidUsage,
+       "rank 3 of 2"},
       {"LOOM_SECRET of 6 characters",
        {{"LOOM_RANK", "1"}, {"LOOM_NRANKS", "2"}, {"LOOM_ROOT_ADDR", "127.0.0.1:1"}, {"LOOM_SECRET", "abcdef"}},
-       loomInvalidArgument, "LOOM_SECRET"},
+       loomInvalidArgument,
+       "LOOM_SECRET"},
   };
   for (const Case& c : cases) {
     Children children;
-    ASSERT_TRUE(children.spawn([&](int out) {
+    ASSERT_TRUE(children.spawn([&](const ChildPipes& pipes) {
+      const int out = pipes.toParent;
       clearLauncherEnv();
       for (const auto& [name, value] : c.env) setenv(name, value, 1);
       loomComm_t comm = nullptr;
@@ -529,8 +589,8 @@ TEST(InitFromEnvTest, BadEnvironmentsAreRefused) {
     }));
     ASSERT_TRUE(children.waitAll(kHardBoundSeconds)) << c.name << ":" << children.report();
     EXPECT_TRUE(WIFEXITED(children[0].status) && WEXITSTATUS(children[0].status) == c.expected)
-        << c.name << ": expected " << loomGetErrorString(c.expected) << " mentioning \"" << c.mentions << "\":"
-        << children.report();
+        << c.name << ": expected " << loomGetErrorString(c.expected) << " mentioning \"" << c.mentions
+        << "\":" << children.report();
   }
   EXPECT_EQ(loomCommInitFromEnv(nullptr), loomInvalidArgument);
   expectNoChildrenLeft("BadEnvironmentsAreRefused");

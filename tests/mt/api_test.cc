@@ -48,9 +48,19 @@ long firstDifferent(const std::vector<T>& values, T expected) {
   return found == values.end() ? -1 : static_cast<long>(found - values.begin());
 }
 
-// A valid AllReduce every rank makes after a rejected call: it must run and give the right sum, which shows the
-// rejected call left nothing behind (queued work, half-sent messages, a pending error).
+// A valid AllReduce and a grouped ring exchange of Send/Recv every rank makes after a rejected call: both must
+// run and give the right data, which shows the rejected call left nothing behind (queued work, half-sent
+// messages on the collective or the point-to-point connections, a pending error).
 void expectCommUsable(loomComm_t comm, int rank, int nranks, const std::string& after) {
+  const int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+  std::vector<int32_t> out(300, rank), in(300, -1);
+  ASSERT_EQ(loomGroupStart(), loomSuccess);
+  EXPECT_EQ(loomSend(out.data(), out.size(), loomInt32, next, comm, nullptr), loomSuccess) << after;
+  EXPECT_EQ(loomRecv(in.data(), in.size(), loomInt32, prev, comm, nullptr), loomSuccess) << after;
+  ASSERT_EQ(loomGroupEnd(), loomSuccess) << "ring Send/Recv after " << after << ", rank " << rank << " of " << nranks
+                                         << ": " << loomGetLastError(comm);
+  EXPECT_EQ(firstDifferent(in, prev), -1) << "ring Send/Recv after " << after << ", rank " << rank;
+
   constexpr size_t kCount = 1000;
   std::vector<float> send(kCount), recv(kCount, kSentinel);
   for (size_t i = 0; i < kCount; ++i) send[i] = static_cast<float>((rank + 1) * (i % 7 + 1));
@@ -98,7 +108,10 @@ struct BadCall {
   using CallFn = std::function<loomResult_t(loomComm_t comm, int rank, int nranks, float* send, float* recv)>;
   using WhoFn = std::function<bool(int rank, int nranks)>;
   BadCall(std::string name, loomResult_t expected, std::vector<std::string> mentions, CallFn call, WhoFn who = {})
-      : name(std::move(name)), expected(expected), mentions(std::move(mentions)), call(std::move(call)),
+      : name(std::move(name)),
+        expected(expected),
+        mentions(std::move(mentions)),
+        call(std::move(call)),
         who(std::move(who)) {}
   std::string name;
   loomResult_t expected;
@@ -130,6 +143,7 @@ std::vector<BadCall> badCalls() {
     for (int p = 0; p < nranks; ++p) d[p] = p * kN;
     return d;
   };
+  // clang-format off
   return {
       // NULL communicator.
       {"AllReduce NULL comm", kArg, {"AllReduce", "comm is NULL"},
@@ -347,6 +361,7 @@ std::vector<BadCall> badCalls() {
       {"Recv from self outside a group", loomInvalidUsage, {"Recv", "self", "group"},
        [=](C c, int rank, int, float*, float* r) { return loomRecv(r, n, f32, rank, c, nullptr); }},
   };
+  // clang-format on
 }
 
 // Each bad call on the ranks where it is wrong: the expected code, a message on the thread and on the
@@ -362,16 +377,16 @@ TEST_P(ApiTest, BadArgumentsAreRejectedAndChangeNothing) {
         float* send = arena.data();
         float* recv = arena.data() + 4 * nranks * kN;
         for (const BadCall& bad : cases) {
-          std::string where = bad.name + " (" + GetParam() + ", rank " + std::to_string(rank) + " of " +
-                              std::to_string(nranks) + ")";
+          std::string where =
+              bad.name + " (" + GetParam() + ", rank " + std::to_string(rank) + " of " + std::to_string(nranks) + ")";
           std::fill(arena.begin(), arena.end(), kSentinel);
           if (!bad.who || bad.who(rank, nranks)) {
             loomResult_t result = bad.call(comm, rank, nranks, send, recv);
             EXPECT_EQ(result, bad.expected) << where << ": " << loomGetLastError(comm);
             std::string threadMessage = loomGetLastError(nullptr);
             for (const std::string& part : bad.mentions)
-              EXPECT_TRUE(contains(threadMessage, part)) << where << ": message \"" << threadMessage
-                                                         << "\" does not mention \"" << part << "\"";
+              EXPECT_TRUE(contains(threadMessage, part))
+                  << where << ": message \"" << threadMessage << "\" does not mention \"" << part << "\"";
             if (!contains(bad.name, "NULL comm")) {
               EXPECT_EQ(std::string(loomGetLastError(comm)), threadMessage) << where << ": comm's last error";
             }
@@ -400,8 +415,8 @@ TEST_P(ApiTest, ZeroCountCallsSucceedAndTouchNothing) {
         for (bool nullBuffers : {true, false}) {
           float* s = nullBuffers ? nullptr : send.data();
           float* r = nullBuffers ? nullptr : recv.data();
-          std::string where = std::string(nullBuffers ? "NULL" : "real") + " buffers, " + GetParam() + ", rank " +
-                              std::to_string(rank);
+          std::string where =
+              std::string(nullBuffers ? "NULL" : "real") + " buffers, " + GetParam() + ", rank " + std::to_string(rank);
           const int root = nranks - 1;
           EXPECT_EQ(loomAllReduce(s, r, 0, loomFloat32, loomSum, comm, nullptr), loomSuccess) << "AllReduce " << where;
           EXPECT_EQ(loomBroadcast(s, r, 0, loomFloat32, root, comm, nullptr), loomSuccess) << "Broadcast " << where;
@@ -410,9 +425,9 @@ TEST_P(ApiTest, ZeroCountCallsSucceedAndTouchNothing) {
           EXPECT_EQ(loomReduceScatter(s, r, 0, loomFloat32, loomSum, comm, nullptr), loomSuccess)
               << "ReduceScatter " << where;
           EXPECT_EQ(loomAllToAll(s, r, 0, loomFloat32, comm, nullptr), loomSuccess) << "AllToAll " << where;
-          EXPECT_EQ(loomAllToAllv(s, zeros.data(), zeros.data(), r, zeros.data(), zeros.data(), loomFloat32, comm,
-                                  nullptr),
-                    loomSuccess)
+          EXPECT_EQ(
+              loomAllToAllv(s, zeros.data(), zeros.data(), r, zeros.data(), zeros.data(), loomFloat32, comm, nullptr),
+              loomSuccess)
               << "AllToAllv " << where;
           EXPECT_EQ(loomGather(s, r, 0, loomFloat32, root, comm, nullptr), loomSuccess) << "Gather " << where;
           EXPECT_EQ(loomScatter(s, r, 0, loomFloat32, root, comm, nullptr), loomSuccess) << "Scatter " << where;
@@ -421,8 +436,8 @@ TEST_P(ApiTest, ZeroCountCallsSucceedAndTouchNothing) {
           EXPECT_EQ(loomSend(s, 0, loomFloat32, (rank + 1) % nranks, comm, nullptr), loomSuccess) << "Send " << where;
           EXPECT_EQ(loomRecv(r, 0, loomFloat32, (rank + nranks - 1) % nranks, comm, nullptr), loomSuccess)
               << "Recv " << where;
-          EXPECT_EQ(loomGroupEnd(), loomSuccess) << "grouped Send/Recv of 0 " << where << ": "
-                                                 << loomGetLastError(comm);
+          EXPECT_EQ(loomGroupEnd(), loomSuccess)
+              << "grouped Send/Recv of 0 " << where << ": " << loomGetLastError(comm);
           // Unmatched ones too: a count-0 Send waits for no receiver.
           EXPECT_EQ(loomSend(s, 0, loomFloat32, (rank + 1) % nranks, comm, nullptr), loomSuccess) << "Send " << where;
           EXPECT_EQ(loomRecv(r, 0, loomFloat32, (rank + 1) % nranks, comm, nullptr), loomSuccess) << "Recv " << where;
@@ -434,8 +449,8 @@ TEST_P(ApiTest, ZeroCountCallsSucceedAndTouchNothing) {
         ASSERT_EQ(loomGroupStart(), loomSuccess);
         EXPECT_EQ(loomSend(&out, 1, loomInt32, (rank + 1) % nranks, comm, nullptr), loomSuccess);
         EXPECT_EQ(loomRecv(&in, 1, loomInt32, (rank + nranks - 1) % nranks, comm, nullptr), loomSuccess);
-        ASSERT_EQ(loomGroupEnd(), loomSuccess) << "exchange after count-0 Send/Recv, rank " << rank << ": "
-                                               << loomGetLastError(comm);
+        ASSERT_EQ(loomGroupEnd(), loomSuccess)
+            << "exchange after count-0 Send/Recv, rank " << rank << ": " << loomGetLastError(comm);
         EXPECT_EQ(in, 100 + (rank + nranks - 1) % nranks) << "exchange after count-0 Send/Recv, rank " << rank;
         expectCommUsable(comm, rank, nranks, "count-0 calls");
       },
@@ -482,9 +497,9 @@ TEST_P(ApiTest, InPlaceAndRootOnlyLayoutsAreAccepted) {
         EXPECT_EQ(buffer[n - 1], value(root, n - 1)) << "Broadcast" << where;
 
         for (size_t i = 0; i < n; ++i) buffer[i] = value(rank, i);
-        ASSERT_EQ(loomReduce(buffer.data(), isRoot ? buffer.data() : nullptr, n, loomInt32, loomMax, root, comm,
-                             nullptr),
-                  loomSuccess)
+        ASSERT_EQ(
+            loomReduce(buffer.data(), isRoot ? buffer.data() : nullptr, n, loomInt32, loomMax, root, comm, nullptr),
+            loomSuccess)
             << "Reduce (NULL recvbuff off the root)" << where << ": " << loomGetLastError(comm);
         if (isRoot) {
           EXPECT_EQ(buffer[3], value(nranks - 1, 3)) << "Reduce" << where;
@@ -658,14 +673,17 @@ TEST_P(ApiTest, StreamQueuesCallsAndSynchronizeShowsResults) {
         // rank 1 here until its deadline.
         if (rank == 1) {
           auto start = Clock::now();
-          while (!rank0Queued.load() && secondsSince(start) < 15) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          while (!rank0Queued.load() && secondsSince(start) < 15)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
           EXPECT_TRUE(rank0Queued.load()) << "rank 0's queued AllReduce calls did not return before rank 1 joined";
         }
-        std::vector<std::vector<float>> send(kCalls, std::vector<float>(kCount)), recv(kCalls, std::vector<float>(kCount, kSentinel));
+        std::vector<std::vector<float>> send(kCalls, std::vector<float>(kCount)),
+            recv(kCalls, std::vector<float>(kCount, kSentinel));
         for (int c = 0; c < kCalls; ++c)
           for (size_t i = 0; i < kCount; ++i) send[c][i] = static_cast<float>((rank + 1) * (c + 1) + i % 5);
         for (int c = 0; c < kCalls; ++c)
-          ASSERT_EQ(loomAllReduce(send[c].data(), recv[c].data(), kCount, loomFloat32, loomSum, comm, stream), loomSuccess)
+          ASSERT_EQ(loomAllReduce(send[c].data(), recv[c].data(), kCount, loomFloat32, loomSum, comm, stream),
+                    loomSuccess)
               << "queued AllReduce " << c << ", rank " << rank;
         if (rank == 0) rank0Queued = true;
         ASSERT_EQ(loomStreamSynchronize(stream), loomSuccess) << "rank " << rank << ": " << loomGetLastError(comm);
@@ -761,8 +779,7 @@ TEST_P(ApiTest, AllReduceWithoutItsPeerTimesOut) {
   ASSERT_TRUE(comms[0] && comms[1]);
   std::vector<float> data(1000, 1.0f);
   auto start = Clock::now();
-  EXPECT_EQ(loomAllReduce(data.data(), data.data(), data.size(), loomFloat32, loomSum, comms[0], nullptr),
-            loomTimeout)
+  EXPECT_EQ(loomAllReduce(data.data(), data.data(), data.size(), loomFloat32, loomSum, comms[0], nullptr), loomTimeout)
       << GetParam();
   EXPECT_LT(secondsSince(start), 10.0) << "AllReduce with timeoutMs 300 on " << GetParam();
   std::string message = loomGetLastError(comms[0]);
@@ -784,8 +801,7 @@ TEST_P(ApiTest, DISABLED_TimeoutWhileConnectingNamesTheOperation) {
   std::vector<loomComm_t> comms = initComms({configWithTimeout(300), configWithTimeout(kTestTimeoutMs)});
   ASSERT_TRUE(comms[0] && comms[1]);
   std::vector<float> data(1000, 1.0f);
-  EXPECT_EQ(loomAllReduce(data.data(), data.data(), data.size(), loomFloat32, loomSum, comms[0], nullptr),
-            loomTimeout);
+  EXPECT_EQ(loomAllReduce(data.data(), data.data(), data.size(), loomFloat32, loomSum, comms[0], nullptr), loomTimeout);
   EXPECT_TRUE(contains(loomGetLastError(comms[0]), "AllReduce")) << loomGetLastError(comms[0]);
   EXPECT_EQ(loomCommDestroy(comms[0]), loomSuccess);
   EXPECT_EQ(loomCommDestroy(comms[1]), loomSuccess);

@@ -5,6 +5,7 @@
 
 #include <atomic>
 
+#include "src/core/comm.h"
 #include "tests/common/matrix.h"
 #include "tests/mt/thread_ranks.h"
 
@@ -12,13 +13,18 @@ namespace {
 
 using loomtest::Case;
 
-// Runs all `cases` on one communicator of `nranks` threads; fails on the first wrong case.
-void runMatrix(int nranks, const std::vector<size_t>& counts) {
+// Runs all `cases` on one communicator of `nranks` threads; fails on the first wrong case. Returns how many
+// direct (zero-copy) messages rank 0 sent.
+uint64_t runMatrix(int nranks, const std::vector<size_t>& counts,
+                   loomtest::Memory memory = loomtest::Memory::kPlain) {
   std::vector<Case> cases = loomtest::matrix(nranks, counts);
   std::atomic<bool> failed{false};
+  uint64_t direct = 0;
   loomtest::runRanks(nranks, [&](loomComm_t comm, int rank) {
+    if (rank == 0) direct = 0;
     for (const Case& c : cases) {
-      std::string error = loomtest::runCase(c, comm, rank);
+      std::string error = loomtest::runCase(c, comm, rank, memory);
+      if (rank == 0) direct = comm->directMessages;
       if (!error.empty()) {
         ADD_FAILURE() << error;
         failed = true;
@@ -29,6 +35,7 @@ void runMatrix(int nranks, const std::vector<size_t>& counts) {
       if (anyStop) return;
     }
   });
+  return direct;
 }
 
 class Collectives : public testing::TestWithParam<int> {};
@@ -46,6 +53,17 @@ TEST_P(Collectives, TwoChannelsForcedProtocols) {
     loomtest::ScopedEnv force("LOOM_PROTO", proto);
     runMatrix(GetParam(), {7, 5000});
   }
+}
+
+TEST_P(Collectives, ZeroCopyFromRegisteredAndLoomMemory) {
+  // Large enough for Simple messages; every collective, type and op with buffers peers read in place.
+  for (loomtest::Memory memory : {loomtest::Memory::kLoomAlloc, loomtest::Memory::kRegistered}) {
+    uint64_t direct = runMatrix(GetParam(), {70000}, memory);
+    if (GetParam() > 1) {
+      EXPECT_GT(direct, 0u) << "no message went out as a direct read";
+    }
+  }
+  EXPECT_EQ(runMatrix(GetParam(), {20000}), 0u) << "plain memory must never be read in place";
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, testing::Values(1, 2, 3, 4, 5, 8),

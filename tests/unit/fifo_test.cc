@@ -53,8 +53,10 @@ TEST(Fifo, MessagesArriveWholeAndInOrder) {
     fillMessage(&expected, m, bytes);
     const void* data = nullptr;
     size_t got = 0;
-    while ((data = in.poll(protocol, &got)) == nullptr) std::this_thread::yield();
+    bool direct = true;
+    while ((data = in.poll(protocol, &got, &direct)) == nullptr) std::this_thread::yield();
     ASSERT_EQ(got, bytes) << "message " << m;
+    ASSERT_FALSE(direct);
     ASSERT_EQ(std::memcmp(data, expected.data(), bytes), 0) << "message " << m << " " << protocolName(protocol);
     in.release();
   }
@@ -71,18 +73,40 @@ TEST(Fifo, SenderStopsAtDepth) {
   }
   EXPECT_EQ(out.reserve(Protocol::kSimple), nullptr) << "a full FIFO must refuse a fourth message";
   size_t bytes = 0;
-  ASSERT_NE(in.poll(Protocol::kSimple, &bytes), nullptr);
+  bool direct = false;
+  EXPECT_FALSE(out.drained());
+  ASSERT_NE(in.poll(Protocol::kSimple, &bytes, &direct), nullptr);
   EXPECT_EQ(out.reserve(Protocol::kSimple), nullptr) << "polling alone does not free the slot";
   in.release();
   EXPECT_NE(out.reserve(Protocol::kSimple), nullptr);
+  for (int m = 0; m < 2; ++m) ASSERT_NE(in.poll(Protocol::kSimple, &bytes, &direct), nullptr), in.release();
+  EXPECT_TRUE(out.drained());
+}
+
+TEST(Fifo, DirectMessagesAreMarked) {
+  Fifo fifo({2, 4096, 512});
+  FifoSender out(fifoView(fifo.memory));
+  FifoReceiver in(fifoView(fifo.memory));
+  auto* descriptor = static_cast<DirectDescriptor*>(out.reserve(Protocol::kSimple));
+  *descriptor = {0x1234, 1 << 20, 42, 0};
+  out.post(Protocol::kSimple, 1 << 20, /*direct=*/true);
+  size_t bytes = 0;
+  bool direct = false;
+  auto* got = static_cast<const DirectDescriptor*>(in.poll(Protocol::kSimple, &bytes, &direct));
+  ASSERT_NE(got, nullptr);
+  EXPECT_TRUE(direct);
+  EXPECT_EQ(bytes, size_t{1} << 20);
+  EXPECT_EQ(got->address, 0x1234u);
+  EXPECT_EQ(got->pid, 42);
 }
 
 TEST(Fifo, NothingToReadOnAnEmptyFifo) {
   Fifo fifo({2, 4096, 512});
   FifoReceiver in(fifoView(fifo.memory));
   size_t bytes = 0;
-  EXPECT_EQ(in.poll(Protocol::kSimple, &bytes), nullptr);
-  EXPECT_EQ(in.poll(Protocol::kLL, &bytes), nullptr);
+  bool direct = false;
+  EXPECT_EQ(in.poll(Protocol::kSimple, &bytes, &direct), nullptr);
+  EXPECT_EQ(in.poll(Protocol::kLL, &bytes, &direct), nullptr);
 }
 
 TEST(Fifo, AbortIsSeenByBothEnds) {
