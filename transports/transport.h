@@ -50,9 +50,10 @@ class Transport {
   // Receiver side: creates the FIFO for `key` with `shape`. Never waits for the sender.
   virtual loomResult_t createReceiver(const ConnectionKey& key, const FifoShape& shape,
                                       std::unique_ptr<Endpoint>* out) = 0;
-  // Sender side: attaches to the FIFO the receiver created, waiting for it until `deadline` or abort.
-  virtual loomResult_t attachSender(const ConnectionKey& key, const FifoShape& shape, const Deadline& deadline,
-                                    const std::atomic<bool>* abortFlag, std::unique_ptr<Endpoint>* out) = 0;
+  // Sender side: attaches to the FIFO the receiver created, waiting for it while `check` allows (the caller's
+  // deadline, abort flag and peer liveness).
+  virtual loomResult_t attachSender(const ConnectionKey& key, const FifoShape& shape, const WaitCheck& check,
+                                    std::unique_ptr<Endpoint>* out) = 0;
 };
 
 // The transports in priority order, filtered by LOOM_TRANSPORTS. Only transports/registry.cc names them.

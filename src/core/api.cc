@@ -60,16 +60,28 @@ loomResult_t checkComm(loomComm* comm, const char* what, loomStream_t stream) {
   return loomSuccess;
 }
 
-loomResult_t checkType(const char* what, loomDataType_t datatype) {
-  if (!dtypeValid(datatype))
-    return LOOM_FAIL(loomInvalidArgument, COLL, "%s: unknown datatype %d (expected 0..%d)", what, (int)datatype,
+// C callers may pass any int as an enum; reading it through memcpy avoids loading an out-of-range enum value
+// (undefined in C++) before it is checked.
+template <typename Enum>
+int rawValue(const Enum& value) {
+  int raw = 0;
+  static_assert(sizeof(Enum) == sizeof(int));
+  std::memcpy(&raw, &value, sizeof(raw));
+  return raw;
+}
+
+loomResult_t checkType(const char* what, const loomDataType_t& datatype) {
+  int raw = rawValue(datatype);
+  if (!dtypeValid(raw))
+    return LOOM_FAIL(loomInvalidArgument, COLL, "%s: unknown datatype %d (expected 0..%d)", what, raw,
                      loomNumTypes - 1);
   return loomSuccess;
 }
 
-loomResult_t checkOp(const char* what, loomRedOp_t op) {
-  if (!opValid(op))
-    return LOOM_FAIL(loomInvalidArgument, COLL, "%s: unknown reduction op %d (expected 0..%d)", what, (int)op,
+loomResult_t checkOp(const char* what, const loomRedOp_t& op) {
+  int raw = rawValue(op);
+  if (!opValid(raw))
+    return LOOM_FAIL(loomInvalidArgument, COLL, "%s: unknown reduction op %d (expected 0..%d)", what, raw,
                      loomNumOps - 1);
   return loomSuccess;
 }

@@ -148,8 +148,7 @@ loomResult_t Connections::pickTransport(loomComm* comm, int peer, Transport** tr
                    reasons.c_str());
 }
 
-loomResult_t Connections::connect(loomComm* comm, const RankPlan& plan) {
-  Deadline deadline(comm->timeoutMs);
+loomResult_t Connections::connect(loomComm* comm, const RankPlan& plan, const WaitCheck& check) {
   for (const Lane& lane : plan.lanes) {
     for (const Step& step : lane.steps) {
       if (!actionReceives(step.action) || receivers_.count({step.recvPeer, lane.channel})) continue;
@@ -169,7 +168,7 @@ loomResult_t Connections::connect(loomComm* comm, const RankPlan& plan) {
       LOOM_CHECK(pickTransport(comm, step.sendPeer, &transport));
       Link<FifoSender> link;
       ConnectionKey key{comm->commHash, comm->rank, step.sendPeer, lane.channel};
-      LOOM_CHECK(transport->attachSender(key, comm->fifoShape, deadline, &comm->abortFlag, &link.endpoint));
+      LOOM_CHECK(transport->attachSender(key, comm->fifoShape, check, &link.endpoint));
       link.end = std::make_unique<FifoSender>(link.endpoint->fifo());
       LOOM_TRACE(INIT, "connected to rank %d on channel %d via %s", step.sendPeer, lane.channel, transport->name());
       senders_[{step.sendPeer, lane.channel}] = std::move(link);

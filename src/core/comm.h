@@ -32,8 +32,8 @@ class Connections : public Links {
   // directTo[p]: whether peer p can read this process's memory (probed at init; LOOM_DIRECT=0 clears it).
   void setDirectPeers(std::vector<bool> directTo) { directTo_ = std::move(directTo); }
   // Makes sure every connection `plan` uses exists: receivers are created first (that never waits), then
-  // senders attach to their peers' receivers (that waits, with the comm's deadline and abort flag).
-  loomResult_t connect(loomComm* comm, const RankPlan& plan);
+  // senders attach to their peers' receivers (that waits, as long as `check` allows).
+  loomResult_t connect(loomComm* comm, const RankPlan& plan, const WaitCheck& check);
   // Marks every FIFO aborted, so that peers waiting on this rank stop at once.
   void abortAll();
   size_t count() const { return senders_.size() + receivers_.size(); }

@@ -143,30 +143,33 @@ loomResult_t runCalls(std::vector<Call>& calls) {
   std::vector<std::unique_lock<std::mutex>> locks;
   for (loomComm* comm : lockOrder) locks.emplace_back(comm->runMutex);
 
+  // One watch per communicator for the whole run, connection setup included: one deadline per call.
+  std::vector<CommWatch> watches;
+  for (loomComm* comm : comms) {
+    auto first = std::find_if(calls.begin(), calls.end(), [&](const Call& call) { return call.comm == comm; });
+    watches.emplace_back(comm, collectiveName(first->collective));
+  }
   std::vector<RankPlan> uncached(calls.size());
   std::vector<std::vector<ExecTask>> queues(comms.size());
   for (size_t i = 0; i < calls.size(); ++i) {
     Call& call = calls[i];
     loomComm* comm = call.comm;
     ScopedLogRank logRank(comm->rank);
+    size_t q = std::find(comms.begin(), comms.end(), comm) - comms.begin();
     const RankPlan* plan = nullptr;
     loomResult_t result = planFor(call, &uncached[i], &plan);
-    if (result == loomSuccess) result = comm->connections.connect(comm, *plan);
+    if (result == loomSuccess) result = comm->connections.connect(comm, *plan, [&]() { return watches[q](); });
     if (result != loomSuccess) {
       recordFailure(comms, result);
       return result;
     }
     size_t scratchBytes = plan->scratchCount * dtypeSize(call.datatype);
     if (comm->scratch.size() < scratchBytes) comm->scratch.resize(scratchBytes);
-    size_t q = std::find(comms.begin(), comms.end(), comm) - comms.begin();
     queues[q].push_back(taskFor(call, plan));
   }
   for (size_t q = 0; q < comms.size(); ++q)
     for (ExecTask& task : queues[q]) task.scratch = comms[q]->scratch.data();
 
-  std::vector<CommWatch> watches;
-  for (size_t q = 0; q < comms.size(); ++q)
-    watches.emplace_back(comms[q], queues[q].empty() ? "call" : queues[q].front().what);
   ScopedLogRank logRank(comms.front()->rank);
   loomResult_t result = runTaskQueues(queues, [&]() {
     for (CommWatch& watch : watches) LOOM_CHECK(watch());

@@ -65,16 +65,21 @@ loomResult_t loomGroupStart(void) {
 
 loomResult_t loomGroupEnd(void) {
   using namespace loom;
+  clearThreadLastError();
   if (tGroupDepth == 0) return LOOM_FAIL(loomInvalidUsage, COLL, "loomGroupEnd without a matching loomGroupStart");
   if (--tGroupDepth > 0) return loomSuccess;
   std::vector<Call> calls = mergeSendRecv(std::move(tGroupCalls));
   tGroupCalls.clear();
   if (calls.empty()) return loomSuccess;
   for (const Call& call : calls) {
-    if (call.collective == Collective::kSendRecv) LOOM_CHECK(checkSelfPairs(call));
-    if (call.stream != calls.front().stream)
-      return LOOM_FAIL(loomInvalidUsage, COLL, "calls of one group must use the same stream (%p and %p)",
-                       calls.front().stream, call.stream);
+    loomResult_t result = call.collective == Collective::kSendRecv ? checkSelfPairs(call) : loomSuccess;
+    if (result == loomSuccess && call.stream != calls.front().stream)
+      result = LOOM_FAIL(loomInvalidUsage, COLL, "calls of one group must use the same stream (%p and %p)",
+                         calls.front().stream, call.stream);
+    if (result != loomSuccess) {
+      for (const Call& other : calls) other.comm->setLastError(threadLastError());
+      return result;
+    }
   }
   loomStream_t stream = calls.front().stream;
   if (stream != nullptr) return streamEnqueue(stream, std::move(calls));

@@ -80,6 +80,15 @@ loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t* newc
     return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommSplit: color %d must be >= 0 or LOOM_SPLIT_NOCOLOR", color);
   LOOM_CHECK(checkConfig(config));
   ScopedLogRank logRank(comm->rank);
+  if (comm->finalized || comm->asyncError.load() != loomSuccess)
+    return LOOM_FAIL(loomInvalidUsage, INIT, "loomCommSplit: the communicator is %s",
+                     comm->finalized ? "finalized" : "not usable (pending error or still initialising)");
+  // Counted as a call inside the library, so that loomCommAbort waits for it to leave.
+  comm->activeCalls.fetch_add(1);
+  struct ActiveGuard {
+    loomComm* comm;
+    ~ActiveGuard() { comm->activeCalls.fetch_sub(1); }
+  } active{comm};
   struct Entry {
     int color, key, rank;
     loomUniqueId id;

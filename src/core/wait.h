@@ -5,6 +5,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+
+#include "loom/loom.h"
 
 namespace loom {
 
@@ -30,6 +33,10 @@ class Deadline {
   Clock::time_point end_;
   int64_t timeoutMs_;
 };
+
+// What a wait asks each time it finds nothing to do: loomSuccess to go on waiting, or the error that ends the
+// wait (deadline passed, communicator aborted, peer dead), its message already recorded.
+using WaitCheck = std::function<loomResult_t()>;
 
 // Call pause() each time a poll finds nothing to do, reset() when it made progress.
 class Backoff {

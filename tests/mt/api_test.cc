@@ -365,7 +365,7 @@ std::vector<BadCall> badCalls() {
 }
 
 // Each bad call on the ranks where it is wrong: the expected code, a message on the thread and on the
-// communicator, both buffers untouched; then a valid AllReduce on every rank.
+// communicator, both buffers untouched, no async error; then a valid exchange and AllReduce on every rank.
 TEST_P(ApiTest, BadArgumentsAreRejectedAndChangeNothing) {
   const int nranks = 3;  // AllGather's sendcount*nranks overflow needs 3 ranks for int8
   const std::vector<BadCall> cases = badCalls();
@@ -792,12 +792,9 @@ TEST_P(ApiTest, AllReduceWithoutItsPeerTimesOut) {
   EXPECT_EQ(loomCommDestroy(comms[1]), loomSuccess);
 }
 
-// KNOWN BUG, disabled until fixed: ARCHITECTURE.md 2.5 wants every timeout message to name the operation, but
-// when the deadline passes while rank 0 still waits to connect to rank 1 (Connections::connect ->
-// Transport::attachSender, src/core/comm.cc), the message is the transport's "rank 1 did not create its
-// segment /dev/shm/loom-...-0-1-0 within 300 ms", with no "AllReduce" in it. Run with
-// --gtest_also_run_disabled_tests to check a fix.
-TEST_P(ApiTest, DISABLED_TimeoutWhileConnectingNamesTheOperation) {
+// A deadline that passes while rank 0 still waits to connect to rank 1 (which never calls) names the operation:
+// connection setup waits under the same watch as the call itself.
+TEST_P(ApiTest, TimeoutWhileConnectingNamesTheOperation) {
   std::vector<loomComm_t> comms = initComms({configWithTimeout(300), configWithTimeout(kTestTimeoutMs)});
   ASSERT_TRUE(comms[0] && comms[1]);
   std::vector<float> data(1000, 1.0f);

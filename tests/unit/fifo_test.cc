@@ -79,7 +79,10 @@ TEST(Fifo, SenderStopsAtDepth) {
   EXPECT_EQ(out.reserve(Protocol::kSimple), nullptr) << "polling alone does not free the slot";
   in.release();
   EXPECT_NE(out.reserve(Protocol::kSimple), nullptr);
-  for (int m = 0; m < 2; ++m) ASSERT_NE(in.poll(Protocol::kSimple, &bytes, &direct), nullptr), in.release();
+  for (int m = 0; m < 2; ++m) {
+    ASSERT_NE(in.poll(Protocol::kSimple, &bytes, &direct), nullptr);
+    in.release();
+  }
   EXPECT_TRUE(out.drained());
 }
 

@@ -23,20 +23,29 @@ struct Segment {
   void* base;
 };
 
-class LoopbackEndpoint : public Endpoint {
- public:
-  explicit LoopbackEndpoint(std::shared_ptr<Segment> segment) : segment_(std::move(segment)) {}
-  FifoMemory fifo() override { return fifoView(segment_->base); }
-
- private:
-  std::shared_ptr<Segment> segment_;
-};
-
 std::mutex gTableMutex;
 std::map<std::string, std::shared_ptr<Segment>>& table() {
   static std::map<std::string, std::shared_ptr<Segment>> segments;
   return segments;
 }
+
+class LoopbackEndpoint : public Endpoint {
+ public:
+  // `name` is set on the receiver's end: it withdraws its FIFO from the table if no sender ever took it.
+  LoopbackEndpoint(std::shared_ptr<Segment> segment, std::string name)
+      : segment_(std::move(segment)), name_(std::move(name)) {}
+  ~LoopbackEndpoint() override {
+    if (name_.empty()) return;
+    std::lock_guard<std::mutex> lock(gTableMutex);
+    auto found = table().find(name_);
+    if (found != table().end() && found->second == segment_) table().erase(found);
+  }
+  FifoMemory fifo() override { return fifoView(segment_->base); }
+
+ private:
+  std::shared_ptr<Segment> segment_;
+  std::string name_;
+};
 
 class LoopbackTransport : public Transport {
  public:
@@ -62,12 +71,12 @@ class LoopbackTransport : public Transport {
       std::lock_guard<std::mutex> lock(gTableMutex);
       table()[key.name()] = segment;
     }
-    *out = std::make_unique<LoopbackEndpoint>(segment);
+    *out = std::make_unique<LoopbackEndpoint>(segment, key.name());
     return loomSuccess;
   }
 
-  loomResult_t attachSender(const ConnectionKey& key, const FifoShape&, const Deadline& deadline,
-                            const std::atomic<bool>* abortFlag, std::unique_ptr<Endpoint>* out) override {
+  loomResult_t attachSender(const ConnectionKey& key, const FifoShape&, const WaitCheck& check,
+                            std::unique_ptr<Endpoint>* out) override {
     Backoff backoff;
     for (;;) {
       {
@@ -75,17 +84,12 @@ class LoopbackTransport : public Transport {
         auto found = table().find(key.name());
         if (found != table().end()) {
           static_cast<FifoHeader*>(found->second->base)->senderAttached.store(1);
-          *out = std::make_unique<LoopbackEndpoint>(found->second);
+          *out = std::make_unique<LoopbackEndpoint>(found->second, "");
           table().erase(found);
           return loomSuccess;
         }
       }
-      if (abortFlag && abortFlag->load())
-        return LOOM_FAIL(loomRemoteError, SHM, "aborted while waiting for rank %d's loopback connection",
-                         key.receiver);
-      if (deadline.expired())
-        return LOOM_FAIL(loomTimeout, SHM, "rank %d did not create loopback connection %s within %lld ms",
-                         key.receiver, key.name().c_str(), (long long)deadline.timeoutMs());
+      LOOM_CHECK(check());
       backoff.pause();
     }
   }

@@ -77,8 +77,8 @@ class ShmTransport : public Transport {
     return loomSuccess;
   }
 
-  loomResult_t attachSender(const ConnectionKey& key, const FifoShape& shape, const Deadline& deadline,
-                            const std::atomic<bool>* abortFlag, std::unique_ptr<Endpoint>* out) override {
+  loomResult_t attachSender(const ConnectionKey& key, const FifoShape& shape, const WaitCheck& check,
+                            std::unique_ptr<Endpoint>* out) override {
     std::string path = segmentPath(key);
     size_t bytes = fifoBytes(shape);
     Backoff backoff;
@@ -92,29 +92,20 @@ class ShmTransport : public Transport {
           close(fd);
           if (base == MAP_FAILED) return LOOM_FAIL(loomSystemError, SHM, "cannot map %s: %m", path.c_str());
           auto* header = static_cast<FifoHeader*>(base);
-          while (header->magic.load(std::memory_order_acquire) != kFifoMagic) {
-            if (deadline.expired() || (abortFlag && abortFlag->load())) break;
-            backoff.pause();
-          }
           if (header->magic.load(std::memory_order_acquire) == kFifoMagic) {
             header->senderAttached.store(1, std::memory_order_release);
             unlink(path.c_str());
             *out = std::make_unique<ShmEndpoint>(base, bytes, path, /*ownsName=*/false);
             return loomSuccess;
           }
-          munmap(base, bytes);
+          munmap(base, bytes);  // still being initialised: look again
         } else {
           close(fd);
         }
       } else if (errno != ENOENT) {
         return LOOM_FAIL(loomSystemError, SHM, "cannot open shared-memory segment %s: %m", path.c_str());
       }
-      if (abortFlag && abortFlag->load())
-        return LOOM_FAIL(loomRemoteError, SHM, "aborted while waiting for rank %d to create %s", key.receiver,
-                         path.c_str());
-      if (deadline.expired())
-        return LOOM_FAIL(loomTimeout, SHM, "rank %d did not create its segment %s within %lld ms", key.receiver,
-                         path.c_str(), (long long)deadline.timeoutMs());
+      LOOM_CHECK(check());
       backoff.pause();
     }
   }
