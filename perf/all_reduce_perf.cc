@@ -1,5 +1,6 @@
 // all_reduce_perf: nccl-tests' all_reduce_perf over loom. Every rank ends with the element-wise reduction of
 // all ranks' buffers; the harness (common.h) does the rest. In place: recvbuff == sendbuff.
+#include "perf/check_data.h"
 #include "perf/common.h"
 
 namespace {

@@ -75,7 +75,7 @@ struct CollectiveTest {
   bool hasInPlace;  // has an in-place form (loomAllToAll does not)
   CallSizes (*sizes)(size_t count, size_t eltSize, int nranks);
   loomResult_t (*run)(const CallArgs& args);
-  // Writes this rank's sendCount input elements at `send`.
+  // Writes this rank's sendCount input elements at `send` (with the fill functions of perf/check_data.h).
   void (*fillInput)(void* send, const CheckArgs& args);
   // Writes the expected recv buffer at `expected`; returns how many elements to compare (0: recv is unused).
   size_t (*fillExpected)(void* expected, const CheckArgs& args);
@@ -83,16 +83,6 @@ struct CollectiveTest {
 
 // Runs the whole program: call it from main. Returns the process exit code.
 int runPerfTest(int argc, char** argv, const CollectiveTest& test);
-
-// Check data, exact in every type. `offset` is the index of buf[0] in the logical array, so that a part of an
-// array (a rank's block) can be written on its own. fillData: values for collectives that only move data,
-// different for every (rank, index). fillReduceInput / fillReduceResult: the input of `rank` and the result of
-// `op` over all `nranks` inputs, chosen so that no partial result of any order overflows or rounds.
-void fillData(void* buf, size_t count, loomDataType_t type, int rank, size_t offset);
-void fillReduceInput(void* buf, size_t count, loomDataType_t type, loomRedOp_t op, int rank, int nranks, size_t offset);
-void fillReduceResult(void* buf, size_t count, loomDataType_t type, loomRedOp_t op, int nranks, size_t offset);
-
-size_t typeSize(loomDataType_t type);
 
 }  // namespace perf
 

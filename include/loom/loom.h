@@ -115,6 +115,7 @@ loomResult_t loomGetVersion(int* version);
 /**
  * Makes a new unique id on the root rank: opens the root's rendezvous listener on this host and draws a
  * 128-bit secret. Call once, then give the id to every rank (over MPI, a file, an environment variable...).
+ * The listener is a thread of the calling process: a program that forks its ranks should fork first.
  */
 loomResult_t loomGetUniqueId(loomUniqueId* uniqueId);
 /** Joins communicator `commId` as `rank` of `nranks`. Collective over all ranks: each calls it once. */

@@ -127,10 +127,11 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   return loomSuccess;
 }
 
+// No deadline of its own: every call inside the library ends by its own deadline (or at once after an abort),
+// and freeing the communicator under a running call is not an option.
 void waitForIdle(loomComm* comm) {
-  Deadline deadline(comm->timeoutMs);
   Backoff backoff;
-  while (comm->activeCalls.load() > 0 && !deadline.expired()) backoff.pause();
+  while (comm->activeCalls.load() > 0) backoff.pause();
 }
 
 loomResult_t Connections::pickTransport(loomComm* comm, int peer, Transport** transport) {
@@ -168,7 +169,12 @@ loomResult_t Connections::connect(loomComm* comm, const RankPlan& plan, const Wa
       LOOM_CHECK(pickTransport(comm, step.sendPeer, &transport));
       Link<FifoSender> link;
       ConnectionKey key{comm->commHash, comm->rank, step.sendPeer, lane.channel};
-      LOOM_CHECK(transport->attachSender(key, comm->fifoShape, check, &link.endpoint));
+      loomResult_t result = transport->attachSender(key, comm->fifoShape, check, &link.endpoint);
+      if (result != loomSuccess) {
+        std::string why = threadLastError();
+        return LOOM_FAIL(result, INIT, "%s; waiting for rank %d to set up its end of channel %d (%s)", why.c_str(),
+                         step.sendPeer, lane.channel, transport->name());
+      }
       link.end = std::make_unique<FifoSender>(link.endpoint->fifo());
       LOOM_TRACE(INIT, "connected to rank %d on channel %d via %s", step.sendPeer, lane.channel, transport->name());
       senders_[{step.sendPeer, lane.channel}] = std::move(link);

@@ -91,7 +91,7 @@ namespace loom {
 loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfig_t* config);
 // Joins the group: bootstrap and peer exchange. May wait (deadline, abort flag).
 loomResult_t commConnect(loomComm* comm, const loomUniqueId& id);
-// Waits until no call is inside the library on `comm` (or the comm's deadline passes).
+// Waits until no call is inside the library on `comm` (each ends by its own deadline).
 void waitForIdle(loomComm* comm);
 // What a waiting rank checks each time it finds nothing to do: abort flag, deadline, dead peers.
 class CommWatch {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <set>
+#include <string>
 
 #include "src/core/check.h"
 #include "src/core/dtype.h"
@@ -120,6 +121,18 @@ class TaskRun {
   }
 
   const ExecTask& task() const { return task_; }
+
+  // What the first unfinished lane waits for, for error messages: "a message from rank 3 on channel 0".
+  std::string waitingFor() const {
+    for (const LaneRun& lane : lanes_) {
+      if (lane.done()) continue;
+      const Step& step = lane.lane->steps[lane.step];
+      std::string channel = " on channel " + std::to_string(lane.lane->channel);
+      if (actionReceives(step.action)) return "a message from rank " + std::to_string(step.recvPeer) + channel;
+      if (actionSends(step.action)) return "room to send to rank " + std::to_string(step.sendPeer) + channel;
+    }
+    return directSenders_.empty() ? "nothing" : "peers to read its zero-copy messages";
+  }
 
  private:
   std::byte* pointer(const Region& region, size_t lo) const {
@@ -273,7 +286,13 @@ loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const Wat
                                  run->task().what, peer));
     }
     loomResult_t result = watch();
-    if (result != loomSuccess) return stopAll(result);
+    if (result != loomSuccess) {
+      // Name what this rank was waiting for: the peer at fault, most of the time.
+      std::string message = threadLastError();
+      for (auto& run : current)
+        if (run) message += "; waiting for " + run->waitingFor();
+      return stopAll(LOOM_FAIL(result, COLL, "%s", message.c_str()));
+    }
     backoff.pause();
   }
 }

@@ -1,6 +1,7 @@
 // Every collective x datatype x op x layout x count {0, 1, 7, 1000, 1M+3} at ranks {1, 2, 3, 4, 5, 8}, as threads
 // of one process over shm; the same matrix at small counts over the loopback transport, with two channels,
-// forced LL and forced Simple; host streams and barriers.
+// forced LL and forced Simple, with the alternative algorithms, and with zero-copy buffers; host streams and
+// barriers.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -53,6 +54,12 @@ TEST_P(Collectives, TwoChannelsForcedProtocols) {
     loomtest::ScopedEnv force("LOOM_PROTO", proto);
     runMatrix(GetParam(), {7, 5000});
   }
+}
+
+TEST_P(Collectives, EveryAlternativeAlgorithm) {
+  // LOOM_ALGO applies where the collective has such an algorithm (Broadcast: direct) and is ignored elsewhere.
+  loomtest::ScopedEnv algorithm("LOOM_ALGO", "direct");
+  runMatrix(GetParam(), {7, 5000});
 }
 
 TEST_P(Collectives, ZeroCopyFromRegisteredAndLoomMemory) {

@@ -22,12 +22,16 @@ struct Fifo {
   std::byte* memory;
 };
 
-void fillMessage(std::vector<uint8_t>* message, size_t index, size_t bytes) {
-  message->resize(bytes);
-  for (size_t i = 0; i < bytes; ++i) (*message)[i] = static_cast<uint8_t>(index * 31 + i * 7);
-}
-
 Protocol protocolOf(size_t index) { return index % 3 == 0 ? Protocol::kLL : Protocol::kSimple; }
+
+// Message `index` of the stream: its protocol alternates, its size varies up to a full slot, its bytes are a
+// function of index and position.
+Protocol makeMessage(const FifoShape& shape, size_t index, std::vector<uint8_t>* message) {
+  Protocol protocol = protocolOf(index);
+  message->resize(1 + (index * 37) % fifoPayloadBytes(shape, protocol));
+  for (size_t i = 0; i < message->size(); ++i) (*message)[i] = static_cast<uint8_t>(index * 31 + i * 7);
+  return protocol;
+}
 
 TEST(Fifo, MessagesArriveWholeAndInOrder) {
   Fifo fifo({4, 8192, 1024});
@@ -36,9 +40,8 @@ TEST(Fifo, MessagesArriveWholeAndInOrder) {
     FifoSender out(fifoView(fifo.memory));
     std::vector<uint8_t> message;
     for (size_t m = 0; m < kMessages; ++m) {
-      Protocol protocol = protocolOf(m);
-      size_t bytes = 1 + (m * 37) % fifoPayloadBytes(fifo.shape, protocol);
-      fillMessage(&message, m, bytes);
+      Protocol protocol = makeMessage(fifo.shape, m, &message);
+      size_t bytes = message.size();
       void* slot = nullptr;
       while ((slot = out.reserve(protocol)) == nullptr) std::this_thread::yield();
       std::memcpy(slot, message.data(), bytes);
@@ -48,9 +51,8 @@ TEST(Fifo, MessagesArriveWholeAndInOrder) {
   FifoReceiver in(fifoView(fifo.memory));
   std::vector<uint8_t> expected;
   for (size_t m = 0; m < kMessages; ++m) {
-    Protocol protocol = protocolOf(m);
-    size_t bytes = 1 + (m * 37) % fifoPayloadBytes(fifo.shape, protocol);
-    fillMessage(&expected, m, bytes);
+    Protocol protocol = makeMessage(fifo.shape, m, &expected);
+    size_t bytes = expected.size();
     const void* data = nullptr;
     size_t got = 0;
     bool direct = true;
