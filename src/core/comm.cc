@@ -201,9 +201,13 @@ void Connections::abortAll() {
 CommWatch::CommWatch(loomComm* comm, const char* what)
     : comm_(comm), what_(what), deadline_(comm->timeoutMs), nextPeerCheck_(Clock::now()) {}
 
-loomResult_t CommWatch::operator()() {
+loomResult_t CommWatch::operator()(bool progressed) {
   if (comm_->abortFlag.load(std::memory_order_relaxed))
     return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: communicator aborted", what_, comm_->rank);
+  if (progressed) {
+    deadline_ = Deadline(comm_->timeoutMs);
+    return loomSuccess;
+  }
   Clock::time_point now = Clock::now();
   if (now >= nextPeerCheck_) {
     nextPeerCheck_ = now + std::chrono::milliseconds(params::peerCheckMs());
@@ -214,7 +218,7 @@ loomResult_t CommWatch::operator()() {
   }
   if (deadline_.expired())
     return LOOM_FAIL(loomTimeout, COLL,
-                     "%s on rank %d did not complete within %lld ms (LOOM_TIMEOUT_MS or config timeoutMs); a peer "
+                     "%s on rank %d made no progress for %lld ms (LOOM_TIMEOUT_MS or config timeoutMs); a peer "
                      "may be stuck or may not have made the matching call",
                      what_, comm_->rank, (long long)deadline_.timeoutMs());
   return loomSuccess;

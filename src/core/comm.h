@@ -97,7 +97,8 @@ void waitForIdle(loomComm* comm);
 class CommWatch {
  public:
   CommWatch(loomComm* comm, const char* what);
-  loomResult_t operator()();
+  // After progress only the abort flag is checked, and the deadline restarts: it bounds a wait, not a call.
+  loomResult_t operator()(bool progressed);
 
  private:
   loomComm* comm_;

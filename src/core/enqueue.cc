@@ -158,7 +158,7 @@ loomResult_t runCalls(std::vector<Call>& calls) {
     size_t q = std::find(comms.begin(), comms.end(), comm) - comms.begin();
     const RankPlan* plan = nullptr;
     loomResult_t result = planFor(call, &uncached[i], &plan);
-    if (result == loomSuccess) result = comm->connections.connect(comm, *plan, [&]() { return watches[q](); });
+    if (result == loomSuccess) result = comm->connections.connect(comm, *plan, [&]() { return watches[q](false); });
     if (result != loomSuccess) {
       recordFailure(comms, result);
       return result;
@@ -171,8 +171,8 @@ loomResult_t runCalls(std::vector<Call>& calls) {
     for (ExecTask& task : queues[q]) task.scratch = comms[q]->scratch.data();
 
   ScopedLogRank logRank(comms.front()->rank);
-  loomResult_t result = runTaskQueues(queues, [&]() {
-    for (CommWatch& watch : watches) LOOM_CHECK(watch());
+  loomResult_t result = runTaskQueues(queues, [&](bool progressed) {
+    for (CommWatch& watch : watches) LOOM_CHECK(watch(progressed));
     return loomSuccess;
   });
   if (result != loomSuccess) recordFailure(comms, result);

@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
-#include <set>
+#include <map>
 #include <string>
 
 #include "src/core/check.h"
@@ -66,7 +66,7 @@ class TaskRun {
   bool done() const {
     for (const LaneRun& lane : lanes_)
       if (!lane.done()) return false;
-    for (const FifoSender* sender : directSenders_)
+    for (const auto& [sender, peer] : directSenders_)
       if (!sender->drained()) return false;
     return true;
   }
@@ -114,6 +114,12 @@ class TaskRun {
       }
       if (actionSends(step.action) && task_.links->sender(step.sendPeer, lane.lane->channel)->aborted()) {
         *peer = step.sendPeer;
+        return true;
+      }
+    }
+    for (const auto& [sender, rank] : directSenders_) {
+      if (!sender->drained() && sender->aborted()) {
+        *peer = rank;
         return true;
       }
     }
@@ -220,7 +226,7 @@ class TaskRun {
       // The payload stays where it is; the peer reads it, and this task ends only when it has.
       *static_cast<DirectDescriptor*>(slot) = {reinterpret_cast<uint64_t>(pointer(*directSource, lo)), bytes,
                                                static_cast<int32_t>(getpid()), 0};
-      directSenders_.insert(out);
+      directSenders_[out] = step.sendPeer;
       if (task_.directMessages) ++*task_.directMessages;
     }
     if (out) out->post(protocol, bytes, directSource != nullptr);
@@ -247,7 +253,7 @@ class TaskRun {
   ReduceFn reduce_;
   std::vector<LaneRun> lanes_;
   std::vector<std::byte> staging_;         // a direct payload on its way into a reduction
-  std::set<FifoSender*> directSenders_;  // connections that carried direct messages of this task
+  std::map<FifoSender*, int> directSenders_;  // connections (and their peer) that carried direct messages
 };
 
 }  // namespace
@@ -277,6 +283,7 @@ loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const Wat
     if (allDone) return loomSuccess;
     if (progress) {
       backoff.reset();
+      if (loomResult_t result = watch(true); result != loomSuccess) return stopAll(result);  // abort while moving
       continue;
     }
     for (auto& run : current) {
@@ -285,7 +292,7 @@ loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const Wat
         return stopAll(LOOM_FAIL(loomRemoteError, COLL, "%s: rank %d gave up on the operation (it failed or was aborted)",
                                  run->task().what, peer));
     }
-    loomResult_t result = watch();
+    loomResult_t result = watch(false);
     if (result != loomSuccess) {
       // Name what this rank was waiting for: the peer at fault, most of the time.
       std::string message = threadLastError();

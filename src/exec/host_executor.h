@@ -49,9 +49,9 @@ struct ExecTask {
   uint64_t* directMessages = nullptr;  // counts the DirectDescriptors sent (for statistics and tests)
 };
 
-// Called when no lane can move; returns loomSuccess to keep waiting, or the error that ends the run (having
-// recorded its message with fail()).
-using WatchFn = std::function<loomResult_t()>;
+// Called after every pass over the lanes, with whether anything moved: loomSuccess to go on, or the error that
+// ends the run (its message recorded with fail()). A deadline is on waiting, so progress restarts it.
+using WatchFn = std::function<loomResult_t(bool progressed)>;
 
 // Runs tasks to completion. Tasks in one queue run one after another (they share connections); queues run
 // concurrently. On error every connection the run touched is marked aborted so peers notice at once.

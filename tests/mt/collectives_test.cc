@@ -4,7 +4,9 @@
 // barriers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 
 #include "src/core/comm.h"
 #include "tests/common/matrix.h"
@@ -92,6 +94,25 @@ TEST(Collectives, StreamsQueueInOrder) {
     EXPECT_EQ(data[9][0], 10.0f);
     EXPECT_EQ(loomStreamDestroy(stream), loomSuccess);
   });
+}
+
+TEST(Collectives, DeadlineBoundsWaitingNotWork) {
+  // A call that keeps moving data runs past its timeout: the deadline restarts on progress. Small slots make
+  // the call long without making any single wait long.
+  loomtest::ScopedEnv slots("LOOM_SIMPLE_SLOT_BYTES", "4096");
+  loomConfig_t config = LOOM_CONFIG_INITIALIZER;
+  config.timeoutMs = 300;
+  std::atomic<long> slowestMs{0};
+  loomtest::runRanks(4, [&](loomComm_t comm, int rank) {
+    std::vector<float> data(size_t{64} << 20, float(rank));
+    auto start = std::chrono::steady_clock::now();
+    ASSERT_EQ(loomAllReduce(data.data(), data.data(), data.size(), loomFloat32, loomSum, comm, nullptr), loomSuccess)
+        << loomGetLastError(comm);
+    long ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    slowestMs = std::max(slowestMs.load(), ms);
+    EXPECT_EQ(data.back(), 6.0f);
+  }, &config);
+  if (slowestMs < 300) GTEST_SKIP() << "the call took " << slowestMs << " ms, under its 300 ms timeout: nothing shown";
 }
 
 TEST(Collectives, BarrierAtEveryRankCount) {
