@@ -36,7 +36,6 @@ class Connections : public Links {
   loomResult_t connect(loomComm* comm, const RankPlan& plan, const WaitCheck& check);
   // Marks every FIFO aborted, so that peers waiting on this rank stop at once.
   void abortAll();
-  size_t count() const { return senders_.size() + receivers_.size(); }
 
  private:
   template <typename End>

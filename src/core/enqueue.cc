@@ -59,6 +59,9 @@ loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** p
     RankPlan built;
     if (!buildPlan(args, algorithm, &built))
       return LOOM_FAIL(loomInternalError, COLL, "no algorithm for %s", collectiveName(call.collective));
+    if (logEnabled(LogLevel::kTrace, Subsys::COLL))
+      logMessage(LogLevel::kTrace, Subsys::COLL, "%s count %zu root %d: %s", collectiveName(call.collective),
+                 call.count, call.root, describe(built).c_str());
     found = comm->planCache.emplace(key, std::move(built)).first;
   }
   *plan = &found->second;

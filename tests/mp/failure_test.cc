@@ -457,7 +457,8 @@ int freePort() {
 void clearLauncherEnv() {
   for (const char* name : {"LOOM_RANK", "LOOM_NRANKS", "LOOM_ROOT_ADDR", "LOOM_SECRET", "LOOM_PORT_OFFSET", "RANK",
                            "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                           "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS"})
+                           "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_NAMESPACE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
+                           "SLURM_NTASKS", "SLURM_STEP_NODELIST", "SLURM_JOB_ID", "SLURM_STEP_ID"})
     unsetenv(name);
 }
 
@@ -534,6 +535,29 @@ TEST(InitFromEnvTest, TorchrunVariables) {
     setenv("WORLD_SIZE", "3", 1);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", std::to_string(port - 1).c_str(), 1);
+  });
+}
+
+// Open MPI's variables on one host: the root defaults to 127.0.0.1 with a port derived from the job's namespace.
+TEST(InitFromEnvTest, OpenMpiVariablesOnOneHost) {
+  const std::string job = "loomtest-" + std::to_string(getpid());
+  runWorldFromEnv("Open MPI", 3, [&](int rank) {
+    setenv("OMPI_COMM_WORLD_RANK", std::to_string(rank).c_str(), 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "3", 1);
+    setenv("PMIX_NAMESPACE", job.c_str(), 1);
+  });
+}
+
+// Slurm's variables: the root is the first node of the step ("localhost" here) at a port derived from the job.
+TEST(InitFromEnvTest, SlurmVariables) {
+  const std::string job = std::to_string(getpid());
+  runWorldFromEnv("Slurm", 2, [&](int rank) {
+    setenv("SLURM_PROCID", std::to_string(rank).c_str(), 1);
+    setenv("SLURM_NTASKS", "2", 1);
+    setenv("SLURM_STEP_NODELIST", "localhost", 1);
+    setenv("SLURM_JOB_ID", job.c_str(), 1);
+    setenv("SLURM_STEP_ID", "0", 1);
   });
 }
 
