@@ -48,7 +48,9 @@ struct RankSetup {
   int fifoDepth;
   uint64_t slotBytes;
   uint64_t llSlotBytes;
+  uint64_t llThresholdBytes;
   int nChannels;
+  int forcedProtocol;
 };
 
 int64_t clampParam(int64_t value, int64_t lo, int64_t hi) { return value < lo ? lo : value > hi ? hi : value; }
@@ -76,6 +78,13 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
   comm->nranks = nranks;
   comm->timeoutMs = params::timeoutMs();
   comm->nChannels = static_cast<int>(clampParam(params::nChannels(), 1, 32));
+  comm->algorithm = params::algo();
+  std::string proto = params::proto();
+  if (!proto.empty() && proto != "LL" && proto != "Simple")
+    return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_PROTO=\"%s\" is neither LL nor Simple", proto.c_str());
+  comm->forcedProtocol = proto == "LL" ? static_cast<int>(Protocol::kLL) : proto == "Simple" ? 0 : -1;
+  comm->llThresholdBytes = static_cast<size_t>(std::max<int64_t>(0, params::llThreshold()));
+  comm->peerCheckMs = clampParam(params::peerCheckMs(), 1, 60000);
   if (config != nullptr) {
     if (config->timeoutMs != LOOM_CONFIG_UNDEF_INT && config->timeoutMs > 0) comm->timeoutMs = config->timeoutMs;
     if (config->commName != nullptr) comm->name = config->commName;
@@ -106,17 +115,23 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   mine.slotBytes = comm->fifoShape.slotBytes;
   mine.llSlotBytes = comm->fifoShape.llSlotBytes;
   mine.nChannels = comm->nChannels;
+  mine.llThresholdBytes = comm->llThresholdBytes;
+  mine.forcedProtocol = comm->forcedProtocol;
   mine.probeAddress = reinterpret_cast<uint64_t>(&kProbeWord);
   LOOM_CHECK(comm->bootstrap->allGather(setups.data(), sizeof(RankSetup), deadline.remainingMs()));
   for (const RankSetup& setup : setups) {
     if (setup.fifoDepth != mine.fifoDepth || setup.slotBytes != mine.slotBytes ||
-        setup.llSlotBytes != mine.llSlotBytes || setup.nChannels != mine.nChannels)
+        setup.llSlotBytes != mine.llSlotBytes || setup.nChannels != mine.nChannels ||
+        setup.llThresholdBytes != mine.llThresholdBytes || setup.forcedProtocol != mine.forcedProtocol)
       return LOOM_FAIL(loomInvalidUsage, INIT,
-                       "rank %d uses FIFO depth %d, slots of %llu/%llu bytes and %d channels, rank %d uses %d, "
-                       "%llu/%llu and %d: LOOM_FIFO_DEPTH, LOOM_*_SLOT_BYTES and LOOM_NCHANNELS must match",
+                       "rank %d uses FIFO depth %d, slots of %llu/%llu bytes, %d channels, LL up to %llu bytes, "
+                       "protocol %d; rank %d uses %d, %llu/%llu, %d, %llu, %d: LOOM_FIFO_DEPTH, LOOM_*_SLOT_BYTES, "
+                       "LOOM_NCHANNELS, LOOM_LL_THRESHOLD and LOOM_PROTO must match on every rank",
                        setup.info.rank, setup.fifoDepth, (unsigned long long)setup.slotBytes,
-                       (unsigned long long)setup.llSlotBytes, setup.nChannels, rank, mine.fifoDepth,
-                       (unsigned long long)mine.slotBytes, (unsigned long long)mine.llSlotBytes, mine.nChannels);
+                       (unsigned long long)setup.llSlotBytes, setup.nChannels,
+                       (unsigned long long)setup.llThresholdBytes, setup.forcedProtocol, rank, mine.fifoDepth,
+                       (unsigned long long)mine.slotBytes, (unsigned long long)mine.llSlotBytes, mine.nChannels,
+                       (unsigned long long)mine.llThresholdBytes, mine.forcedProtocol);
     comm->peers.push_back(setup.info);
     if (setup.info.hostHash == mine.info.hostHash && setup.info.rank != rank)
       comm->peerWatch.add(setup.info.rank, setup.info.pid);
@@ -210,7 +225,7 @@ loomResult_t CommWatch::operator()(bool progressed) {
   }
   Clock::time_point now = Clock::now();
   if (now >= nextPeerCheck_) {
-    nextPeerCheck_ = now + std::chrono::milliseconds(params::peerCheckMs());
+    nextPeerCheck_ = now + std::chrono::milliseconds(comm_->peerCheckMs);
     int dead = comm_->peerWatch.firstDead();
     if (dead >= 0)
       return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: rank %d (pid %d) has exited", what_, comm_->rank, dead,

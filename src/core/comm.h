@@ -66,6 +66,11 @@ struct loomComm {
   std::vector<loom::PeerInfo> peers;
   loom::PeerWatch peerWatch;
   loom::FifoShape fifoShape{};
+  // Read once at init (and checked equal on every rank where both ends of a message must agree).
+  std::string algorithm;              // LOOM_ALGO
+  int forcedProtocol = -1;            // LOOM_PROTO: -1 by size, else a loom::Protocol
+  size_t llThresholdBytes = 0;        // LOOM_LL_THRESHOLD
+  int64_t peerCheckMs = 50;           // LOOM_PEER_CHECK_MS
   loom::Connections connections;
   std::map<loom::PlanKey, loom::RankPlan> planCache;
   std::vector<std::byte> scratch;

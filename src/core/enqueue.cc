@@ -10,7 +10,6 @@
 #include "src/core/comm.h"
 #include "src/core/dtype.h"
 #include "src/core/mem.h"
-#include "src/core/params.h"
 #include "src/core/stream.h"
 
 namespace loom {
@@ -42,9 +41,11 @@ void moveToP2PChannel(RankPlan* plan) {
 loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** plan) {
   loomComm* comm = call.comm;
   CollArgs args = argsOf(call);
-  std::string algorithm = params::algo();
-  std::vector<std::string> known = algorithmsFor(call.collective);
-  if (std::find(known.begin(), known.end(), algorithm) == known.end()) algorithm.clear();  // not for this one
+  std::string algorithm = comm->algorithm;
+  if (!algorithm.empty()) {
+    std::vector<std::string> known = algorithmsFor(call.collective);
+    if (std::find(known.begin(), known.end(), algorithm) == known.end()) algorithm.clear();  // not for this one
+  }
   bool cacheable = call.collective != Collective::kAllToAllv && call.collective != Collective::kSendRecv;
   if (!cacheable) {
     buildPlan(args, algorithm, scratchPlan);
@@ -107,9 +108,8 @@ ExecTask taskFor(const Call& call, const RankPlan* plan) {
   task.datatype = call.datatype;
   task.op = call.op;
   task.nranks = comm->nranks;
-  std::string proto = params::proto();
-  task.forcedProtocol = proto == "LL" ? static_cast<int>(Protocol::kLL) : proto == "Simple" ? 0 : -1;
-  task.llThresholdBytes = static_cast<size_t>(std::max<int64_t>(0, params::llThreshold()));
+  task.forcedProtocol = comm->forcedProtocol;
+  task.llThresholdBytes = comm->llThresholdBytes;
   task.simpleSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kSimple);
   task.llSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kLL);
   task.links = &comm->connections;
