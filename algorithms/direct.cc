@@ -44,8 +44,6 @@ RankPlan buildStar(const CollArgs& args, const char* name, bool toRoot, Buffer r
 
 RankPlan buildDirectGather(const CollArgs& args) { return buildStar(args, "direct", true, Buffer::kOutput, true); }
 RankPlan buildDirectScatter(const CollArgs& args) { return buildStar(args, "direct", false, Buffer::kInput, true); }
-RankPlan buildDirectBroadcast(const CollArgs& args) {
-  return buildStar(args, "direct", false, Buffer::kInput, false);
-}
+RankPlan buildDirectBroadcast(const CollArgs& args) { return buildStar(args, "direct", false, Buffer::kInput, false); }
 
 }  // namespace loom

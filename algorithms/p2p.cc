@@ -35,7 +35,8 @@ RankPlan buildSendRecv(const CollArgs& args) {
   Lane self{0, {}};
   for (size_t k = 0; k < std::min(selfSends.size(), selfRecvs.size()); ++k) {
     size_t count = std::min(args.p2p[selfSends[k]].count, args.p2p[selfRecvs[k]].count);
-    self.steps.push_back(copy(Region{Buffer::kInput, 0, count, selfSends[k]}, Region{Buffer::kOutput, 0, count, selfRecvs[k]}));
+    self.steps.push_back(
+        copy(Region{Buffer::kInput, 0, count, selfSends[k]}, Region{Buffer::kOutput, 0, count, selfRecvs[k]}));
   }
   if (!self.steps.empty()) plan.lanes.push_back(std::move(self));
   return plan;

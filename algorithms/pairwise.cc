@@ -32,7 +32,8 @@ RankPlan buildPairwise(const CollArgs& args, BlockFn block) {
   for (int c = 0; c < args.nChannels; ++c) {
     Lane sends{c, {}}, recvs{c, {}}, local{c, {}};
     Region own = channelPart(block(args, Buffer::kInput, rank), args.nChannels, c);
-    if (own.count > 0) local.steps.push_back(copy(own, channelPart(block(args, Buffer::kOutput, rank), args.nChannels, c)));
+    if (own.count > 0)
+      local.steps.push_back(copy(own, channelPart(block(args, Buffer::kOutput, rank), args.nChannels, c)));
     for (int j = 1; j < n; ++j) {
       int to = mod(rank + j, n), from = mod(rank - j, n);
       Region out = channelPart(block(args, Buffer::kInput, to), args.nChannels, c);

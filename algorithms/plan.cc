@@ -7,31 +7,50 @@ namespace loom {
 
 const char* collectiveName(Collective collective) {
   switch (collective) {
-    case Collective::kAllReduce: return "AllReduce";
-    case Collective::kBroadcast: return "Broadcast";
-    case Collective::kReduce: return "Reduce";
-    case Collective::kAllGather: return "AllGather";
-    case Collective::kReduceScatter: return "ReduceScatter";
-    case Collective::kAllToAll: return "AllToAll";
-    case Collective::kAllToAllv: return "AllToAllv";
-    case Collective::kGather: return "Gather";
-    case Collective::kScatter: return "Scatter";
-    case Collective::kSendRecv: return "SendRecv";
-    case Collective::kBarrier: return "Barrier";
+    case Collective::kAllReduce:
+      return "AllReduce";
+    case Collective::kBroadcast:
+      return "Broadcast";
+    case Collective::kReduce:
+      return "Reduce";
+    case Collective::kAllGather:
+      return "AllGather";
+    case Collective::kReduceScatter:
+      return "ReduceScatter";
+    case Collective::kAllToAll:
+      return "AllToAll";
+    case Collective::kAllToAllv:
+      return "AllToAllv";
+    case Collective::kGather:
+      return "Gather";
+    case Collective::kScatter:
+      return "Scatter";
+    case Collective::kSendRecv:
+      return "SendRecv";
+    case Collective::kBarrier:
+      return "Barrier";
   }
   return "?";
 }
 
 const char* actionName(Action action) {
   switch (action) {
-    case Action::kSend: return "send";
-    case Action::kRecv: return "recv";
-    case Action::kRecvReduce: return "recvReduce";
-    case Action::kRecvReduceSend: return "recvReduceSend";
-    case Action::kRecvReduceCopySend: return "recvReduceCopySend";
-    case Action::kRecvCopySend: return "recvCopySend";
-    case Action::kCopy: return "copy";
-    case Action::kReduce: return "reduce";
+    case Action::kSend:
+      return "send";
+    case Action::kRecv:
+      return "recv";
+    case Action::kRecvReduce:
+      return "recvReduce";
+    case Action::kRecvReduceSend:
+      return "recvReduceSend";
+    case Action::kRecvReduceCopySend:
+      return "recvReduceCopySend";
+    case Action::kRecvCopySend:
+      return "recvCopySend";
+    case Action::kCopy:
+      return "copy";
+    case Action::kReduce:
+      return "reduce";
   }
   return "?";
 }
@@ -49,8 +68,10 @@ bool actionSends(Action action) {
 size_t Step::count() const {
   switch (action) {
     case Action::kSend:
-    case Action::kRecvReduceSend: return src.count;
-    default: return dst.count;
+    case Action::kRecvReduceSend:
+      return src.count;
+    default:
+      return dst.count;
   }
 }
 
@@ -58,17 +79,22 @@ size_t inputCountOf(const CollArgs& args) {
   size_t n = static_cast<size_t>(args.nranks);
   switch (args.collective) {
     case Collective::kReduceScatter:
-    case Collective::kAllToAll: return args.count * n;
-    case Collective::kScatter: return args.rank == args.root ? args.count * n : 0;
-    case Collective::kBroadcast: return args.rank == args.root ? args.count : 0;
+    case Collective::kAllToAll:
+      return args.count * n;
+    case Collective::kScatter:
+      return args.rank == args.root ? args.count * n : 0;
+    case Collective::kBroadcast:
+      return args.rank == args.root ? args.count : 0;
     case Collective::kAllToAllv: {
       size_t end = 0;
       for (size_t p = 0; p < args.sendCounts.size(); ++p) end = std::max(end, args.sendDispls[p] + args.sendCounts[p]);
       return end;
     }
     case Collective::kSendRecv:
-    case Collective::kBarrier: return 0;
-    default: return args.count;
+    case Collective::kBarrier:
+      return 0;
+    default:
+      return args.count;
   }
 }
 
@@ -76,17 +102,22 @@ size_t outputCountOf(const CollArgs& args) {
   size_t n = static_cast<size_t>(args.nranks);
   switch (args.collective) {
     case Collective::kAllGather:
-    case Collective::kAllToAll: return args.count * n;
-    case Collective::kGather: return args.rank == args.root ? args.count * n : 0;
-    case Collective::kReduce: return args.rank == args.root ? args.count : 0;
+    case Collective::kAllToAll:
+      return args.count * n;
+    case Collective::kGather:
+      return args.rank == args.root ? args.count * n : 0;
+    case Collective::kReduce:
+      return args.rank == args.root ? args.count : 0;
     case Collective::kAllToAllv: {
       size_t end = 0;
       for (size_t p = 0; p < args.recvCounts.size(); ++p) end = std::max(end, args.recvDispls[p] + args.recvCounts[p]);
       return end;
     }
     case Collective::kSendRecv:
-    case Collective::kBarrier: return 0;
-    default: return args.count;
+    case Collective::kBarrier:
+      return 0;
+    default:
+      return args.count;
   }
 }
 
@@ -130,9 +161,11 @@ std::string describe(const RankPlan& plan) {
       text += std::string("    ") + actionName(step.action);
       if (actionReceives(step.action)) text += " from " + std::to_string(step.recvPeer);
       if (actionSends(step.action)) text += " to " + std::to_string(step.sendPeer);
-      if (step.action != Action::kRecv && step.action != Action::kRecvCopySend) text += " src " + describeRegion(step.src);
+      if (step.action != Action::kRecv && step.action != Action::kRecvCopySend)
+        text += " src " + describeRegion(step.src);
       if (step.action == Action::kReduce) text += " src2 " + describeRegion(step.src2);
-      if (step.action != Action::kSend && step.action != Action::kRecvReduceSend) text += " dst " + describeRegion(step.dst);
+      if (step.action != Action::kSend && step.action != Action::kRecvReduceSend)
+        text += " dst " + describeRegion(step.dst);
       text += "\n";
     }
   }

@@ -63,9 +63,9 @@ struct Step {
   Action action;
   int recvPeer = -1;
   int sendPeer = -1;
-  Region src;   // data sent, local operand, or copy source
-  Region src2;  // second operand of kReduce
-  Region dst;   // where the step writes
+  Region src;            // data sent, local operand, or copy source
+  Region src2;           // second operand of kReduce
+  Region dst;            // where the step writes
   size_t count() const;  // elements the step moves (all of its regions have this count)
 };
 
@@ -77,9 +77,9 @@ struct Lane {
 // One rank's share of a call.
 struct RankPlan {
   std::vector<Lane> lanes;
-  size_t inputCount = 0;    // elements of the input buffer the plan may read
-  size_t outputCount = 0;   // elements of the output buffer it may write
-  size_t scratchCount = 0;  // elements of scratch the executor must provide
+  size_t inputCount = 0;                        // elements of the input buffer the plan may read
+  size_t outputCount = 0;                       // elements of the output buffer it may write
+  size_t scratchCount = 0;                      // elements of scratch the executor must provide
   Region reducedOutput{Buffer::kOutput, 0, 0};  // where loomAvg's final divide applies (count 0: none)
   const char* algorithm = "";
 };

@@ -55,7 +55,8 @@ RankPlan buildRingAllReduce(const CollArgs& args) {
     if (chunks.partCount == 0) continue;
     Lane lane{c, {}};
     if (args.nranks == 1) {
-      lane.steps.push_back(copy(input(chunks.partOffset, chunks.partCount), output(chunks.partOffset, chunks.partCount)));
+      lane.steps.push_back(
+          copy(input(chunks.partOffset, chunks.partCount), output(chunks.partOffset, chunks.partCount)));
     } else {
       ringAllReduceLane(args, chunks, &lane);
     }

@@ -66,8 +66,8 @@ struct Value {
   }
   std::string text() const {
     if (!defined) return "nothing";
-    return "op over ranks " + ranks.text() + " of input" + (inputIndex ? "#" + std::to_string(inputIndex) : "") +
-           "[" + std::to_string(base) + "]";
+    return "op over ranks " + ranks.text() + " of input" + (inputIndex ? "#" + std::to_string(inputIndex) : "") + "[" +
+           std::to_string(base) + "]";
   }
 };
 
@@ -170,16 +170,20 @@ Alias inPlaceAlias(const CollArgs& args) {
   switch (args.collective) {
     case Collective::kAllReduce:
     case Collective::kBroadcast:
-    case Collective::kReduce: return {true, Buffer::kInput, Buffer::kOutput, 0};
-    case Collective::kAllGather: return {true, Buffer::kInput, Buffer::kOutput, r * c};
-    case Collective::kReduceScatter: return {true, Buffer::kOutput, Buffer::kInput, r * c};
+    case Collective::kReduce:
+      return {true, Buffer::kInput, Buffer::kOutput, 0};
+    case Collective::kAllGather:
+      return {true, Buffer::kInput, Buffer::kOutput, r * c};
+    case Collective::kReduceScatter:
+      return {true, Buffer::kOutput, Buffer::kInput, r * c};
     case Collective::kGather:
       if (args.rank == args.root) return {true, Buffer::kInput, Buffer::kOutput, r * c};
       return {};
     case Collective::kScatter:
       if (args.rank == args.root) return {true, Buffer::kOutput, Buffer::kInput, r * c};
       return {};
-    default: return {};
+    default:
+      return {};
   }
 }
 
@@ -308,7 +312,8 @@ class Verifier {
   size_t rounds(const Lane& lane) const {
     if (options_.sliceElems == 0) return 1;
     size_t most = 0;
-    for (const Step& step : lane.steps) most = std::max(most, (step.count() + options_.sliceElems - 1) / options_.sliceElems);
+    for (const Step& step : lane.steps)
+      most = std::max(most, (step.count() + options_.sliceElems - 1) / options_.sliceElems);
     return most;
   }
 
@@ -350,13 +355,19 @@ class Verifier {
     Data result;
     std::string error;
     switch (step.action) {
-      case Action::kSend: result = read(rank, sub(step.src, lo, hi)); break;
-      case Action::kRecv: write(rank, sub(step.dst, lo, hi), incoming); break;
+      case Action::kSend:
+        result = read(rank, sub(step.src, lo, hi));
+        break;
+      case Action::kRecv:
+        write(rank, sub(step.dst, lo, hi), incoming);
+        break;
       case Action::kRecvCopySend:
         write(rank, sub(step.dst, lo, hi), incoming);
         result = incoming;
         break;
-      case Action::kCopy: write(rank, sub(step.dst, lo, hi), read(rank, sub(step.src, lo, hi))); break;
+      case Action::kCopy:
+        write(rank, sub(step.dst, lo, hi), read(rank, sub(step.src, lo, hi)));
+        break;
       case Action::kReduce:
       case Action::kRecvReduce:
       case Action::kRecvReduceSend:
@@ -423,10 +434,18 @@ class Verifier {
     };
     Data data;
     switch (args.collective) {
-      case Collective::kAllReduce: data.push_back(block(0, c, 0, 0, true)); break;
-      case Collective::kReduceScatter: data.push_back(block(0, c, 0, r * c, true)); break;
-      case Collective::kBroadcast: data.push_back(block(0, c, args.root, 0, false)); break;
-      case Collective::kScatter: data.push_back(block(0, c, args.root, r * c, false)); break;
+      case Collective::kAllReduce:
+        data.push_back(block(0, c, 0, 0, true));
+        break;
+      case Collective::kReduceScatter:
+        data.push_back(block(0, c, 0, r * c, true));
+        break;
+      case Collective::kBroadcast:
+        data.push_back(block(0, c, args.root, 0, false));
+        break;
+      case Collective::kScatter:
+        data.push_back(block(0, c, args.root, r * c, false));
+        break;
       case Collective::kReduce:
         if (rank == args.root) data.push_back(block(0, c, 0, 0, true));
         break;
@@ -475,7 +494,8 @@ class Verifier {
         }
         return out;
       }
-      case Collective::kBarrier: return {{scratch(0, 1), Data{block(0, 1, 0, 0, true)}}};
+      case Collective::kBarrier:
+        return {{scratch(0, 1), Data{block(0, 1, 0, 0, true)}}};
     }
     if (!data.empty()) out.push_back({output(0, plans_[rank].outputCount), data});
     return out;
@@ -488,9 +508,9 @@ class Verifier {
       forEachPiece(got, want, [&](size_t lo, size_t, const Value& x, const Value& y) {
         if (error.empty() && !x.sameAs(y))
           error = std::string(collectiveName(args_[rank].collective)) + " (" + plans_[rank].algorithm + ", " +
-                  std::to_string(n_) + " ranks, count " + std::to_string(args_[rank].count) + (options_.inPlace ? ", in place" : "") +
-                  "): rank " + std::to_string(rank) + " element " + std::to_string(lo) + " holds " + x.text() +
-                  ", expected " + y.text();
+                  std::to_string(n_) + " ranks, count " + std::to_string(args_[rank].count) +
+                  (options_.inPlace ? ", in place" : "") + "): rank " + std::to_string(rank) + " element " +
+                  std::to_string(lo) + " holds " + x.text() + ", expected " + y.text();
       });
       if (!error.empty()) return error;
     }
@@ -520,11 +540,14 @@ std::string verifyPlan(const std::vector<CollArgs>& perRank, const std::string& 
   RankPlan probe;
   if (!buildPlan(perRank[0], algorithm, &probe))
     return "no algorithm '" + algorithm + "' for " + collectiveName(perRank[0].collective);
-  return verifyPlan(perRank, [&](const CollArgs& args) {
-    RankPlan plan;
-    buildPlan(args, algorithm, &plan);
-    return plan;
-  }, options);
+  return verifyPlan(
+      perRank,
+      [&](const CollArgs& args) {
+        RankPlan plan;
+        buildPlan(args, algorithm, &plan);
+        return plan;
+      },
+      options);
 }
 
 std::string verifyPlan(const std::vector<CollArgs>& perRank, const PlanBuilder& build, const VerifyOptions& options) {

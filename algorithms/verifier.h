@@ -28,7 +28,8 @@ std::vector<CollArgs> argsForAllRanks(const CollArgs& args);
 
 // Builds and checks the plan of `algorithm` ("" = default) for the call described by `perRank` (one entry per
 // rank). Returns "" when the plan is proven correct, else what is wrong, naming rank, lane and step.
-std::string verifyPlan(const std::vector<CollArgs>& perRank, const std::string& algorithm, const VerifyOptions& options);
+std::string verifyPlan(const std::vector<CollArgs>& perRank, const std::string& algorithm,
+                       const VerifyOptions& options);
 // The same for plans from any builder (tests use it to show that broken plans are caught).
 using PlanBuilder = std::function<RankPlan(const CollArgs&)>;
 std::string verifyPlan(const std::vector<CollArgs>& perRank, const PlanBuilder& build, const VerifyOptions& options);

@@ -117,8 +117,6 @@ const void* FifoReceiver::poll(Protocol protocol, size_t* bytes, bool* direct) {
   return staging_.data();
 }
 
-void FifoReceiver::release() {
-  memory_.header->tail.store(++consumed_, std::memory_order_release);
-}
+void FifoReceiver::release() { memory_.header->tail.store(++consumed_, std::memory_order_release); }
 
 }  // namespace loom

@@ -40,7 +40,7 @@ struct alignas(64) FifoHeader {
   alignas(64) std::atomic<uint64_t> head;  // messages posted by the sender
   alignas(64) std::atomic<uint64_t> tail;  // messages released by the receiver
   alignas(64) std::atomic<uint32_t> senderAttached;
-  std::atomic<uint32_t> aborted;  // set by either side when it gives up on the connection
+  std::atomic<uint32_t> aborted;                           // set by either side when it gives up on the connection
   alignas(64) std::atomic<uint64_t> sizes[kMaxFifoDepth];  // bytes of each posted Simple message
 };
 

@@ -87,22 +87,22 @@ typedef enum { loomDeviceHost = 0, loomDeviceCuda = 1 } loomDevice_t;
  * `version` so the library can read structs from older and newer headers safely, and leaves every option unset.
  */
 typedef struct {
-  size_t size;             /**< sizeof(loomConfig_t) as compiled by the caller. */
-  unsigned int magic;      /**< LOOM_CONFIG_MAGIC. */
-  unsigned int version;    /**< LOOM_VERSION_CODE of the caller's header. */
-  int blocking;            /**< 1 (default): init returns when ready; 0: init may return loomInProgress. */
-  int timeoutMs;           /**< Deadline of every wait in ms; <= 0 unset means LOOM_TIMEOUT_MS. */
-  const char* commName;    /**< Name used in log lines and error messages (may be NULL). */
-  int device;              /**< loomDeviceHost (default) or loomDeviceCuda. */
-  int cudaDevice;          /**< CUDA device ordinal for a CUDA communicator; unset means the current one. */
-  int nChannels;           /**< Channels (parallel rings / lanes) per collective; unset means tuned. */
+  size_t size;          /**< sizeof(loomConfig_t) as compiled by the caller. */
+  unsigned int magic;   /**< LOOM_CONFIG_MAGIC. */
+  unsigned int version; /**< LOOM_VERSION_CODE of the caller's header. */
+  int blocking;         /**< 1 (default): init returns when ready; 0: init may return loomInProgress. */
+  int timeoutMs;        /**< Deadline of every wait in ms; <= 0 unset means LOOM_TIMEOUT_MS. */
+  const char* commName; /**< Name used in log lines and error messages (may be NULL). */
+  int device;           /**< loomDeviceHost (default) or loomDeviceCuda. */
+  int cudaDevice;       /**< CUDA device ordinal for a CUDA communicator; unset means the current one. */
+  int nChannels;        /**< Channels (parallel rings / lanes) per collective; unset means tuned. */
 } loomConfig_t;
 
 #define LOOM_CONFIG_MAGIC 0x6c6f6f6du /* "loom" */
-#define LOOM_CONFIG_INITIALIZER                                                                         \
-  {                                                                                                   \
-    sizeof(loomConfig_t), LOOM_CONFIG_MAGIC, LOOM_VERSION_CODE, LOOM_CONFIG_UNDEF_INT,                 \
-        LOOM_CONFIG_UNDEF_INT, NULL, LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_INT \
+#define LOOM_CONFIG_INITIALIZER                                                                                     \
+  {                                                                                                                 \
+    sizeof(loomConfig_t), LOOM_CONFIG_MAGIC, LOOM_VERSION_CODE, LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_INT, NULL, \
+        LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_INT                                         \
   }
 
 /** A short, static description of a result code. */
@@ -121,8 +121,7 @@ loomResult_t loomGetUniqueId(loomUniqueId* uniqueId);
 /** Joins communicator `commId` as `rank` of `nranks`. Collective over all ranks: each calls it once. */
 loomResult_t loomCommInitRank(loomComm_t* comm, int nranks, loomUniqueId commId, int rank);
 /** As loomCommInitRank, with options; config may be NULL. */
-loomResult_t loomCommInitRankConfig(loomComm_t* comm, int nranks, loomUniqueId commId, int rank,
-                                    loomConfig_t* config);
+loomResult_t loomCommInitRankConfig(loomComm_t* comm, int nranks, loomUniqueId commId, int rank, loomConfig_t* config);
 /**
  * Joins the world communicator described by the environment of a launcher: loomrun (LOOM_RANK, LOOM_NRANKS,
  * LOOM_ROOT_ADDR), torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI (OMPI_COMM_WORLD_RANK/SIZE),
@@ -149,14 +148,14 @@ loomResult_t loomCommCount(const loomComm_t comm, int* count);
 loomResult_t loomCommUserRank(const loomComm_t comm, int* rank);
 
 /** recvbuff[i] = op over all ranks of sendbuff[i], on every rank. In place when sendbuff == recvbuff. */
-loomResult_t loomAllReduce(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype,
-                           loomRedOp_t op, loomComm_t comm, loomStream_t stream);
+loomResult_t loomAllReduce(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, loomRedOp_t op,
+                           loomComm_t comm, loomStream_t stream);
 /** recvbuff = root's sendbuff, on every rank. sendbuff is read on root only. */
-loomResult_t loomBroadcast(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype,
-                           int root, loomComm_t comm, loomStream_t stream);
+loomResult_t loomBroadcast(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, int root,
+                           loomComm_t comm, loomStream_t stream);
 /** On root: recvbuff[i] = op over all ranks of sendbuff[i]. recvbuff is written on root only. */
-loomResult_t loomReduce(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype,
-                        loomRedOp_t op, int root, loomComm_t comm, loomStream_t stream);
+loomResult_t loomReduce(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, loomRedOp_t op,
+                        int root, loomComm_t comm, loomStream_t stream);
 /** recvbuff[r*sendcount + i] = sendbuff of rank r [i]. In place when sendbuff == recvbuff + rank*sendcount. */
 loomResult_t loomAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, loomDataType_t datatype,
                            loomComm_t comm, loomStream_t stream);
@@ -167,15 +166,15 @@ loomResult_t loomAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 loomResult_t loomReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, loomDataType_t datatype,
                                loomRedOp_t op, loomComm_t comm, loomStream_t stream);
 /** recvbuff[p*count + i] = sendbuff of rank p [rank*count + i]. Buffers must not overlap. */
-loomResult_t loomAllToAll(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype,
-                          loomComm_t comm, loomStream_t stream);
+loomResult_t loomAllToAll(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, loomComm_t comm,
+                          loomStream_t stream);
 /**
  * Rank r sends sendcounts[p] elements at sdispls[p] to each peer p, and receives recvcounts[p] elements at
  * rdispls[p] from each. Counts must agree pairwise. Displacements are in elements. Buffers must not overlap.
  */
 loomResult_t loomAllToAllv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
-                           const size_t recvcounts[], const size_t rdispls[], loomDataType_t datatype,
-                           loomComm_t comm, loomStream_t stream);
+                           const size_t recvcounts[], const size_t rdispls[], loomDataType_t datatype, loomComm_t comm,
+                           loomStream_t stream);
 /** On root: recvbuff[r*sendcount + i] = sendbuff of rank r [i]. In place when sendbuff == recvbuff + root*sendcount. */
 loomResult_t loomGather(const void* sendbuff, void* recvbuff, size_t sendcount, loomDataType_t datatype, int root,
                         loomComm_t comm, loomStream_t stream);

@@ -97,8 +97,8 @@ loomResult_t bytesOf(const char* what, size_t count, size_t scale, loomDataType_
   size_t elements = 0;
   if (multiplyOverflows(count, scale, &elements) || multiplyOverflows(elements, dtypeSize(datatype), bytes) ||
       *bytes > static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()))
-    return LOOM_FAIL(loomInvalidArgument, COLL, "%s: count %zu x %zu elements of %s overflows the address space",
-                     what, count, scale, dtypeName(datatype));
+    return LOOM_FAIL(loomInvalidArgument, COLL, "%s: count %zu x %zu elements of %s overflows the address space", what,
+                     count, scale, dtypeName(datatype));
   return loomSuccess;
 }
 
@@ -151,8 +151,8 @@ using namespace loom;
   ;                  \
   return scope_.finish(body_());
 
-loomResult_t loomAllReduce(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype,
-                           loomRedOp_t op, loomComm_t comm, loomStream_t stream) {
+loomResult_t loomAllReduce(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, loomRedOp_t op,
+                           loomComm_t comm, loomStream_t stream) {
   LOOM_API_BEGIN(comm)
   const char* what = "AllReduce";
   LOOM_CHECK(checkComm(comm, what, stream));
@@ -201,9 +201,9 @@ loomResult_t loomReduce(const void* sendbuff, void* recvbuff, size_t count, loom
   LOOM_CHECK(checkBuffer(what, "sendbuff", sendbuff, bytes));
   LOOM_CHECK(checkBuffer(what, "recvbuff (on root)", isRoot ? recvbuff : nullptr, isRoot ? bytes : 0));
   if (isRoot) LOOM_CHECK(checkLayout(what, sendbuff, bytes, recvbuff, bytes, recvbuff));
-  return submitUnlessEmpty(makeCall(comm, Collective::kReduce, count, datatype, op, root, stream, sendbuff,
-                                    isRoot ? recvbuff : nullptr),
-                           count == 0);
+  return submitUnlessEmpty(
+      makeCall(comm, Collective::kReduce, count, datatype, op, root, stream, sendbuff, isRoot ? recvbuff : nullptr),
+      count == 0);
   LOOM_API_END
 }
 
@@ -247,8 +247,8 @@ loomResult_t loomReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   LOOM_API_END
 }
 
-loomResult_t loomAllToAll(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype,
-                          loomComm_t comm, loomStream_t stream) {
+loomResult_t loomAllToAll(const void* sendbuff, void* recvbuff, size_t count, loomDataType_t datatype, loomComm_t comm,
+                          loomStream_t stream) {
   LOOM_API_BEGIN(comm)
   const char* what = "AllToAll";
   LOOM_CHECK(checkComm(comm, what, stream));
@@ -258,14 +258,14 @@ loomResult_t loomAllToAll(const void* sendbuff, void* recvbuff, size_t count, lo
   LOOM_CHECK(checkBuffer(what, "sendbuff", sendbuff, totalBytes));
   LOOM_CHECK(checkBuffer(what, "recvbuff", recvbuff, totalBytes));
   LOOM_CHECK(checkLayout(what, sendbuff, totalBytes, recvbuff, totalBytes, nullptr));
-  return submitUnlessEmpty(makeCall(comm, Collective::kAllToAll, count, datatype, loomSum, 0, stream, sendbuff, recvbuff),
-                           count == 0);
+  return submitUnlessEmpty(
+      makeCall(comm, Collective::kAllToAll, count, datatype, loomSum, 0, stream, sendbuff, recvbuff), count == 0);
   LOOM_API_END
 }
 
 loomResult_t loomAllToAllv(const void* sendbuff, const size_t sendcounts[], const size_t sdispls[], void* recvbuff,
-                           const size_t recvcounts[], const size_t rdispls[], loomDataType_t datatype,
-                           loomComm_t comm, loomStream_t stream) {
+                           const size_t recvcounts[], const size_t rdispls[], loomDataType_t datatype, loomComm_t comm,
+                           loomStream_t stream) {
   LOOM_API_BEGIN(comm)
   const char* what = "AllToAllv";
   LOOM_CHECK(checkComm(comm, what, stream));
@@ -360,8 +360,8 @@ loomResult_t pointToPoint(bool isSend, const void* buffer, size_t count, loomDat
   LOOM_CHECK(bytesOf(what, count, 1, datatype, &bytes));
   LOOM_CHECK(checkBuffer(what, isSend ? "sendbuff" : "recvbuff", buffer, bytes));
   if (peer == comm->rank && !groupOpen())
-    return LOOM_FAIL(loomInvalidUsage, COLL, "%s to or from self (rank %d) must be inside a group with its pair",
-                     what, peer);
+    return LOOM_FAIL(loomInvalidUsage, COLL, "%s to or from self (rank %d) must be inside a group with its pair", what,
+                     peer);
   Call call = makeCall(comm, Collective::kSendRecv, 0, datatype, loomSum, 0, stream, isSend ? buffer : nullptr,
                        isSend ? nullptr : const_cast<void*>(buffer));
   call.p2p.push_back({isSend, peer, count});
@@ -397,16 +397,26 @@ loomResult_t loomStreamDestroy(loomStream_t stream) { return streamDestroy(strea
 
 const char* loomGetErrorString(loomResult_t result) {
   switch (result) {
-    case loomSuccess: return "no error";
-    case loomUnhandledCudaError: return "unhandled cuda error";
-    case loomSystemError: return "unhandled system error";
-    case loomInternalError: return "internal error";
-    case loomInvalidArgument: return "invalid argument";
-    case loomInvalidUsage: return "invalid usage";
-    case loomRemoteError: return "remote process exited or there was a network error";
-    case loomInProgress: return "operation in progress";
-    case loomTimeout: return "operation timed out";
-    default: return "unknown result code";
+    case loomSuccess:
+      return "no error";
+    case loomUnhandledCudaError:
+      return "unhandled cuda error";
+    case loomSystemError:
+      return "unhandled system error";
+    case loomInternalError:
+      return "internal error";
+    case loomInvalidArgument:
+      return "invalid argument";
+    case loomInvalidUsage:
+      return "invalid usage";
+    case loomRemoteError:
+      return "remote process exited or there was a network error";
+    case loomInProgress:
+      return "operation in progress";
+    case loomTimeout:
+      return "operation timed out";
+    default:
+      return "unknown result code";
   }
 }
 

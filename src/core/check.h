@@ -19,9 +19,9 @@ void clearThreadLastError();
 }  // namespace loom
 
 // Returns from the enclosing function when `call` does not succeed.
-#define LOOM_CHECK(call)                            \
-  do {                                              \
-    loomResult_t loomCheckResult_ = (call);         \
+#define LOOM_CHECK(call)                                          \
+  do {                                                            \
+    loomResult_t loomCheckResult_ = (call);                       \
     if (loomCheckResult_ != loomSuccess) return loomCheckResult_; \
   } while (0)
 

@@ -88,7 +88,8 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
   if (config != nullptr) {
     if (config->timeoutMs != LOOM_CONFIG_UNDEF_INT && config->timeoutMs > 0) comm->timeoutMs = config->timeoutMs;
     if (config->commName != nullptr) comm->name = config->commName;
-    if (config->nChannels != LOOM_CONFIG_UNDEF_INT) comm->nChannels = static_cast<int>(clampParam(config->nChannels, 1, 32));
+    if (config->nChannels != LOOM_CONFIG_UNDEF_INT)
+      comm->nChannels = static_cast<int>(clampParam(config->nChannels, 1, 32));
     if (config->device != LOOM_CONFIG_UNDEF_INT) comm->device = static_cast<loomDevice_t>(config->device);
   }
   if (comm->device != loomDeviceHost)
@@ -137,8 +138,8 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
       comm->peerWatch.add(setup.info.rank, setup.info.pid);
   }
   LOOM_CHECK(exchangeDirectAccess(comm, setups, deadline));
-  LOOM_INFO(INIT, "comm %s rank %d of %d ready (%d channel(s), FIFO %d x %zu bytes)", comm->name.c_str(), rank,
-            nranks, comm->nChannels, comm->fifoShape.depth, comm->fifoShape.slotBytes);
+  LOOM_INFO(INIT, "comm %s rank %d of %d ready (%d channel(s), FIFO %d x %zu bytes)", comm->name.c_str(), rank, nranks,
+            comm->nChannels, comm->fifoShape.depth, comm->fifoShape.slotBytes);
   return loomSuccess;
 }
 

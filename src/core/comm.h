@@ -67,10 +67,10 @@ struct loomComm {
   loom::PeerWatch peerWatch;
   loom::FifoShape fifoShape{};
   // Read once at init (and checked equal on every rank where both ends of a message must agree).
-  std::string algorithm;              // LOOM_ALGO
-  int forcedProtocol = -1;            // LOOM_PROTO: -1 by size, else a loom::Protocol
-  size_t llThresholdBytes = 0;        // LOOM_LL_THRESHOLD
-  int64_t peerCheckMs = 50;           // LOOM_PEER_CHECK_MS
+  std::string algorithm;        // LOOM_ALGO
+  int forcedProtocol = -1;      // LOOM_PROTO: -1 by size, else a loom::Protocol
+  size_t llThresholdBytes = 0;  // LOOM_LL_THRESHOLD
+  int64_t peerCheckMs = 50;     // LOOM_PEER_CHECK_MS
   loom::Connections connections;
   std::map<loom::PlanKey, loom::RankPlan> planCache;
   std::vector<std::byte> scratch;
@@ -83,7 +83,7 @@ struct loomComm {
   std::mutex runMutex;  // one operation at a time on a communicator (streams and callers may race)
   std::mutex errorMutex;
   std::string lastError;
-  std::thread initThread;  // a non-blocking init runs here (config blocking = 0)
+  std::thread initThread;                               // a non-blocking init runs here (config blocking = 0)
   std::vector<std::pair<void*, size_t>> registrations;  // loomCommRegister: regions peers may access
 
   void setLastError(const std::string& message);

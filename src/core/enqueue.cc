@@ -1,9 +1,8 @@
 // submit() and runCalls(): planning (with a per-communicator cache), connecting and executing calls.
 #include "src/core/enqueue.h"
 
-#include <cstdint>
-
 #include <algorithm>
+#include <cstdint>
 
 #include "algorithms/builders.h"
 #include "src/core/check.h"

@@ -20,7 +20,7 @@ struct Call {
   std::vector<const void*> inputs;  // one per op for Send/Recv groups, else one
   std::vector<void*> outputs;
   std::vector<size_t> sendCounts, sendDispls, recvCounts, recvDispls;  // AllToAllv
-  std::vector<P2POp> p2p;                                             // SendRecv
+  std::vector<P2POp> p2p;                                              // SendRecv
 };
 
 // Runs `call` now, or adds it to this thread's open group, or queues it on its stream.

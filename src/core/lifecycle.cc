@@ -35,8 +35,7 @@ loomResult_t loomGetUniqueId(loomUniqueId* uniqueId) {
   return createUniqueId(uniqueId);
 }
 
-loomResult_t loomCommInitRankConfig(loomComm_t* comm, int nranks, loomUniqueId commId, int rank,
-                                    loomConfig_t* config) {
+loomResult_t loomCommInitRankConfig(loomComm_t* comm, int nranks, loomUniqueId commId, int rank, loomConfig_t* config) {
   clearThreadLastError();
   ScopedLogRank logRank(rank);
   if (comm == nullptr) return LOOM_FAIL(loomInvalidArgument, INIT, "comm pointer is NULL");

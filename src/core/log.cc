@@ -14,7 +14,8 @@
 namespace loom {
 namespace {
 
-constexpr const char* kSubsysNames[] = {"INIT", "BOOT", "TOPO", "TUNE", "SHM", "NET", "IB", "UCX", "CUDA", "COLL", "PAR"};
+constexpr const char* kSubsysNames[] = {"INIT", "BOOT", "TOPO", "TUNE", "SHM", "NET",
+                                        "IB",   "UCX",  "CUDA", "COLL", "PAR"};
 constexpr int kNumSubsys = sizeof(kSubsysNames) / sizeof(kSubsysNames[0]);
 
 struct Settings {

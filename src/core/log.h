@@ -29,8 +29,8 @@ class ScopedLogRank {
 
 }  // namespace loom
 
-#define LOOM_LOG_(level, sub, ...)                                                      \
-  do {                                                                                  \
+#define LOOM_LOG_(level, sub, ...)                                                                                   \
+  do {                                                                                                               \
     if (::loom::logEnabled(level, ::loom::Subsys::sub)) ::loom::logMessage(level, ::loom::Subsys::sub, __VA_ARGS__); \
   } while (0)
 #define LOOM_WARN(sub, ...) LOOM_LOG_(::loom::LogLevel::kWarn, sub, __VA_ARGS__)

@@ -3,6 +3,8 @@
 // loomMemAlloc hands out memory backed by a memfd, mapped shared, so that a peer process on the same host can map
 // the very same pages (zero-copy) rather than receive a copy. Registration (loomCommRegister) records a region on
 // a communicator; handles are checked, so a bad handle is an argument error.
+#include "src/core/mem.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -11,7 +13,6 @@
 
 #include "src/core/check.h"
 #include "src/core/comm.h"
-#include "src/core/mem.h"
 
 namespace loom {
 namespace {

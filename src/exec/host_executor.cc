@@ -6,8 +6,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include <memory>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "src/core/check.h"
@@ -206,8 +206,12 @@ class TaskRun {
       case Action::kRecv:
         if (incoming != pointer(step.dst, lo)) std::memcpy(pointer(step.dst, lo), incoming, bytes);
         break;
-      case Action::kRecvReduce: reduce_(pointer(step.dst, lo), pointer(step.src, lo), incoming, n); break;
-      case Action::kRecvReduceSend: reduce_(slot, pointer(step.src, lo), incoming, n); break;
+      case Action::kRecvReduce:
+        reduce_(pointer(step.dst, lo), pointer(step.src, lo), incoming, n);
+        break;
+      case Action::kRecvReduceSend:
+        reduce_(slot, pointer(step.src, lo), incoming, n);
+        break;
       case Action::kRecvReduceCopySend:
         reduce_(pointer(step.dst, lo), pointer(step.src, lo), incoming, n);
         if (!directSource) std::memcpy(slot, pointer(step.dst, lo), bytes);
@@ -218,9 +222,12 @@ class TaskRun {
         break;
       case Action::kCopy:
         // In-place layouts make some copies onto themselves.
-        if (pointer(step.dst, lo) != pointer(step.src, lo)) std::memmove(pointer(step.dst, lo), pointer(step.src, lo), bytes);
+        if (pointer(step.dst, lo) != pointer(step.src, lo))
+          std::memmove(pointer(step.dst, lo), pointer(step.src, lo), bytes);
         break;
-      case Action::kReduce: reduce_(pointer(step.dst, lo), pointer(step.src, lo), pointer(step.src2, lo), n); break;
+      case Action::kReduce:
+        reduce_(pointer(step.dst, lo), pointer(step.src, lo), pointer(step.src2, lo), n);
+        break;
     }
     if (directSource) {
       // The payload stays where it is; the peer reads it, and this task ends only when it has.
@@ -240,7 +247,8 @@ class TaskRun {
   const Region* directSourceOf(const Step& step, Protocol protocol) const {
     if (protocol != Protocol::kSimple || !task_.links->directTo(step.sendPeer)) return nullptr;
     auto marked = [](const std::vector<bool>& flags, uint32_t index) { return index < flags.size() && flags[index]; };
-    if (step.action == Action::kSend && step.src.buffer == Buffer::kInput && marked(task_.directInputs, step.src.bufferIndex))
+    if (step.action == Action::kSend && step.src.buffer == Buffer::kInput &&
+        marked(task_.directInputs, step.src.bufferIndex))
       return &step.src;
     bool forwards = step.action == Action::kRecvCopySend || step.action == Action::kRecvReduceCopySend;
     if (forwards && step.dst.buffer == Buffer::kOutput && marked(task_.directOutputs, step.dst.bufferIndex))
@@ -252,7 +260,7 @@ class TaskRun {
   size_t elementBytes_;
   ReduceFn reduce_;
   std::vector<LaneRun> lanes_;
-  std::vector<std::byte> staging_;         // a direct payload on its way into a reduction
+  std::vector<std::byte> staging_;            // a direct payload on its way into a reduction
   std::map<FifoSender*, int> directSenders_;  // connections (and their peer) that carried direct messages
 };
 
@@ -289,8 +297,9 @@ loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const Wat
     for (auto& run : current) {
       int peer = -1;
       if (run && run->peerAborted(&peer))
-        return stopAll(LOOM_FAIL(loomRemoteError, COLL, "%s: rank %d gave up on the operation (it failed or was aborted)",
-                                 run->task().what, peer));
+        return stopAll(LOOM_FAIL(loomRemoteError, COLL,
+                                 "%s: rank %d gave up on the operation (it failed or was aborted)", run->task().what,
+                                 peer));
     }
     loomResult_t result = watch(false);
     if (result != loomSuccess) {

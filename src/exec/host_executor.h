@@ -36,9 +36,9 @@ struct ExecTask {
   int nranks = 1;  // the divisor of loomAvg
   // The protocol of a message depends only on its size, which sender and receiver agree on, so both ends of
   // every connection always use the same protocol and the same slicing.
-  int forcedProtocol = -1;        // -1: by size; else a Protocol
-  size_t llThresholdBytes = 0;    // steps moving at most this many bytes use LL
-  size_t simpleSliceBytes = 0;    // payload of one slot per protocol
+  int forcedProtocol = -1;      // -1: by size; else a Protocol
+  size_t llThresholdBytes = 0;  // steps moving at most this many bytes use LL
+  size_t simpleSliceBytes = 0;  // payload of one slot per protocol
   size_t llSliceBytes = 0;
   Links* links = nullptr;
   const char* what = "";  // e.g. "AllReduce", for error messages

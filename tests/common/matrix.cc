@@ -23,17 +23,28 @@ struct Bf16Bits {
 template <typename Fn>
 void withType(loomDataType_t type, Fn fn) {
   switch (type) {
-    case loomInt8: return fn(int8_t{});
-    case loomUint8: return fn(uint8_t{});
-    case loomInt32: return fn(int32_t{});
-    case loomUint32: return fn(uint32_t{});
-    case loomInt64: return fn(int64_t{});
-    case loomUint64: return fn(uint64_t{});
-    case loomFloat16: return fn(HalfBits{});
-    case loomFloat32: return fn(float{});
-    case loomFloat64: return fn(double{});
-    case loomBfloat16: return fn(Bf16Bits{});
-    default: return;
+    case loomInt8:
+      return fn(int8_t{});
+    case loomUint8:
+      return fn(uint8_t{});
+    case loomInt32:
+      return fn(int32_t{});
+    case loomUint32:
+      return fn(uint32_t{});
+    case loomInt64:
+      return fn(int64_t{});
+    case loomUint64:
+      return fn(uint64_t{});
+    case loomFloat16:
+      return fn(HalfBits{});
+    case loomFloat32:
+      return fn(float{});
+    case loomFloat64:
+      return fn(double{});
+    case loomBfloat16:
+      return fn(Bf16Bits{});
+    default:
+      return;
   }
 }
 
@@ -62,8 +73,10 @@ double inputValue(const Case& c, int rank, size_t i) {
     case loomProd:  // one rank per element contributes 2 (or -2), the rest 1: products stay tiny
       return static_cast<size_t>(r) == i % c.nranks ? (kIsSigned<T> && i % 3 == 0 ? -2.0 : 2.0) : 1.0;
     case loomMax:
-    case loomMin: return static_cast<double>((r * 5 + x * 3) % 11 - (kIsSigned<T> ? 5 : 0));
-    default: return static_cast<double>((r * 3 + x) % 7 - (kIsSigned<T> ? 3 : 0));
+    case loomMin:
+      return static_cast<double>((r * 5 + x * 3) % 11 - (kIsSigned<T> ? 5 : 0));
+    default:
+      return static_cast<double>((r * 3 + x) % 7 - (kIsSigned<T> ? 3 : 0));
   }
 }
 
@@ -74,10 +87,18 @@ T reducedValue(const Case& c, size_t i) {
   for (int r = 1; r < c.nranks; ++r) {
     double v = inputValue<T>(c, r, i);
     switch (c.op) {
-      case loomProd: acc *= v; break;
-      case loomMax: acc = std::max(acc, v); break;
-      case loomMin: acc = std::min(acc, v); break;
-      default: acc += v; break;
+      case loomProd:
+        acc *= v;
+        break;
+      case loomMax:
+        acc = std::max(acc, v);
+        break;
+      case loomMin:
+        acc = std::min(acc, v);
+        break;
+      default:
+        acc += v;
+        break;
     }
   }
   if (c.op != loomAvg) return fromDouble<T>(acc);
@@ -104,15 +125,33 @@ Layout layoutOf(const Case& c, int rank) {
   bool root = rank == c.root;
   Layout l;
   switch (c.coll) {
-    case Coll::AllReduce: l = {k, k, true, 0}; break;
-    case Coll::Broadcast: l = {root ? k : 0, k, true, 0}; break;
-    case Coll::Reduce: l = {k, root ? k : 0, true, 0}; break;
-    case Coll::AllGather: l = {k, n * k, true, rank * k}; break;
-    case Coll::ReduceScatter: l = {n * k, k, false, rank * k}; break;
-    case Coll::AllToAll: l = {n * k, n * k}; break;
-    case Coll::Gather: l = {k, root ? n * k : 0, true, rank * k}; break;
-    case Coll::Scatter: l = {root ? n * k : 0, k, false, rank * k}; break;
-    case Coll::SendRecv: l = {k, k}; break;
+    case Coll::AllReduce:
+      l = {k, k, true, 0};
+      break;
+    case Coll::Broadcast:
+      l = {root ? k : 0, k, true, 0};
+      break;
+    case Coll::Reduce:
+      l = {k, root ? k : 0, true, 0};
+      break;
+    case Coll::AllGather:
+      l = {k, n * k, true, rank * k};
+      break;
+    case Coll::ReduceScatter:
+      l = {n * k, k, false, rank * k};
+      break;
+    case Coll::AllToAll:
+      l = {n * k, n * k};
+      break;
+    case Coll::Gather:
+      l = {k, root ? n * k : 0, true, rank * k};
+      break;
+    case Coll::Scatter:
+      l = {root ? n * k : 0, k, false, rank * k};
+      break;
+    case Coll::SendRecv:
+      l = {k, k};
+      break;
     case Coll::AllToAllv:
       for (int p = 0; p < c.nranks; ++p) l.sendCount += pairCount(c, rank, p), l.recvCount += pairCount(c, p, rank);
       break;
@@ -148,7 +187,8 @@ std::string check(const Case& c, int rank, const T* out, size_t count, std::vect
 template <typename T>
 class Buffer {
  public:
-  Buffer(size_t count, Memory memory, loomComm_t comm) : count_(std::max<size_t>(count, 1)), memory_(memory), comm_(comm) {
+  Buffer(size_t count, Memory memory, loomComm_t comm)
+      : count_(std::max<size_t>(count, 1)), memory_(memory), comm_(comm) {
     if (memory_ == Memory::kLoomAlloc) {
       void* ptr = nullptr;
       if (loomMemAlloc(&ptr, count_ * sizeof(T)) == loomSuccess) data_ = static_cast<T*>(ptr);
@@ -177,7 +217,8 @@ template <typename T>
 std::string runTyped(const Case& c, loomComm_t comm, int rank, Memory memoryKind) {
   const size_t n = c.nranks, k = c.count;
   Layout l = layoutOf(c, rank);
-  bool rootOnly = c.coll == Coll::Broadcast || c.coll == Coll::Reduce || c.coll == Coll::Gather || c.coll == Coll::Scatter;
+  bool rootOnly =
+      c.coll == Coll::Broadcast || c.coll == Coll::Reduce || c.coll == Coll::Gather || c.coll == Coll::Scatter;
   bool inPlace = c.inPlace && hasInPlace(c.coll) && (!rootOnly || rank == c.root);
   // One allocation: both buffers apart (with a gap), or the bigger one holding the other when in place.
   Buffer<T> memory(inPlace ? std::max(l.sendCount, l.recvCount) : l.sendCount + l.recvCount + 1, memoryKind, comm);
@@ -204,14 +245,30 @@ std::string runTyped(const Case& c, loomComm_t comm, int rank, Memory memoryKind
 
   loomResult_t result = loomSuccess;
   switch (c.coll) {
-    case Coll::AllReduce: result = loomAllReduce(send, recv, k, c.type, c.op, comm, nullptr); break;
-    case Coll::Broadcast: result = loomBroadcast(send, recv, k, c.type, c.root, comm, nullptr); break;
-    case Coll::Reduce: result = loomReduce(send, recv, k, c.type, c.op, c.root, comm, nullptr); break;
-    case Coll::AllGather: result = loomAllGather(send, recv, k, c.type, comm, nullptr); break;
-    case Coll::ReduceScatter: result = loomReduceScatter(send, recv, k, c.type, c.op, comm, nullptr); break;
-    case Coll::AllToAll: result = loomAllToAll(send, recv, k, c.type, comm, nullptr); break;
-    case Coll::Gather: result = loomGather(send, recv, k, c.type, c.root, comm, nullptr); break;
-    case Coll::Scatter: result = loomScatter(send, recv, k, c.type, c.root, comm, nullptr); break;
+    case Coll::AllReduce:
+      result = loomAllReduce(send, recv, k, c.type, c.op, comm, nullptr);
+      break;
+    case Coll::Broadcast:
+      result = loomBroadcast(send, recv, k, c.type, c.root, comm, nullptr);
+      break;
+    case Coll::Reduce:
+      result = loomReduce(send, recv, k, c.type, c.op, c.root, comm, nullptr);
+      break;
+    case Coll::AllGather:
+      result = loomAllGather(send, recv, k, c.type, comm, nullptr);
+      break;
+    case Coll::ReduceScatter:
+      result = loomReduceScatter(send, recv, k, c.type, c.op, comm, nullptr);
+      break;
+    case Coll::AllToAll:
+      result = loomAllToAll(send, recv, k, c.type, comm, nullptr);
+      break;
+    case Coll::Gather:
+      result = loomGather(send, recv, k, c.type, c.root, comm, nullptr);
+      break;
+    case Coll::Scatter:
+      result = loomScatter(send, recv, k, c.type, c.root, comm, nullptr);
+      break;
     case Coll::SendRecv:
       loomGroupStart();
       loomSend(send, k, c.type, (rank + 1) % c.nranks, comm, nullptr);
@@ -249,7 +306,8 @@ std::string runTyped(const Case& c, loomComm_t comm, int rank, Memory memoryKind
       break;
     case Coll::AllGather:
     case Coll::Gather:
-      for (size_t i = 0; i < l.recvCount; ++i) want[i] = fromDouble<T>(inputValue<T>(c, static_cast<int>(i / k), i % k));
+      for (size_t i = 0; i < l.recvCount; ++i)
+        want[i] = fromDouble<T>(inputValue<T>(c, static_cast<int>(i / k), i % k));
       break;
     case Coll::AllToAll:
       for (size_t i = 0; i < l.recvCount; ++i)
@@ -270,8 +328,8 @@ std::string runTyped(const Case& c, loomComm_t comm, int rank, Memory memoryKind
 }  // namespace
 
 const char* collName(Coll coll) {
-  static const char* kNames[] = {"AllReduce", "Broadcast", "Reduce",  "AllGather", "ReduceScatter",
-                                 "AllToAll",  "AllToAllv", "Gather",  "Scatter",   "SendRecv"};
+  static const char* kNames[] = {"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
+                                 "AllToAll",  "AllToAllv", "Gather", "Scatter",   "SendRecv"};
   return kNames[static_cast<int>(coll)];
 }
 
@@ -280,16 +338,17 @@ bool reduces(Coll coll) { return coll == Coll::AllReduce || coll == Coll::Reduce
 bool hasInPlace(Coll coll) { return coll != Coll::AllToAll && coll != Coll::AllToAllv && coll != Coll::SendRecv; }
 
 std::string describe(const Case& c) {
-  static const char* kTypes[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16"};
+  static const char* kTypes[] = {"int8",   "uint8", "int32", "uint32", "int64",
+                                 "uint64", "half",  "float", "double", "bfloat16"};
   static const char* kOps[] = {"sum", "prod", "max", "min", "avg"};
   return std::string(collName(c.coll)) + " " + kTypes[c.type] + (reduces(c.coll) ? std::string(" ") + kOps[c.op] : "") +
-         " count " + std::to_string(c.count) + " ranks " + std::to_string(c.nranks) + " root " + std::to_string(c.root) +
-         (c.inPlace ? " in place" : " out of place");
+         " count " + std::to_string(c.count) + " ranks " + std::to_string(c.nranks) + " root " +
+         std::to_string(c.root) + (c.inPlace ? " in place" : " out of place");
 }
 
 std::vector<Case> matrix(int nranks, const std::vector<size_t>& counts) {
   std::vector<Case> cases;
-  const Coll kColls[] = {Coll::AllReduce, Coll::Broadcast, Coll::Reduce,  Coll::AllGather, Coll::ReduceScatter,
+  const Coll kColls[] = {Coll::AllReduce, Coll::Broadcast, Coll::Reduce, Coll::AllGather, Coll::ReduceScatter,
                          Coll::AllToAll,  Coll::AllToAllv, Coll::Gather, Coll::Scatter,   Coll::SendRecv};
   for (size_t count : counts) {
     int root = static_cast<int>(count % nranks);
@@ -298,8 +357,8 @@ std::vector<Case> matrix(int nranks, const std::vector<size_t>& counts) {
         for (int op = 0; op < (reduces(coll) ? loomNumOps : 1); ++op)
           for (bool inPlace : {false, true}) {
             if (inPlace && !hasInPlace(coll)) continue;
-            cases.push_back({coll, static_cast<loomDataType_t>(type), static_cast<loomRedOp_t>(op), count, nranks,
-                             root, inPlace});
+            cases.push_back(
+                {coll, static_cast<loomDataType_t>(type), static_cast<loomRedOp_t>(op), count, nranks, root, inPlace});
           }
   }
   return cases;

@@ -11,7 +11,18 @@
 
 namespace loomtest {
 
-enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, AllToAllv, Gather, Scatter, SendRecv };
+enum class Coll {
+  AllReduce,
+  Broadcast,
+  Reduce,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  AllToAllv,
+  Gather,
+  Scatter,
+  SendRecv
+};
 
 struct Case {
   Coll coll;

@@ -22,9 +22,10 @@ int main(int argc, char** argv) {
   }
   if (argc > 2) big = std::stoul(argv[2]);
   loomtest::Memory memory = loomtest::Memory::kPlain;
-  if (argc > 3) memory = std::string(argv[3]) == "alloc"        ? loomtest::Memory::kLoomAlloc
-                         : std::string(argv[3]) == "registered" ? loomtest::Memory::kRegistered
-                                                                : loomtest::Memory::kPlain;
+  if (argc > 3)
+    memory = std::string(argv[3]) == "alloc"        ? loomtest::Memory::kLoomAlloc
+             : std::string(argv[3]) == "registered" ? loomtest::Memory::kRegistered
+                                                    : loomtest::Memory::kPlain;
 
   loomComm_t comm = nullptr;
   if (loomCommInitFromEnv(&comm) != loomSuccess) {

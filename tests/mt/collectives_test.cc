@@ -18,8 +18,7 @@ using loomtest::Case;
 
 // Runs all `cases` on one communicator of `nranks` threads; fails on the first wrong case. Returns how many
 // direct (zero-copy) messages rank 0 sent.
-uint64_t runMatrix(int nranks, const std::vector<size_t>& counts,
-                   loomtest::Memory memory = loomtest::Memory::kPlain) {
+uint64_t runMatrix(int nranks, const std::vector<size_t>& counts, loomtest::Memory memory = loomtest::Memory::kPlain) {
   std::vector<Case> cases = loomtest::matrix(nranks, counts);
   std::atomic<bool> failed{false};
   uint64_t direct = 0;
@@ -85,9 +84,12 @@ TEST(Collectives, StreamsQueueInOrder) {
     std::vector<std::vector<float>> data(10, std::vector<float>(100000, float(rank + 1)));
     // Each call doubles the previous result's input: in-order execution gives 10 * sum(1..4) only if each
     // AllReduce ran after the one before it on the same buffer.
-    for (auto& buffer : data) ASSERT_EQ(loomAllReduce(buffer.data(), buffer.data(), buffer.size(), loomFloat32, loomSum, comm, stream), loomSuccess);
+    for (auto& buffer : data)
+      ASSERT_EQ(loomAllReduce(buffer.data(), buffer.data(), buffer.size(), loomFloat32, loomSum, comm, stream),
+                loomSuccess);
     float total = 0;
-    ASSERT_EQ(loomAllReduce(data[0].data(), data[0].data(), data[0].size(), loomFloat32, loomSum, comm, stream), loomSuccess);
+    ASSERT_EQ(loomAllReduce(data[0].data(), data[0].data(), data[0].size(), loomFloat32, loomSum, comm, stream),
+              loomSuccess);
     ASSERT_EQ(loomStreamSynchronize(stream), loomSuccess);
     total = data[0][99999];
     EXPECT_EQ(total, 40.0f);  // 10 after the first, 40 after the second AllReduce on data[0]
@@ -103,15 +105,20 @@ TEST(Collectives, DeadlineBoundsWaitingNotWork) {
   loomConfig_t config = LOOM_CONFIG_INITIALIZER;
   config.timeoutMs = 300;
   std::atomic<long> slowestMs{0};
-  loomtest::runRanks(4, [&](loomComm_t comm, int rank) {
-    std::vector<float> data(size_t{64} << 20, float(rank));
-    auto start = std::chrono::steady_clock::now();
-    ASSERT_EQ(loomAllReduce(data.data(), data.data(), data.size(), loomFloat32, loomSum, comm, nullptr), loomSuccess)
-        << loomGetLastError(comm);
-    long ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
-    slowestMs = std::max(slowestMs.load(), ms);
-    EXPECT_EQ(data.back(), 6.0f);
-  }, &config);
+  loomtest::runRanks(
+      4,
+      [&](loomComm_t comm, int rank) {
+        std::vector<float> data(size_t{64} << 20, float(rank));
+        auto start = std::chrono::steady_clock::now();
+        ASSERT_EQ(loomAllReduce(data.data(), data.data(), data.size(), loomFloat32, loomSum, comm, nullptr),
+                  loomSuccess)
+            << loomGetLastError(comm);
+        long ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+        slowestMs = std::max(slowestMs.load(), ms);
+        EXPECT_EQ(data.back(), 6.0f);
+      },
+      &config);
   if (slowestMs < 300) GTEST_SKIP() << "the call took " << slowestMs << " ms, under its 300 ms timeout: nothing shown";
 }
 

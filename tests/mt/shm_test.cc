@@ -56,17 +56,21 @@ TEST(Shm, FullDirectoryNamesBytesAndSetting) {
     loomtest::ScopedEnv transports("LOOM_TRANSPORTS", "shm");
     loomConfig_t config = LOOM_CONFIG_INITIALIZER;
     config.timeoutMs = 3000;
-    loomtest::runRanks(2, [&](loomComm_t comm, int rank) {
-      std::vector<float> data(1000, float(rank));
-      loomResult_t result = loomAllReduce(data.data(), data.data(), data.size(), loomFloat32, loomSum, comm, nullptr);
-      EXPECT_NE(result, loomSuccess);
-      std::string message = loomGetLastError(comm);
-      // The rank whose segment did not fit says why; its peer learns that the peer failed, or times out.
-      if (result == loomSystemError) {
-        EXPECT_NE(message.find("bytes"), std::string::npos) << message;
-        EXPECT_NE(message.find("LOOM_SHM_DIR"), std::string::npos) << message;
-      }
-    }, &config);
+    loomtest::runRanks(
+        2,
+        [&](loomComm_t comm, int rank) {
+          std::vector<float> data(1000, float(rank));
+          loomResult_t result =
+              loomAllReduce(data.data(), data.data(), data.size(), loomFloat32, loomSum, comm, nullptr);
+          EXPECT_NE(result, loomSuccess);
+          std::string message = loomGetLastError(comm);
+          // The rank whose segment did not fit says why; its peer learns that the peer failed, or times out.
+          if (result == loomSystemError) {
+            EXPECT_NE(message.find("bytes"), std::string::npos) << message;
+            EXPECT_NE(message.find("LOOM_SHM_DIR"), std::string::npos) << message;
+          }
+        },
+        &config);
   }
   EXPECT_EQ(entries(dir), 0u) << "a failed setup must not leave segments behind";
   umount(dir);

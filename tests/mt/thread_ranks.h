@@ -12,8 +12,7 @@ namespace loomtest {
 
 // Calls body(comm, rank) on nranks threads; returns the communicators' init results (all loomSuccess normally).
 // Each thread destroys its communicator after body returns. `config` may be null.
-void runRanks(int nranks, const std::function<void(loomComm_t comm, int rank)>& body,
-              loomConfig_t* config = nullptr);
+void runRanks(int nranks, const std::function<void(loomComm_t comm, int rank)>& body, loomConfig_t* config = nullptr);
 
 // Sets an environment variable for the lifetime of the object (tests choose transports this way).
 class ScopedEnv {

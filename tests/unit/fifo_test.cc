@@ -1,6 +1,8 @@
 // The FIFO and its two protocols, between two threads of one process over plain memory: every message arrives
 // whole and in order under both protocols (and when they alternate), flow control stops a sender at `depth`
 // unreleased messages, and the abort flag is seen by both ends.
+#include "transports/fifo.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -8,13 +10,12 @@
 #include <thread>
 #include <vector>
 
-#include "transports/fifo.h"
-
 namespace loom {
 namespace {
 
 struct Fifo {
-  explicit Fifo(FifoShape shape) : shape(shape), memory(static_cast<std::byte*>(std::aligned_alloc(4096, fifoBytes(shape)))) {
+  explicit Fifo(FifoShape shape)
+      : shape(shape), memory(static_cast<std::byte*>(std::aligned_alloc(4096, fifoBytes(shape)))) {
     fifoInit(memory, shape);
   }
   ~Fifo() { std::free(memory); }

@@ -1,13 +1,13 @@
 // The params table: docs/ENVIRONMENT.md is exactly what gen_env_doc prints, accessors read the environment with
 // their defaults, and a malformed integer falls back to the default.
+#include "src/core/params.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
-
-#include "src/core/params.h"
 
 namespace {
 
@@ -28,7 +28,8 @@ TEST(Params, EnvironmentPageIsCurrent) {
   committed << page.rdbuf();
   std::string generated = runCommand(GEN_ENV_DOC);
   ASSERT_FALSE(generated.empty());
-  EXPECT_EQ(committed.str(), generated) << "docs/ENVIRONMENT.md is stale: run build/tools/gen_env_doc > docs/ENVIRONMENT.md";
+  EXPECT_EQ(committed.str(), generated)
+      << "docs/ENVIRONMENT.md is stale: run build/tools/gen_env_doc > docs/ENVIRONMENT.md";
 }
 
 TEST(Params, EveryRowIsDocumented) {

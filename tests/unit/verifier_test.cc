@@ -1,12 +1,13 @@
 // The verifier proves every plan of every algorithm for 1..64 ranks, counts {0, 1, 7, 1000, 1M+3} and every
 // root; in-place layouts and the executor's sliced order (with tight FIFOs) at smaller sizes; and it catches
 // broken plans: double counting, size mismatches, deadlocks, writes to the input, lost messages, wrong results.
+#include "algorithms/verifier.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
 
 #include "algorithms/builders.h"
-#include "algorithms/verifier.h"
 
 namespace loom {
 namespace {
@@ -21,9 +22,7 @@ bool rooted(Collective c) {
          c == Collective::kScatter;
 }
 
-bool hasInPlace(Collective c) {
-  return c != Collective::kAllToAll && c != Collective::kBarrier;
-}
+bool hasInPlace(Collective c) { return c != Collective::kAllToAll && c != Collective::kBarrier; }
 
 CollArgs uniformArgs(Collective collective, int nranks, size_t count, int root, int channels) {
   CollArgs args;
@@ -201,8 +200,9 @@ TEST(Verifier, CatchesBoundedFifoDeadlock) {
   auto build = [](const CollArgs& args) {
     RankPlan plan = planShell(args, "broken");
     int peer = 1 - args.rank;
-    plan.lanes.push_back({0, {send(peer, input(0, 3)), send(peer, input(3, 3)), send(peer, input(6, 3)),
-                              recv(peer, output(0, 3)), recv(peer, output(3, 3)), recv(peer, output(6, 3))}});
+    plan.lanes.push_back({0,
+                          {send(peer, input(0, 3)), send(peer, input(3, 3)), send(peer, input(6, 3)),
+                           recv(peer, output(0, 3)), recv(peer, output(3, 3)), recv(peer, output(6, 3))}});
     return plan;
   };
   EXPECT_EQ(verifyBroken(2, 9, build, {false, 0, 0}).find("can never run"), std::string::npos);
@@ -240,8 +240,9 @@ TEST(Verifier, CatchesInPlaceHazard) {
     RankPlan plan = planShell(args, "broken");
     int peer = 1 - args.rank;
     size_t c = args.count, mine = args.rank * c, theirs = peer * c;
-    plan.lanes.push_back({0, {send(peer, input(0, c)), recv(peer, output(mine, c)), copy(output(mine, c), output(theirs, c)),
-                              copy(input(0, c), output(mine, c))}});
+    plan.lanes.push_back({0,
+                          {send(peer, input(0, c)), recv(peer, output(mine, c)),
+                           copy(output(mine, c), output(theirs, c)), copy(input(0, c), output(mine, c))}});
     return plan;
   };
   auto args = argsForAllRanks(uniformArgs(Collective::kAllGather, 2, 5, 0, 1));

@@ -3,6 +3,8 @@
 // For tests and for single-process jobs: it exercises the same FIFO and protocols as shm with no files. The
 // receiver publishes its FIFO in a process-wide table under the connection's name; the sender takes it out of
 // the table (the in-process analogue of shm's unlink) and both hold it until the last end goes away.
+#include "transports/transport.h"
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -11,7 +13,6 @@
 #include <string>
 
 #include "src/core/check.h"
-#include "transports/transport.h"
 
 namespace loom {
 namespace {
@@ -53,8 +54,7 @@ class LoopbackTransport : public Transport {
 
   bool canConnect(const PeerInfo& self, const PeerInfo& peer, std::string* why) const override {
     if (self.hostHash != peer.hostHash || self.pid != peer.pid) {
-      *why = "ranks " + std::to_string(self.rank) + " and " + std::to_string(peer.rank) +
-             " are in different processes";
+      *why = "ranks " + std::to_string(self.rank) + " and " + std::to_string(peer.rank) + " are in different processes";
       return false;
     }
     return true;
@@ -64,8 +64,8 @@ class LoopbackTransport : public Transport {
                               std::unique_ptr<Endpoint>* out) override {
     auto segment = std::make_shared<Segment>(fifoBytes(shape));
     if (segment->base == nullptr)
-      return LOOM_FAIL(loomSystemError, SHM, "cannot allocate %zu bytes for loopback connection %s",
-                       segment->bytes, key.name().c_str());
+      return LOOM_FAIL(loomSystemError, SHM, "cannot allocate %zu bytes for loopback connection %s", segment->bytes,
+                       key.name().c_str());
     fifoInit(segment->base, shape);
     {
       std::lock_guard<std::mutex> lock(gTableMutex);

@@ -4,6 +4,8 @@
 // the bytes needed, rather than with SIGBUS later), maps it and initialises the FIFO. The sender waits for the
 // file, maps it, marks itself attached and unlinks it: from then on nothing is left in the directory, whatever
 // happens to either process. A receiver whose sender never came unlinks the file when it is destroyed.
+#include "transports/transport.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -14,7 +16,6 @@
 
 #include "src/core/check.h"
 #include "src/core/params.h"
-#include "transports/transport.h"
 
 namespace loom {
 namespace {
@@ -85,7 +86,7 @@ class ShmTransport : public Transport {
     for (;;) {
       int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
       if (fd >= 0) {
-        struct stat st{};
+        struct stat st {};
         // The receiver reserves the full size before it maps; a smaller file is still being set up.
         if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= bytes) {
           void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
