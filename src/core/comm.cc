@@ -165,7 +165,7 @@ loomResult_t Connections::pickTransport(loomComm* comm, int peer, Transport** tr
                    reasons.c_str());
 }
 
-loomResult_t Connections::connect(loomComm* comm, const RankPlan& plan, const WaitCheck& check) {
+loomResult_t Connections::createReceivers(loomComm* comm, const RankPlan& plan) {
   for (const Lane& lane : plan.lanes) {
     for (const Step& step : lane.steps) {
       if (!actionReceives(step.action) || receivers_.count({step.recvPeer, lane.channel})) continue;
@@ -178,6 +178,10 @@ loomResult_t Connections::connect(loomComm* comm, const RankPlan& plan, const Wa
       receivers_[{step.recvPeer, lane.channel}] = std::move(link);
     }
   }
+  return loomSuccess;
+}
+
+loomResult_t Connections::attachSenders(loomComm* comm, const RankPlan& plan, const WaitCheck& check) {
   for (const Lane& lane : plan.lanes) {
     for (const Step& step : lane.steps) {
       if (!actionSends(step.action) || senders_.count({step.sendPeer, lane.channel})) continue;

@@ -31,9 +31,12 @@ class Connections : public Links {
   bool directTo(int peer) override { return peer < static_cast<int>(directTo_.size()) && directTo_[peer]; }
   // directTo[p]: whether peer p can read this process's memory (probed at init; LOOM_DIRECT=0 clears it).
   void setDirectPeers(std::vector<bool> directTo) { directTo_ = std::move(directTo); }
-  // Makes sure every connection `plan` uses exists: receivers are created first (that never waits), then
-  // senders attach to their peers' receivers (that waits, as long as `check` allows).
-  loomResult_t connect(loomComm* comm, const RankPlan& plan, const WaitCheck& check);
+  // Make sure every connection `plan` uses exists, in two phases: receivers first (that never waits), then
+  // senders, which attach to their peers' receivers (that waits, as long as `check` allows). A caller with
+  // several plans (a group, perhaps over several communicators driven by one thread) creates all receivers
+  // before attaching any sender, so that no rank waits for a receiver that only it could create.
+  loomResult_t createReceivers(loomComm* comm, const RankPlan& plan);
+  loomResult_t attachSenders(loomComm* comm, const RankPlan& plan, const WaitCheck& check);
   // Marks every FIFO aborted, so that peers waiting on this rank stop at once.
   void abortAll();
 

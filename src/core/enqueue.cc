@@ -55,7 +55,6 @@ loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** p
   PlanKey key{static_cast<int>(call.collective), call.count, call.root, comm->nChannels, algorithm};
   auto found = comm->planCache.find(key);
   if (found == comm->planCache.end()) {
-    if (comm->planCache.size() >= kMaxCachedPlans) comm->planCache.clear();
     RankPlan built;
     if (!buildPlan(args, algorithm, &built))
       return LOOM_FAIL(loomInternalError, COLL, "no algorithm for %s", collectiveName(call.collective));
@@ -144,6 +143,9 @@ loomResult_t runCalls(std::vector<Call>& calls) {
   std::sort(lockOrder.begin(), lockOrder.end());
   std::vector<std::unique_lock<std::mutex>> locks;
   for (loomComm* comm : lockOrder) locks.emplace_back(comm->runMutex);
+  // Bound the plan caches here, never mid-run: the run keeps pointers to cached plans.
+  for (loomComm* comm : comms)
+    if (comm->planCache.size() > kMaxCachedPlans) comm->planCache.clear();
 
   // One watch per communicator for the whole run, connection setup included: one deadline per call.
   std::vector<CommWatch> watches;
@@ -152,22 +154,29 @@ loomResult_t runCalls(std::vector<Call>& calls) {
     watches.emplace_back(comm, collectiveName(first->collective));
   }
   std::vector<RankPlan> uncached(calls.size());
+  std::vector<const RankPlan*> plans(calls.size(), nullptr);
   std::vector<std::vector<ExecTask>> queues(comms.size());
+  auto queueOf = [&](const Call& call) { return std::find(comms.begin(), comms.end(), call.comm) - comms.begin(); };
+  auto fail = [&](loomResult_t result) {
+    recordFailure(comms, result);
+    return result;
+  };
+  // Plan every call and create every receiver, then attach every sender (see Connections).
   for (size_t i = 0; i < calls.size(); ++i) {
-    Call& call = calls[i];
-    loomComm* comm = call.comm;
+    ScopedLogRank logRank(calls[i].comm->rank);
+    loomResult_t result = planFor(calls[i], &uncached[i], &plans[i]);
+    if (result == loomSuccess) result = calls[i].comm->connections.createReceivers(calls[i].comm, *plans[i]);
+    if (result != loomSuccess) return fail(result);
+  }
+  for (size_t i = 0; i < calls.size(); ++i) {
+    loomComm* comm = calls[i].comm;
     ScopedLogRank logRank(comm->rank);
-    size_t q = std::find(comms.begin(), comms.end(), comm) - comms.begin();
-    const RankPlan* plan = nullptr;
-    loomResult_t result = planFor(call, &uncached[i], &plan);
-    if (result == loomSuccess) result = comm->connections.connect(comm, *plan, [&]() { return watches[q](false); });
-    if (result != loomSuccess) {
-      recordFailure(comms, result);
-      return result;
-    }
-    size_t scratchBytes = plan->scratchCount * dtypeSize(call.datatype);
+    size_t q = queueOf(calls[i]);
+    loomResult_t result = comm->connections.attachSenders(comm, *plans[i], [&]() { return watches[q](false); });
+    if (result != loomSuccess) return fail(result);
+    size_t scratchBytes = plans[i]->scratchCount * dtypeSize(calls[i].datatype);
     if (comm->scratch.size() < scratchBytes) comm->scratch.resize(scratchBytes);
-    queues[q].push_back(taskFor(call, plan));
+    queues[q].push_back(taskFor(calls[i], plans[i]));
   }
   for (size_t q = 0; q < comms.size(); ++q)
     for (ExecTask& task : queues[q]) task.scratch = comms[q]->scratch.data();

@@ -122,6 +122,40 @@ TEST(Collectives, DeadlineBoundsWaitingNotWork) {
   if (slowestMs < 300) GTEST_SKIP() << "the call took " << slowestMs << " ms, under its 300 ms timeout: nothing shown";
 }
 
+TEST(Collectives, OneThreadDrivesEveryRankThroughAGroup) {
+  // NCCL's single-process, multi-device pattern: one thread owns all ranks. Non-blocking init lets it create
+  // them; a group runs one AllReduce per rank together (alone, each would wait forever for the others).
+  const int nranks = 3;
+  loomUniqueId id;
+  ASSERT_EQ(loomGetUniqueId(&id), loomSuccess);
+  loomConfig_t config = LOOM_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  std::vector<loomComm_t> comms(nranks, nullptr);
+  for (int rank = 0; rank < nranks; ++rank) {
+    loomResult_t result = loomCommInitRankConfig(&comms[rank], nranks, id, rank, &config);
+    ASSERT_TRUE(result == loomSuccess || result == loomInProgress) << loomGetLastError(nullptr);
+  }
+  for (loomComm_t comm : comms) {
+    loomResult_t state = loomInProgress;
+    while (state == loomInProgress) ASSERT_EQ(loomCommGetAsyncError(comm, &state), loomSuccess);
+    ASSERT_EQ(state, loomSuccess) << loomGetLastError(comm);
+  }
+  std::vector<std::vector<double>> data(nranks);
+  ASSERT_EQ(loomGroupStart(), loomSuccess);
+  for (int rank = 0; rank < nranks; ++rank) {
+    data[rank].assign(300000, rank + 1.0);
+    ASSERT_EQ(loomAllReduce(data[rank].data(), data[rank].data(), data[rank].size(), loomFloat64, loomSum, comms[rank],
+                            nullptr),
+              loomSuccess);
+  }
+  ASSERT_EQ(loomGroupEnd(), loomSuccess);
+  for (int rank = 0; rank < nranks; ++rank) {
+    EXPECT_EQ(data[rank][0], 6.0);
+    EXPECT_EQ(data[rank][299999], 6.0);
+    EXPECT_EQ(loomCommDestroy(comms[rank]), loomSuccess);
+  }
+}
+
 TEST(Collectives, BarrierAtEveryRankCount) {
   for (int n = 1; n <= 8; ++n) {
     std::atomic<int> entered{0};
