@@ -147,7 +147,7 @@ loomResult_t runCalls(std::vector<Call>& calls) {
   for (loomComm* comm : comms)
     if (comm->planCache.size() > kMaxCachedPlans) comm->planCache.clear();
 
-  // One watch per communicator for the whole run, connection setup included: one deadline per call.
+  // One watch per communicator for the whole run, connection setup included.
   std::vector<CommWatch> watches;
   for (loomComm* comm : comms) {
     auto first = std::find_if(calls.begin(), calls.end(), [&](const Call& call) { return call.comm == comm; });
@@ -186,8 +186,7 @@ loomResult_t runCalls(std::vector<Call>& calls) {
     for (CommWatch& watch : watches) LOOM_CHECK(watch(progressed));
     return loomSuccess;
   });
-  if (result != loomSuccess) recordFailure(comms, result);
-  return result;
+  return result == loomSuccess ? result : fail(result);
 }
 
 loomResult_t submit(Call call) {
