@@ -565,6 +565,18 @@ TEST(InitFromEnvTest, OpenMpiVariablesOnOneHost) {
   });
 }
 
+// MPICH (Hydra) variables give rank and size but no root: LOOM_ROOT_ADDR names it.
+TEST(InitFromEnvTest, MpichVariablesWithRootAddress) {
+  const int port = freePort();
+  ASSERT_GT(port, 0);
+  const std::string root = "127.0.0.1:" + std::to_string(port);
+  runWorldFromEnv("MPICH", 3, [&](int rank) {
+    setenv("PMI_RANK", std::to_string(rank).c_str(), 1);
+    setenv("PMI_SIZE", "3", 1);
+    setenv("LOOM_ROOT_ADDR", root.c_str(), 1);
+  });
+}
+
 // Slurm's variables: the root is the first node of the step ("localhost" here) at a port derived from the job.
 TEST(InitFromEnvTest, SlurmVariables) {
   const std::string job = std::to_string(getpid());
