@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <chrono>
 
 #include "src/core/comm.h"
@@ -100,15 +101,21 @@ TEST(Collectives, StreamsQueueInOrder) {
 
 TEST(Collectives, DeadlineBoundsWaitingNotWork) {
   // A call that keeps moving data runs past its timeout: the deadline restarts on progress. Small slots make
-  // the call long without making any single wait long.
+  // the call long without making any single wait long. The ranks allocate, then meet and connect before the
+  // timed call, so that no rank waits on another's allocation.
   loomtest::ScopedEnv slots("LOOM_SIMPLE_SLOT_BYTES", "4096");
+  const int kTimeoutMs = 1000, nranks = 4;
   loomConfig_t config = LOOM_CONFIG_INITIALIZER;
-  config.timeoutMs = 300;
+  config.timeoutMs = kTimeoutMs;
   std::atomic<long> slowestMs{0};
+  std::barrier allocated(nranks);
   loomtest::runRanks(
-      4,
+      nranks,
       [&](loomComm_t comm, int rank) {
         std::vector<float> data(size_t{64} << 20, float(rank));
+        allocated.arrive_and_wait();
+        float one = 1, ranks = 0;
+        ASSERT_EQ(loomAllReduce(&one, &ranks, 1, loomFloat32, loomSum, comm, nullptr), loomSuccess);
         auto start = std::chrono::steady_clock::now();
         ASSERT_EQ(loomAllReduce(data.data(), data.data(), data.size(), loomFloat32, loomSum, comm, nullptr),
                   loomSuccess)
@@ -119,7 +126,8 @@ TEST(Collectives, DeadlineBoundsWaitingNotWork) {
         EXPECT_EQ(data.back(), 6.0f);
       },
       &config);
-  if (slowestMs < 300) GTEST_SKIP() << "the call took " << slowestMs << " ms, under its 300 ms timeout: nothing shown";
+  if (slowestMs < kTimeoutMs)
+    GTEST_SKIP() << "the call took " << slowestMs << " ms, under its " << kTimeoutMs << " ms timeout: nothing shown";
 }
 
 TEST(Collectives, OneThreadDrivesEveryRankThroughAGroup) {
