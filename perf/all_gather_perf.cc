@@ -1,0 +1,38 @@
+// all_gather_perf: nccl-tests' all_gather_perf over loom. The size column is the receive buffer; block r of
+// every rank's output is rank r's input. In place: sendbuff == recvbuff + rank*sendcount.
+#include "perf/check_data.h"
+#include "perf/common.h"
+
+namespace {
+
+perf::CallSizes sizes(size_t count, size_t eltSize, int nranks) {
+  size_t block = perf::perRankCount(count, eltSize, nranks);
+  return perf::CallSizes{block, block * nranks, block, block, 0};
+}
+
+loomResult_t run(const perf::CallArgs& a) { return loomAllGather(a.send, a.recv, a.count, a.type, a.comm, a.stream); }
+
+void fillInput(void* send, const perf::CheckArgs& a) {
+  perf::fillData(send, a.sizes.sendCount, a.type, a.rank, a.rank * a.sizes.sendCount);
+}
+
+size_t fillExpected(void* expected, const perf::CheckArgs& a) {
+  size_t block = a.sizes.sendCount;
+  for (int r = 0; r < a.nranks; ++r)
+    perf::fillData(static_cast<char*>(expected) + r * block * perf::typeSize(a.type), block, a.type, r, r * block);
+  return a.sizes.recvCount;
+}
+
+const perf::CollectiveTest kTest = {"AllGather",
+                                    perf::Collective::kAllGather,
+                                    /*hasOp=*/false,
+                                    /*hasRoot=*/false,
+                                    /*hasInPlace=*/true,
+                                    sizes,
+                                    run,
+                                    fillInput,
+                                    fillExpected};
+
+}  // namespace
+
+int main(int argc, char** argv) { return perf::runPerfTest(argc, argv, kTest); }

@@ -1,0 +1,43 @@
+// The perf programs as a test: every *_perf runs under loomrun at 1, 2, 3, 4 and 8 ranks on small sizes, with
+// checking on, and must exit 0 with "Out of bounds values : 0 OK" (every element of every size exact).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <tuple>
+
+namespace {
+
+const char* kPrograms[] = {"all_reduce_perf", "all_gather_perf", "reduce_scatter_perf", "broadcast_perf", "reduce_perf",
+                           "alltoall_perf",   "sendrecv_perf",   "gather_perf",         "scatter_perf"};
+
+class PerfSuite : public testing::TestWithParam<std::tuple<const char*, int>> {};
+
+TEST_P(PerfSuite, ExactTableUnderLoomrun) {
+  const char* loomrun = std::getenv("LOOMRUN");
+  const char* perfDir = std::getenv("PERF_DIR");
+  ASSERT_TRUE(loomrun && perfDir) << "LOOMRUN and PERF_DIR must name the built launcher and perf/";
+  auto [program, nranks] = GetParam();
+  // Every root for the rooted collectives; sizes from 8 B to 256 KiB.
+  std::string command = std::string(loomrun) + " -n " + std::to_string(nranks) + " --timeout 300 " + perfDir + "/" +
+                        program + " -b 8 -e 256K -f 8 -n 2 -w 1 -c 1 -r -1 2>&1";
+  std::string output;
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr) << command;
+  char buffer[4096];
+  for (size_t got; (got = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, got);
+  int status = pclose(pipe);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << output;
+  EXPECT_NE(output.find("# Out of bounds values : 0 OK"), std::string::npos) << command << "\n" << output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Programs, PerfSuite,
+                         testing::Combine(testing::ValuesIn(kPrograms), testing::Values(1, 2, 3, 4, 8)),
+                         [](const testing::TestParamInfo<PerfSuite::ParamType>& info) {
+                           return std::string(std::get<0>(info.param)) + "_" + std::to_string(std::get<1>(info.param)) +
+                                  "ranks";
+                         });
+
+}  // namespace
