@@ -5,11 +5,6 @@
 
 namespace {
 
-perf::CallSizes sizes(size_t count, size_t eltSize, int nranks) {
-  size_t block = perf::perRankCount(count, eltSize, nranks);
-  return perf::CallSizes{block, block * nranks, block, block, 0};
-}
-
 loomResult_t run(const perf::CallArgs& a) { return loomAllGather(a.send, a.recv, a.count, a.type, a.comm, a.stream); }
 
 void fillInput(void* send, const perf::CheckArgs& a) {
@@ -17,21 +12,14 @@ void fillInput(void* send, const perf::CheckArgs& a) {
 }
 
 size_t fillExpected(void* expected, const perf::CheckArgs& a) {
-  size_t block = a.sizes.sendCount;
-  for (int r = 0; r < a.nranks; ++r)
-    perf::fillData(static_cast<char*>(expected) + r * block * perf::typeSize(a.type), block, a.type, r, r * block);
+  perf::fillGathered(expected, a.sizes.sendCount, a.type, a.nranks);
   return a.sizes.recvCount;
 }
 
-const perf::CollectiveTest kTest = {"AllGather",
-                                    perf::Collective::kAllGather,
+const perf::CollectiveTest kTest = {"AllGather",         perf::Collective::kAllGather,
                                     /*hasOp=*/false,
                                     /*hasRoot=*/false,
-                                    /*hasInPlace=*/true,
-                                    sizes,
-                                    run,
-                                    fillInput,
-                                    fillExpected};
+                                    /*hasInPlace=*/true, perf::gatheredSizes,          run, fillInput, fillExpected};
 
 }  // namespace
 

@@ -187,6 +187,11 @@ void fillData(void* buf, size_t count, loomDataType_t type, int rank, size_t off
   });
 }
 
+void fillGathered(void* buf, size_t block, loomDataType_t type, int nranks) {
+  for (int r = 0; r < nranks; ++r)
+    fillData(static_cast<char*>(buf) + r * block * typeSize(type), block, type, r, r * block);
+}
+
 void fillReduceInput(void* buf, size_t count, loomDataType_t type, loomRedOp_t op, int rank, int nranks,
                      size_t offset) {
   storeValues(buf, count, type, [&](size_t i) { return reduceInputValue(type, op, rank, nranks, offset + i); });

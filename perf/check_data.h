@@ -22,6 +22,8 @@ void fillData(void* buf, size_t count, loomDataType_t type, int rank, size_t off
 void fillReduceInput(void* buf, size_t count, loomDataType_t type, loomRedOp_t op, int rank, int nranks, size_t offset);
 void fillReduceResult(void* buf, size_t count, loomDataType_t type, loomRedOp_t op, int nranks, size_t offset);
 
+// The gathered data of all ranks: block r (of `block` elements) is what fillData gives rank r at offset r*block.
+void fillGathered(void* buf, size_t block, loomDataType_t type, int nranks);
 // Writes `count` elements of `type` at `buf` with a value that no check input or result takes, so that an
 // element the collective leaves unwritten counts as wrong.
 void fillPoison(void* buf, size_t count, loomDataType_t type);

@@ -62,6 +62,16 @@ constexpr const char* kOpNames[loomNumOps] = {"sum", "prod", "max", "min", "avg"
 
 }  // namespace
 
+CallSizes gatheredSizes(size_t count, size_t eltSize, int nranks) {
+  size_t block = perRankCount(count, eltSize, nranks);
+  return CallSizes{block, block * nranks, block, block, 0};
+}
+
+CallSizes scatteredSizes(size_t count, size_t eltSize, int nranks) {
+  size_t block = perRankCount(count, eltSize, nranks);
+  return CallSizes{block * nranks, block, block, 0, block};
+}
+
 double busBandwidthFactor(Collective collective, int nranks) {
   double n = nranks;
   switch (collective) {

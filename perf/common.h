@@ -43,6 +43,12 @@ struct CallSizes {
 // does, so the same -b/-e give the same rows.
 size_t perRankCount(size_t count, size_t eltSize, int nranks);
 
+// Sizes of the two shapes most collectives share, for a row of `count` elements split over `nranks` blocks:
+// gathered (each rank sends a block, receives all n; in place at block `rank`: AllGather, Gather) and
+// scattered (each rank sends n blocks, receives one; in place at block `rank`: ReduceScatter, Scatter).
+CallSizes gatheredSizes(size_t count, size_t eltSize, int nranks);
+CallSizes scatteredSizes(size_t count, size_t eltSize, int nranks);
+
 // Everything one call needs.
 struct CallArgs {
   const void* send;

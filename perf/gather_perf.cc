@@ -5,11 +5,6 @@
 
 namespace {
 
-perf::CallSizes sizes(size_t count, size_t eltSize, int nranks) {
-  size_t block = perf::perRankCount(count, eltSize, nranks);
-  return perf::CallSizes{block, block * nranks, block, block, 0};
-}
-
 loomResult_t run(const perf::CallArgs& a) {
   return loomGather(a.send, a.recv, a.count, a.type, a.root, a.comm, a.stream);
 }
@@ -20,9 +15,7 @@ void fillInput(void* send, const perf::CheckArgs& a) {
 
 size_t fillExpected(void* expected, const perf::CheckArgs& a) {
   if (a.rank != a.root) return 0;
-  size_t block = a.sizes.sendCount;
-  for (int r = 0; r < a.nranks; ++r)
-    perf::fillData(static_cast<char*>(expected) + r * block * perf::typeSize(a.type), block, a.type, r, r * block);
+  perf::fillGathered(expected, a.sizes.sendCount, a.type, a.nranks);
   return a.sizes.recvCount;
 }
 
@@ -31,7 +24,7 @@ const perf::CollectiveTest kTest = {"Gather",
                                     /*hasOp=*/false,
                                     /*hasRoot=*/true,
                                     /*hasInPlace=*/true,
-                                    sizes,
+                                    perf::gatheredSizes,
                                     run,
                                     fillInput,
                                     fillExpected};

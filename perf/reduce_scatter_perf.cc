@@ -5,11 +5,6 @@
 
 namespace {
 
-perf::CallSizes sizes(size_t count, size_t eltSize, int nranks) {
-  size_t block = perf::perRankCount(count, eltSize, nranks);
-  return perf::CallSizes{block * nranks, block, block, 0, block};
-}
-
 loomResult_t run(const perf::CallArgs& a) {
   return loomReduceScatter(a.send, a.recv, a.count, a.type, a.op, a.comm, a.stream);
 }
@@ -28,7 +23,7 @@ const perf::CollectiveTest kTest = {"ReduceScatter",
                                     /*hasOp=*/true,
                                     /*hasRoot=*/false,
                                     /*hasInPlace=*/true,
-                                    sizes,
+                                    perf::scatteredSizes,
                                     run,
                                     fillInput,
                                     fillExpected};

@@ -5,11 +5,6 @@
 
 namespace {
 
-perf::CallSizes sizes(size_t count, size_t eltSize, int nranks) {
-  size_t block = perf::perRankCount(count, eltSize, nranks);
-  return perf::CallSizes{block * nranks, block, block, 0, block};
-}
-
 loomResult_t run(const perf::CallArgs& a) {
   return loomScatter(a.send, a.recv, a.count, a.type, a.root, a.comm, a.stream);
 }
@@ -21,15 +16,10 @@ size_t fillExpected(void* expected, const perf::CheckArgs& a) {
   return a.sizes.recvCount;
 }
 
-const perf::CollectiveTest kTest = {"Scatter",
-                                    perf::Collective::kScatter,
+const perf::CollectiveTest kTest = {"Scatter",           perf::Collective::kScatter,
                                     /*hasOp=*/false,
                                     /*hasRoot=*/true,
-                                    /*hasInPlace=*/true,
-                                    sizes,
-                                    run,
-                                    fillInput,
-                                    fillExpected};
+                                    /*hasInPlace=*/true, perf::scatteredSizes,       run, fillInput, fillExpected};
 
 }  // namespace
 
