@@ -12,7 +12,7 @@ namespace {
 
 const char* kPrograms[] = {"all_reduce_perf", "all_gather_perf", "reduce_scatter_perf", "broadcast_perf",
                            "reduce_perf",     "alltoall_perf",   "alltoallv_perf",      "sendrecv_perf",
-                           "gather_perf",     "scatter_perf"};
+                           "gather_perf",     "scatter_perf",    "hypercube_perf"};
 
 class PerfSuite : public testing::TestWithParam<std::tuple<const char*, int>> {};
 
