@@ -1,8 +1,8 @@
 // perf/common.cc — the perf harness: nccl-tests' command line, timing loop, data check and table, over loom's
 // public API (the check's values and comparison are in check_data.cc). Ranks are the processes of a launcher
 // (loomrun, mpirun, torchrun, srun: loomCommInitFromEnv) or, with no launcher, -t threads of this process
-// (loomGetUniqueId + loomCommInitRank). Written from nccl-tests' documented behaviour; its per-iteration timing
-// (-I), JSON output (-J) and CUDA-only flags are left out.
+// (loomGetUniqueId + loomCommInitRank). Written from nccl-tests' documented behaviour; its CUDA-only flags are
+// refused on host.
 #include "perf/common.h"
 
 #include <getopt.h>
@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -106,6 +107,11 @@ struct Options {
   int parallelInit = 0, blocking = 0, streamNull = 0, timeoutSeconds = 0, reportCpuTime = 0;
   int average = 1;  // the time reported: 0 rank 0's, 1 the mean over ranks, 2 the minimum, 3 the maximum
   int localRegister = 0;
+  int unalign = 0;        // -u: shift buffers off their alignment by this many elements (send) and 3x (recv)
+  int perIterTiming = 0;  // -I: time each iteration alone; report the median and the spread
+  int memoryReport = 0;   // -M: print the memory the run used
+  std::string jsonFile;   // -J: also write the results as JSON here
+  std::string commandLine;
 };
 
 const char kUsage[] =
@@ -132,8 +138,15 @@ const char kUsage[] =
     "  -C,--report_cputime <0/1>  report the time to issue the calls instead of the time to complete them\n"
     "  -a,--average <0/1/2/3>     time reported: 0 rank 0's, 1 mean over ranks, 2 minimum, 3 maximum\n"
     "  -R,--local_register <0/1>  register the buffers with loomCommRegister\n"
+    "  -u,--unalign <n>           shift the send buffer n elements and the receive buffer 3n elements off their\n"
+    "                             alignment (default 0)\n"
+    "  -I,--per_iter_timing <0/1> time every iteration on its own: the row shows the median, a comment line the\n"
+    "                             minimum, median and maximum (and -J all of them)\n"
+    "  -M,--memory <0/1>          report the memory used: buffers, the process's resident and peak sizes\n"
+    "  -J,--output_file <file>    also write every row as JSON to <file> (rank 0)\n"
+    "  -D,--device <host/cuda>    where the buffers live (host; cuda needs a CUDA build and a device)\n"
     "  -h,--help\n"
-    "Not available on host: -G (CUDA graphs), -g > 1, -R 2, -J, -S, -x, -D, -V, -M, -u, -I, -K.\n";
+    "Not available on host: -G (CUDA graphs), -g > 1, -R 2, -S, -x, -V, -K.\n";
 
 int parseInt(const char* text, const char* name, int min, int max) {
   char* end = nullptr;
@@ -180,7 +193,7 @@ constexpr Flag kFlags[] = {
     {'o', "op"},           {'d', "datatype"},       {'r', "root"},          {'z', "blocking"},
     {'y', "stream_null"},  {'T', "timeout"},        {'G', "cudagraph"},     {'C', "report_cputime"},
     {'a', "average"},      {'R', "local_register"}, {'J', "output_file"},   {'S', "report_timestamps"},
-    {'x', "cta_policy"},   {'D', "device_implementation"}, {'V', "device_cta_count"}, {'M', "memory"},
+    {'x', "cta_policy"},   {'D', "device"}, {'V', "device_cta_count"}, {'M', "memory"},
     {'u', "unalign"},      {'I', "per_iter_timing"}, {'K', "per_iter_skip"}};
 // clang-format on
 
@@ -206,7 +219,8 @@ Options parseOptions(int argc, char** argv) {
       {'m', &o.aggIters, 1, kBig},   {'w', &o.warmupIters, 0, kBig}, {'N', &o.runCycles, 0, kBig},
       {'p', &o.parallelInit, 0, 1},  {'c', &o.check, 0, kBig},       {'r', &o.root, -1, kBig},
       {'z', &o.blocking, 0, 3},      {'y', &o.streamNull, 0, 1},     {'T', &o.timeoutSeconds, 0, kBig},
-      {'C', &o.reportCpuTime, 0, 1}, {'a', &o.average, 0, 3},        {'R', &o.localRegister, 0, 2}};
+      {'C', &o.reportCpuTime, 0, 1}, {'a', &o.average, 0, 3},        {'R', &o.localRegister, 0, 2},
+      {'u', &o.unalign, 0, 4096},    {'I', &o.perIterTiming, 0, 1},  {'M', &o.memoryReport, 0, 1}};
   for (int c; (c = getopt_long(argc, argv, shortOptions.c_str(), longOptions.data(), nullptr)) != -1;) {
     const IntFlag* intFlag =
         std::find_if(std::begin(kIntFlags), std::end(kIntFlags), [&](const IntFlag& f) { return f.letter == c; });
@@ -225,6 +239,12 @@ Options parseOptions(int argc, char** argv) {
     } else if (c == 'G') {
       if (parseInt(optarg, "-G", 0, kBig) > 0)
         usageError("-G: CUDA graphs need a CUDA communicator; host runs take -G 0");
+    } else if (c == 'J') {
+      if (*optarg == '\0') usageError("-J needs a file name");
+      o.jsonFile = optarg;
+    } else if (c == 'D') {
+      if (strcmp(optarg, "cuda") == 0) usageError("-D cuda: this loom build has no CUDA device path; run with -D host");
+      if (strcmp(optarg, "host") != 0) usageError(std::string("invalid device '") + optarg + "' (host or cuda)");
     } else if (c == 'h') {
       printf(kUsage, argv[0]);
       exit(0);
@@ -241,6 +261,7 @@ Options parseOptions(int argc, char** argv) {
                std::to_string(o.maxBytes));
   }
   if (o.stepFactor <= 1 && o.stepBytes == 0) usageError("-i 0 with no -f > 1 would never reach -e");
+  for (int i = 0; i < argc; i++) o.commandLine += (i ? " " : "") + std::string(argv[i]);
   return o;
 }
 
@@ -324,6 +345,20 @@ struct Row {
   size_t bytes() const { return std::max(sizes.sendCount, sizes.recvCount) * eltSize; }
 };
 
+// One placement (out of place or in place) of one row, as measured.
+struct Half {
+  bool measured = false;
+  double timeUs = 0, algBw = 0, busBw = 0;
+  int64_t wrong = 0;
+  std::vector<double> iterUs;  // -I: this rank's time of every iteration
+};
+
+struct RowResult {
+  size_t bytes, count;
+  int type, op, root;
+  Half outOfPlace, inPlace;
+};
+
 double secondsNow() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -380,7 +415,10 @@ class RankRunner {
   void startCall(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace, int iter);
   void afterCalls();
   int64_t checkOnce(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace);
-  std::string measure(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace);
+  Half measure(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace);
+  std::string cells(const Half& half) const;
+  void reportMemory();
+  void writeJson(const char* programName, int64_t failed, double avgBusBw) const;
   void sweep(loomDataType_t type, loomRedOp_t op, int root);
   // What a rank is doing, for the watchdog's message.
   std::string describe(const Row& row, loomDataType_t type, const char* phase) const {
@@ -409,7 +447,8 @@ class RankRunner {
   void* recvHandle_ = nullptr;
   double busBwSum_ = 0;
   int busBwCount_ = 0;
-  int64_t failedChecks_ = 0;  // rows (and placements) where this rank's output was wrong
+  int64_t failedChecks_ = 0;        // rows (and placements) where this rank's output was wrong
+  std::vector<RowResult> results_;  // every row, for -J
 };
 
 std::vector<RankInfo> RankRunner::gatherRankInfo() {
@@ -463,9 +502,12 @@ void RankRunner::printHeader(const char* programName, const std::vector<RankInfo
 }
 
 void RankRunner::allocate() {
-  bufferBytes_ = std::max<size_t>(maxBytes_, 64);  // never ask loom for 0 bytes
+  bufferBytes_ = std::max<size_t>(maxBytes_, 64) + 4 * o_.unalign * sizeof(double);  // -u room; never 0 bytes
   PERF_CHECK(comm_, loomMemAlloc(reinterpret_cast<void**>(&send_), bufferBytes_));
   PERF_CHECK(comm_, loomMemAlloc(reinterpret_cast<void**>(&recv_), bufferBytes_));
+  // Touch every page once, as an application's buffers would be, so the first row does not time page faults.
+  memset(send_, 0, bufferBytes_);
+  memset(recv_, 0, bufferBytes_);
   if (checkActive()) expected_.resize(bufferBytes_);
   if (o_.localRegister) {
     PERF_CHECK(comm_, loomCommRegister(comm_, send_, bufferBytes_, &sendHandle_));
@@ -484,12 +526,14 @@ void RankRunner::release() {
 }
 
 // In place, the input lives inside the receive buffer, at the place the collective's in-place form names.
+// -u moves both off their alignment, by different amounts so that they are not aligned with each other either.
 char* RankRunner::inputOf(const Row& row, bool inPlace, size_t shift) const {
-  if (!inPlace) return send_ + shift;
-  return recv_ + shift + row.sizes.sendInPlaceOffset * rank_ * row.eltSize;
+  if (!inPlace) return send_ + shift + o_.unalign * row.eltSize;
+  return outputOf(row, false, shift) + row.sizes.sendInPlaceOffset * rank_ * row.eltSize;
 }
 char* RankRunner::outputOf(const Row& row, bool inPlace, size_t shift) const {
-  return recv_ + shift + (inPlace ? row.sizes.recvInPlaceOffset * rank_ * row.eltSize : 0);
+  return recv_ + shift + 3 * o_.unalign * row.eltSize +
+         (inPlace ? row.sizes.recvInPlaceOffset * rank_ * row.eltSize : 0);
 }
 
 void RankRunner::startCall(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace, int iter) {
@@ -531,8 +575,8 @@ int64_t RankRunner::checkOnce(const Row& row, loomDataType_t type, loomRedOp_t o
   return countWrong(outputOf(row, inPlace, 0), expected_.data(), checked, type, tolerance);
 }
 
-// One half of a row: time iters calls, check, and return the cells.
-std::string RankRunner::measure(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace) {
+// One half of a row: time iters calls, and check.
+Half RankRunner::measure(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace) {
   watchdog_.arm(watchdogSlot_, rank_, describe(row, type, ""));
   if (checkActive()) {  // defined input for the timed calls too: no denormals, no NaN
     CheckArgs args{row.sizes, type, op, root, rank_, nranks_};
@@ -543,6 +587,8 @@ std::string RankRunner::measure(const Row& row, loomDataType_t type, loomRedOp_t
   barrier();
 
   const int calls = o_.iters * o_.aggIters;
+  Half half;
+  half.measured = true;
   double start = secondsNow(), outsideBarriers = 0;
   for (int iter = 0; iter < o_.iters; iter++) {
     double iterStart = secondsNow();
@@ -556,11 +602,19 @@ std::string RankRunner::measure(const Row& row, loomDataType_t type, loomRedOp_t
       complete();
       outsideBarriers += secondsNow() - iterStart;
       barrier();
+    } else if (o_.perIterTiming) {
+      complete();
+      half.iterUs.push_back((secondsNow() - iterStart) * 1e6 / o_.aggIters);
     }
   }
   double cpuSeconds = (o_.blocking == 3 ? outsideBarriers : secondsNow() - start) / calls;
   complete();
   double seconds = (o_.blocking == 3 ? outsideBarriers : secondsNow() - start) / calls;
+  if (!half.iterUs.empty()) {  // -I: the median iteration, which one slow iteration does not move
+    std::vector<double> sorted = half.iterUs;
+    std::sort(sorted.begin(), sorted.end());
+    seconds = sorted[sorted.size() / 2] / 1e6;
+  }
 
   if (o_.average == 1) seconds = allReduce(seconds, loomFloat64, loomSum) / nranks_;
   if (o_.average == 2) seconds = allReduce(seconds, loomFloat64, loomMin);
@@ -580,14 +634,23 @@ std::string RankRunner::measure(const Row& row, loomDataType_t type, loomRedOp_t
   busBwSum_ += busBw;
   busBwCount_++;
 
-  double timeUs = (o_.reportCpuTime ? cpuSeconds : seconds) * 1e6;
+  half.timeUs = (o_.reportCpuTime ? cpuSeconds : seconds) * 1e6;
+  half.algBw = algBw;
+  half.busBw = busBw;
+  half.wrong = wrong;
+  return half;
+}
+
+std::string RankRunner::cells(const Half& half) const {
+  if (!half.measured) return "      N/A     N/A     N/A     N/A";
   char wrongCell[32];
   if (checkActive()) {
-    snprintf(wrongCell, sizeof(wrongCell), "%6g", static_cast<double>(wrong));
+    snprintf(wrongCell, sizeof(wrongCell), "%6g", static_cast<double>(half.wrong));
   } else {
     snprintf(wrongCell, sizeof(wrongCell), "   N/A");
   }
-  return "  " + formatCell(timeUs, 7) + "  " + formatCell(algBw, 6) + "  " + formatCell(busBw, 6) + "  " + wrongCell;
+  return "  " + formatCell(half.timeUs, 7) + "  " + formatCell(half.algBw, 6) + "  " + formatCell(half.busBw, 6) +
+         "  " + wrongCell;
 }
 
 void RankRunner::sweep(loomDataType_t type, loomRedOp_t op, int root) {
@@ -607,11 +670,92 @@ void RankRunner::sweep(loomDataType_t type, loomRedOp_t op, int root) {
       char preamble[128];
       snprintf(preamble, sizeof(preamble), "%12zu  %12zu  %8s  %6s  %6d", row.bytes(), row.sizes.paramCount,
                kTypeNames[type], test_.hasOp ? kOpNames[op] : "none", test_.hasRoot ? root : -1);
-      std::string line = preamble + measure(row, type, op, root, false);
-      line += test_.hasInPlace ? measure(row, type, op, root, true) : "      N/A     N/A     N/A     N/A";
-      if (printer_) printf("%s\n", line.c_str());
+      RowResult result{row.bytes(), row.sizes.paramCount, type, test_.hasOp ? op : -1, test_.hasRoot ? root : -1, {},
+                       {}};
+      result.outOfPlace = measure(row, type, op, root, false);
+      if (test_.hasInPlace) result.inPlace = measure(row, type, op, root, true);
+      if (!printer_) continue;
+      printf("%s%s%s\n", preamble, cells(result.outOfPlace).c_str(), cells(result.inPlace).c_str());
+      if (o_.perIterTiming) {
+        std::string spread = "#  per-iteration time (us), rank 0, min/median/max:";
+        for (const Half* half : {&result.outOfPlace, &result.inPlace}) {
+          if (!half->measured || half->iterUs.empty()) continue;
+          std::vector<double> sorted = half->iterUs;
+          std::sort(sorted.begin(), sorted.end());
+          char text[96];
+          snprintf(text, sizeof(text), "  %s %.2f/%.2f/%.2f", half == &result.inPlace ? "in place" : "out of place",
+                   sorted.front(), sorted[sorted.size() / 2], sorted.back());
+          spread += text;
+        }
+        printf("%s\n", spread.c_str());
+      }
+      if (!o_.jsonFile.empty()) results_.push_back(std::move(result));
     }
   }
+}
+
+// -M: what this run held: the perf buffers, and the process's resident set now and at its peak (which includes
+// loom's FIFOs and scratch space), the largest over ranks.
+void RankRunner::reportMemory() {
+  auto statusKiB = [](const char* field) {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    size_t length = strlen(field);
+    while (std::getline(status, line))
+      if (line.compare(0, length, field) == 0) return std::strtod(line.c_str() + length + 1, nullptr);
+    return 0.0;
+  };
+  double buffersMiB = (2.0 * bufferBytes_ + expected_.size()) / (1 << 20);
+  double residentMiB = allReduce(statusKiB("VmRSS") / 1024, loomFloat64, loomMax);
+  double peakMiB = allReduce(statusKiB("VmHWM") / 1024, loomFloat64, loomMax);
+  if (printer_)
+    printf(
+        "# Memory: %.1f MiB of buffers per rank (send, receive, check); process resident %.1f MiB, peak %.1f MiB "
+        "(largest over ranks)\n",
+        buffersMiB, residentMiB, peakMiB);
+}
+
+// -J: the run as one JSON object; rank 0 writes it.
+void RankRunner::writeJson(const char* programName, int64_t failed, double avgBusBw) const {
+  std::ofstream out(o_.jsonFile);
+  if (!out) {
+    fprintf(stderr, "cannot write %s: %s\n", o_.jsonFile.c_str(), strerror(errno));
+    return;
+  }
+  auto quoted = [](const std::string& text) {
+    std::string q = "\"";
+    for (char c : text) {
+      if (c == '"' || c == '\\') q += '\\';
+      if (static_cast<unsigned char>(c) >= 0x20) q += c;
+    }
+    return q + "\"";
+  };
+  auto half = [&](const Half& h) {
+    if (!h.measured) return std::string("null");
+    char text[160];
+    snprintf(text, sizeof(text), "{\"time_us\": %.3f, \"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, \"wrong\": %lld",
+             h.timeUs, h.algBw, h.busBw, checkActive() ? static_cast<long long>(h.wrong) : -1LL);
+    std::string json = text;
+    if (!h.iterUs.empty()) {
+      json += ", \"iteration_us\": [";
+      for (size_t i = 0; i < h.iterUs.size(); i++) json += (i ? ", " : "") + std::to_string(h.iterUs[i]);
+      json += "]";
+    }
+    return json + "}";
+  };
+  out << "{\n  \"program\": " << quoted(programName) << ",\n  \"command\": " << quoted(o_.commandLine)
+      << ",\n  \"host\": " << quoted(hostName()) << ",\n  \"nranks\": " << nranks_ << ",\n  \"loom_version\": \""
+      << LOOM_MAJOR << "." << LOOM_MINOR << "." << LOOM_PATCH << "\""
+      << ",\n  \"iters\": " << o_.iters << ",\n  \"agg_iters\": " << o_.aggIters << ",\n  \"average\": " << o_.average
+      << ",\n  \"rows\": [";
+  for (size_t i = 0; i < results_.size(); i++) {
+    const RowResult& r = results_[i];
+    out << (i ? ",\n" : "\n") << "    {\"size\": " << r.bytes << ", \"count\": " << r.count
+        << ", \"type\": " << quoted(kTypeNames[r.type])
+        << ", \"redop\": " << quoted(r.op >= 0 ? kOpNames[r.op] : "none") << ", \"root\": " << r.root
+        << ", \"out_of_place\": " << half(r.outOfPlace) << ", \"in_place\": " << half(r.inPlace) << "}";
+  }
+  out << "\n  ],\n  \"out_of_bounds\": " << failed << ",\n  \"avg_busbw_gbps\": " << avgBusBw << "\n}\n";
 }
 
 int64_t RankRunner::run(const char* programName) {
@@ -652,6 +796,10 @@ int64_t RankRunner::run(const char* programName) {
     double avgBusBw = busBwCount_ ? busBwSum_ / busBwCount_ : 0;
     printf("# %-20s : %lld %s\n", "Out of bounds values", static_cast<long long>(failed), failed ? "FAILED" : "OK");
     printf("# %-20s : %g \n", "Avg bus bandwidth", avgBusBw);
+  }
+  if (o_.memoryReport) reportMemory();
+  if (printer_) {
+    if (!o_.jsonFile.empty()) writeJson(programName, failed, busBwCount_ ? busBwSum_ / busBwCount_ : 0);
     printf("#\n# Collective test concluded: %s\n#\n", programName);
   }
   release();
