@@ -51,13 +51,23 @@ void fifoInit(void* memory, const FifoShape& shape);
 // Largest payload of one message for a protocol.
 size_t fifoPayloadBytes(const FifoShape& shape, Protocol protocol);
 
+// A shareable allocation (a memfd) that holds a payload: file descriptor `fd` in the sender's process, mapped
+// there at `base` for `bytes`; `inode` tells a reused descriptor number from the file it named. fd < 0: none.
+struct SharedRegion {
+  int32_t fd = -1;
+  uint64_t base = 0;
+  uint64_t bytes = 0;
+  uint64_t inode = 0;
+};
+
 // The payload of a direct message: `bytes` at `address` in process `pid`, readable until the receiver releases
-// the message.
+// the message. When `region` names the memfd holding it, the receiver may map that file and read with plain
+// loads; otherwise it copies with process_vm_readv.
 struct DirectDescriptor {
   uint64_t address;
   uint64_t bytes;
   int32_t pid;
-  int32_t reserved;
+  SharedRegion region;
 };
 
 // A FIFO as one end sees it in its own address space.

@@ -1,9 +1,11 @@
 // Communicator creation and teardown, its connections, and the watch every wait consults.
 #include "src/core/comm.h"
 
+#include <sched.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 
@@ -52,6 +54,18 @@ struct RankSetup {
   int nChannels;
   int forcedProtocol;
 };
+
+// Collectives spin long where every rank on this host (these are all the host's ranks the communicator knows
+// of) can have a core to itself, and yield early where they outnumber the cores this process may run on.
+int64_t spinPollsFor(const loomComm* comm) {
+  if (params::spinCount() >= 0) return params::spinCount();
+  cpu_set_t cpus;
+  int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  uint64_t host = comm->peers[comm->rank].hostHash;
+  long ranksHere = std::count_if(comm->peers.begin(), comm->peers.end(),
+                                 [&](const PeerInfo& peer) { return peer.hostHash == host; });
+  return ranksHere <= cores ? kSpinPollsDedicated : kSpinPollsShared;
+}
 
 int64_t clampParam(int64_t value, int64_t lo, int64_t hi) { return value < lo ? lo : value > hi ? hi : value; }
 
@@ -138,6 +152,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
       comm->peerWatch.add(setup.info.rank, setup.info.pid);
   }
   LOOM_CHECK(exchangeDirectAccess(comm, setups, deadline));
+  comm->spinPolls = spinPollsFor(comm);
   LOOM_INFO(INIT, "comm %s rank %d of %d ready (%d channel(s), FIFO %d x %zu bytes)", comm->name.c_str(), rank, nranks,
             comm->nChannels, comm->fifoShape.depth, comm->fifoShape.slotBytes);
   return loomSuccess;
@@ -218,8 +233,7 @@ void Connections::abortAll() {
   for (auto& [key, link] : receivers_) link.end->abort();
 }
 
-CommWatch::CommWatch(loomComm* comm, const char* what)
-    : comm_(comm), what_(what), deadline_(comm->timeoutMs), nextPeerCheck_(Clock::now()) {}
+CommWatch::CommWatch(loomComm* comm, const char* what) : comm_(comm), what_(what), deadline_(comm->timeoutMs) {}
 
 loomResult_t CommWatch::operator()(bool progressed) {
   if (comm_->abortFlag.load(std::memory_order_relaxed))
@@ -229,8 +243,8 @@ loomResult_t CommWatch::operator()(bool progressed) {
     return loomSuccess;
   }
   Clock::time_point now = Clock::now();
-  if (now >= nextPeerCheck_) {
-    nextPeerCheck_ = now + std::chrono::milliseconds(comm_->peerCheckMs);
+  if (now >= comm_->nextPeerCheck) {
+    comm_->nextPeerCheck = now + std::chrono::milliseconds(comm_->peerCheckMs);
     int dead = comm_->peerWatch.firstDead();
     if (dead >= 0)
       return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: rank %d (pid %d) has exited", what_, comm_->rank, dead,

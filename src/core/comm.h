@@ -15,7 +15,9 @@
 #include "loom/loom.h"
 #include "src/core/bootstrap.h"
 #include "src/core/peer_watch.h"
+#include "src/core/wait.h"
 #include "src/exec/host_executor.h"
+#include "src/exec/peer_memory.h"
 #include "transports/transport.h"
 
 namespace loom {
@@ -29,6 +31,7 @@ class Connections : public Links {
   FifoSender* sender(int peer, int channel) override;
   FifoReceiver* receiver(int peer, int channel) override;
   bool directTo(int peer) override { return peer < static_cast<int>(directTo_.size()) && directTo_[peer]; }
+  const void* mapDirect(const DirectDescriptor& message) override { return peerMappings_.resolve(message); }
   // directTo[p]: whether peer p can read this process's memory (probed at init; LOOM_DIRECT=0 clears it).
   void setDirectPeers(std::vector<bool> directTo) { directTo_ = std::move(directTo); }
   // Make sure every connection `plan` uses exists, in two phases: receivers first (that never waits), then
@@ -50,6 +53,7 @@ class Connections : public Links {
   std::map<std::pair<int, int>, Link<FifoSender>> senders_;
   std::map<std::pair<int, int>, Link<FifoReceiver>> receivers_;
   std::vector<bool> directTo_;
+  PeerMappings peerMappings_;
 };
 
 // The key of a cached plan.
@@ -70,10 +74,12 @@ struct loomComm {
   loom::PeerWatch peerWatch;
   loom::FifoShape fifoShape{};
   // Read once at init (and checked equal on every rank where both ends of a message must agree).
-  std::string algorithm;        // LOOM_ALGO
-  int forcedProtocol = -1;      // LOOM_PROTO: -1 by size, else a loom::Protocol
-  size_t llThresholdBytes = 0;  // LOOM_LL_THRESHOLD
-  int64_t peerCheckMs = 50;     // LOOM_PEER_CHECK_MS
+  std::string algorithm;                  // LOOM_ALGO
+  int forcedProtocol = -1;                // LOOM_PROTO: -1 by size, else a loom::Protocol
+  size_t llThresholdBytes = 0;            // LOOM_LL_THRESHOLD
+  int64_t peerCheckMs = 50;               // LOOM_PEER_CHECK_MS
+  loom::Clock::time_point nextPeerCheck;  // when a wait next checks peer processes (calls share it: under runMutex)
+  int64_t spinPolls = loom::kSpinPollsShared;  // polls a collective spins before yielding (see Backoff)
   loom::Connections connections;
   std::map<loom::PlanKey, loom::RankPlan> planCache;
   std::vector<std::byte> scratch;
@@ -111,7 +117,6 @@ class CommWatch {
   loomComm* comm_;
   const char* what_;
   Deadline deadline_;
-  Clock::time_point nextPeerCheck_;
 };
 
 }  // namespace loom

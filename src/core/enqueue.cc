@@ -81,19 +81,24 @@ void markDirectBuffers(const Call& call, const RankPlan* plan, ExecTask* task) {
     auto base = reinterpret_cast<uintptr_t>(input ? call.inputs[i] : call.outputs[i]);
     return std::pair<uintptr_t, uintptr_t>{base, base + bufferBytes(call, plan, input, i)};
   };
-  task->directOutputs.assign(call.outputs.size(), false);
-  for (size_t i = 0; i < call.outputs.size(); ++i)
-    task->directOutputs[i] = isRegistered(call.comm, call.outputs[i], bufferBytes(call, plan, false, i));
-  task->directInputs.assign(call.inputs.size(), false);
+  auto directBuffer = [&](bool input, size_t i) {
+    const void* base = input ? call.inputs[i] : call.outputs[i];
+    size_t bytes = bufferBytes(call, plan, input, i);
+    return DirectBuffer{isRegistered(call.comm, base, bytes), sharedRegionOf(base, bytes)};
+  };
+  task->directOutputs.assign(call.outputs.size(), {});
+  for (size_t i = 0; i < call.outputs.size(); ++i) task->directOutputs[i] = directBuffer(false, i);
+  task->directInputs.assign(call.inputs.size(), {});
   for (size_t i = 0; i < call.inputs.size(); ++i) {
-    if (!isRegistered(call.comm, call.inputs[i], bufferBytes(call, plan, true, i))) continue;
+    DirectBuffer input = directBuffer(true, i);
+    if (!input.direct) continue;
     bool overlaps = false;
     auto [inLo, inHi] = span(true, i);
     for (size_t o = 0; o < call.outputs.size(); ++o) {
       auto [outLo, outHi] = span(false, o);
       overlaps |= call.outputs[o] != nullptr && inLo < outHi && outLo < inHi;
     }
-    task->directInputs[i] = !overlaps;
+    if (!overlaps) task->directInputs[i] = input;
   }
 }
 
@@ -112,7 +117,12 @@ ExecTask taskFor(const Call& call, const RankPlan* plan) {
   task.llSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kLL);
   task.links = &comm->connections;
   task.what = collectiveName(call.collective);
-  markDirectBuffers(call, plan, &task);
+  // Only Simple messages go direct; a call whose every step fits the LL threshold skips the buffer lookups.
+  size_t largest = 0;
+  for (size_t i = 0; i < call.inputs.size(); ++i) largest = std::max(largest, bufferBytes(call, plan, true, i));
+  for (size_t i = 0; i < call.outputs.size(); ++i) largest = std::max(largest, bufferBytes(call, plan, false, i));
+  if (task.forcedProtocol == static_cast<int>(Protocol::kSimple) || largest > task.llThresholdBytes)
+    markDirectBuffers(call, plan, &task);
   task.directMessages = &comm->directMessages;
   return task;
 }
@@ -182,10 +192,15 @@ loomResult_t runCalls(std::vector<Call>& calls) {
     for (ExecTask& task : queues[q]) task.scratch = comms[q]->scratch.data();
 
   ScopedLogRank logRank(comms.front()->rank);
-  loomResult_t result = runTaskQueues(queues, [&](bool progressed) {
-    for (CommWatch& watch : watches) LOOM_CHECK(watch(progressed));
-    return loomSuccess;
-  });
+  int64_t spinPolls = kSpinPollsDedicated;
+  for (loomComm* comm : comms) spinPolls = std::min(spinPolls, comm->spinPolls);
+  loomResult_t result = runTaskQueues(
+      queues,
+      [&](bool progressed) {
+        for (CommWatch& watch : watches) LOOM_CHECK(watch(progressed));
+        return loomSuccess;
+      },
+      spinPolls);
   return result == loomSuccess ? result : fail(result);
 }
 

@@ -19,7 +19,15 @@ inline void cpuRelax() {
 }
 }  // namespace
 
-Backoff::Backoff() : spinLimit_(params::spinCount()), yieldMicros_(params::yieldUs()) {}
+Backoff::Backoff() : Backoff(kSpinPollsShared) {
+  static const int64_t spinCount = params::spinCount();
+  if (spinCount >= 0) spinLimit_ = spinCount;
+}
+
+Backoff::Backoff(int64_t spinPolls) : spinLimit_(spinPolls) {
+  static const int64_t yieldUs = params::yieldUs();  // read once: a Backoff is made for every wait
+  yieldMicros_ = yieldUs;
+}
 
 void Backoff::pause() {
   ++polls_;

@@ -39,9 +39,18 @@ class Deadline {
 using WaitCheck = std::function<loomResult_t()>;
 
 // Call pause() each time a poll finds nothing to do, reset() when it made progress.
+// Polls to spin before yielding: for a thread with a core of its own, and for one sharing cores with its peers.
+// A yield costs about a microsecond and a half on a virtual machine, far more than a message between cores.
+constexpr int64_t kSpinPollsDedicated = 1 << 16;
+constexpr int64_t kSpinPollsShared = 200;
+
 class Backoff {
  public:
+  // Spins LOOM_SPIN_COUNT polls (when set), else kSpinPollsShared, before yielding: for waits off the data path.
   Backoff();
+  // Spins `spinPolls` polls before yielding: many where the waiting thread has a core to itself, few where
+  // threads outnumber cores and the peer it waits for may need this one.
+  explicit Backoff(int64_t spinPolls);
   void pause();
   void reset() { polls_ = 0; }
 

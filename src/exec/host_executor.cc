@@ -189,15 +189,18 @@ class TaskRun {
       slot = out->reserve(protocol);
       if (slot == nullptr) return *ran = false, loomSuccess;
     }
-    if (incomingDirect) {
-      // Pull the payload now: straight into the destination when the step only stores it.
+    const DirectDescriptor* message = incomingDirect ? static_cast<const DirectDescriptor*>(incoming) : nullptr;
+    if (message) incoming = task_.links->mapDirect(*message);  // the payload where it lies, when mapped here
+    if (message && incoming == nullptr) {
+      // Not mapped: pull the payload now with CMA, straight into the destination when the step only stores it.
       bool stores = step.action == Action::kRecv || step.action == Action::kRecvCopySend;
       if (!stores) staging_.resize(bytes);
       void* target = stores ? pointer(step.dst, lo) : staging_.data();
-      LOOM_CHECK(readDirect(*static_cast<const DirectDescriptor*>(incoming), target, task_.what, step.recvPeer));
+      LOOM_CHECK(readDirect(*message, target, task_.what, step.recvPeer));
       incoming = target;
     }
-    const Region* directSource = out ? directSourceOf(step, protocol) : nullptr;
+    const DirectBuffer* directBuffer = nullptr;
+    const Region* directSource = out ? directSourceOf(step, protocol, &directBuffer) : nullptr;
     size_t n = hi - lo;
     switch (step.action) {
       case Action::kSend:
@@ -232,7 +235,7 @@ class TaskRun {
     if (directSource) {
       // The payload stays where it is; the peer reads it, and this task ends only when it has.
       *static_cast<DirectDescriptor*>(slot) = {reinterpret_cast<uint64_t>(pointer(*directSource, lo)), bytes,
-                                               static_cast<int32_t>(getpid()), 0};
+                                               static_cast<int32_t>(getpid()), directBuffer->region};
       directSenders_[out] = step.sendPeer;
       if (task_.directMessages) ++*task_.directMessages;
     }
@@ -244,9 +247,13 @@ class TaskRun {
   // The region a step sends, when it may go out as a DirectDescriptor: Simple protocol, a peer that can read
   // our memory, and data that sits in a buffer the task marked direct (the input for send; the destination,
   // written just before, for the forwarding steps).
-  const Region* directSourceOf(const Step& step, Protocol protocol) const {
+  const Region* directSourceOf(const Step& step, Protocol protocol, const DirectBuffer** buffer) const {
     if (protocol != Protocol::kSimple || !task_.links->directTo(step.sendPeer)) return nullptr;
-    auto marked = [](const std::vector<bool>& flags, uint32_t index) { return index < flags.size() && flags[index]; };
+    auto marked = [&](const std::vector<DirectBuffer>& buffers, uint32_t index) {
+      if (index >= buffers.size() || !buffers[index].direct) return false;
+      *buffer = &buffers[index];
+      return true;
+    };
     if (step.action == Action::kSend && step.src.buffer == Buffer::kInput &&
         marked(task_.directInputs, step.src.bufferIndex))
       return &step.src;
@@ -266,10 +273,10 @@ class TaskRun {
 
 }  // namespace
 
-loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch) {
+loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch, int64_t spinPolls) {
   std::vector<size_t> next(queues.size(), 0);
   std::vector<std::unique_ptr<TaskRun>> current(queues.size());
-  Backoff backoff;
+  Backoff backoff(spinPolls);
   auto stopAll = [&](loomResult_t result) {
     for (auto& run : current)
       if (run) run->abortLinks();

@@ -24,6 +24,14 @@ class Links {
   virtual FifoReceiver* receiver(int peer, int channel) = 0;
   // Whether `peer` can read this process's memory itself, so that messages to it may be DirectDescriptors.
   virtual bool directTo(int peer) = 0;
+  // A direct message's payload in this address space, when its memory can be mapped here; nullptr: copy it.
+  virtual const void* mapDirect(const DirectDescriptor& message) = 0;
+};
+
+// A buffer of a task that peers may read in place, and the shared file it lies in, if any.
+struct DirectBuffer {
+  bool direct = false;
+  SharedRegion region;
 };
 
 struct ExecTask {
@@ -44,8 +52,8 @@ struct ExecTask {
   const char* what = "";  // e.g. "AllReduce", for error messages
   // Buffers peers may read in place (registered, and not overlapping a buffer this call writes): a Simple send
   // of such data goes out as a DirectDescriptor, and the call ends only when every peer has read it.
-  std::vector<bool> directInputs;
-  std::vector<bool> directOutputs;
+  std::vector<DirectBuffer> directInputs;
+  std::vector<DirectBuffer> directOutputs;
   uint64_t* directMessages = nullptr;  // counts the DirectDescriptors sent (for statistics and tests)
 };
 
@@ -55,6 +63,7 @@ using WatchFn = std::function<loomResult_t(bool progressed)>;
 
 // Runs tasks to completion. Tasks in one queue run one after another (they share connections); queues run
 // concurrently. On error every connection the run touched is marked aborted so peers notice at once.
-loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch);
+// spinPolls: how long an idle pass spins before it yields the CPU (see Backoff).
+loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch, int64_t spinPolls);
 
 }  // namespace loom

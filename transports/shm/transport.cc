@@ -67,7 +67,7 @@ class ShmTransport : public Transport {
                        "space, or enlarge it",
                        bytes, path.c_str(), params::shmDir().c_str());
     }
-    void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     close(fd);
     if (base == MAP_FAILED) {
       unlink(path.c_str());
@@ -89,7 +89,7 @@ class ShmTransport : public Transport {
         struct stat st {};
         // The receiver reserves the full size before it maps; a smaller file is still being set up.
         if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= bytes) {
-          void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+          void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
           close(fd);
           if (base == MAP_FAILED) return LOOM_FAIL(loomSystemError, SHM, "cannot map %s: %m", path.c_str());
           auto* header = static_cast<FifoHeader*>(base);
