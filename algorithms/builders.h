@@ -19,6 +19,7 @@ RankPlan buildRingReduce(const CollArgs& args);
 RankPlan buildDirectGather(const CollArgs& args);
 RankPlan buildDirectScatter(const CollArgs& args);
 RankPlan buildDirectBroadcast(const CollArgs& args);
+RankPlan buildDirectAllReduce(const CollArgs& args);
 RankPlan buildPairwiseAllToAll(const CollArgs& args);
 RankPlan buildPairwiseAllToAllv(const CollArgs& args);
 RankPlan buildSendRecv(const CollArgs& args);

@@ -15,6 +15,7 @@ struct Entry {
 
 constexpr Entry kAlgorithms[] = {
     {Collective::kAllReduce, "ring", buildRingAllReduce},
+    {Collective::kAllReduce, "direct", buildDirectAllReduce},
     {Collective::kReduceScatter, "ring", buildRingReduceScatter},
     {Collective::kAllGather, "ring", buildRingAllGather},
     {Collective::kBroadcast, "ring", buildRingBroadcast},

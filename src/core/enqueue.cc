@@ -37,6 +37,19 @@ void moveToP2PChannel(RankPlan* plan) {
   for (Lane& lane : plan->lanes) lane.channel += kP2PChannel;
 }
 
+// The algorithm by size, until the cost model chooses: calls small enough to travel as one LL message per
+// peer go in one step (direct) instead of the ring's n-1 or 2(n-1) dependent messages, while the n-1 copies
+// each rank then sends stay cheap.
+constexpr int kDirectMaxRanks = 16;
+const char* defaultAlgorithm(const Call& call) {
+  const loomComm* comm = call.comm;
+  bool small = call.count * dtypeSize(call.datatype) <= comm->llThresholdBytes &&
+               comm->forcedProtocol != static_cast<int>(Protocol::kSimple) && comm->nranks <= kDirectMaxRanks;
+  if (small && (call.collective == Collective::kAllReduce || call.collective == Collective::kBroadcast))
+    return "direct";
+  return "";
+}
+
 loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** plan) {
   loomComm* comm = call.comm;
   CollArgs args = argsOf(call);
@@ -45,6 +58,7 @@ loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** p
     std::vector<std::string> known = algorithmsFor(call.collective);
     if (std::find(known.begin(), known.end(), algorithm) == known.end()) algorithm.clear();  // not for this one
   }
+  if (algorithm.empty()) algorithm = defaultAlgorithm(call);
   bool cacheable = call.collective != Collective::kAllToAllv && call.collective != Collective::kSendRecv;
   if (!cacheable) {
     buildPlan(args, algorithm, scratchPlan);
