@@ -53,6 +53,9 @@ class Backoff {
   explicit Backoff(int64_t spinPolls);
   void pause();
   void reset() { polls_ = 0; }
+  // Whether the next pause() only spins; a caller may then skip its costlier checks on most polls.
+  bool spinning() const { return polls_ < spinLimit_; }
+  int64_t polls() const { return polls_; }
 
  private:
   int64_t polls_ = 0;

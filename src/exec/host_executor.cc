@@ -301,6 +301,12 @@ loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const Wat
       if (loomResult_t result = watch(true); result != loomSuccess) return stopAll(result);  // abort while moving
       continue;
     }
+    // While spinning, poll tight and look at aborts, deadline and peers every 64th pass only (a clock read and a
+    // flag or two each time); every pass once waits are long.
+    if (backoff.spinning() && backoff.polls() % 64 != 63) {
+      backoff.pause();
+      continue;
+    }
     for (auto& run : current) {
       int peer = -1;
       if (run && run->peerAborted(&peer))

@@ -112,7 +112,7 @@ TEST(Collectives, DeadlineBoundsWaitingNotWork) {
   loomtest::runRanks(
       nranks,
       [&](loomComm_t comm, int rank) {
-        std::vector<float> data(size_t{64} << 20, float(rank));
+        std::vector<float> data(size_t{128} << 20, float(rank));
         allocated.arrive_and_wait();
         float one = 1, ranks = 0;
         ASSERT_EQ(loomAllReduce(&one, &ranks, 1, loomFloat32, loomSum, comm, nullptr), loomSuccess);
