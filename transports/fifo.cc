@@ -59,11 +59,17 @@ void fifoInit(void* memory, const FifoShape& shape) {
 
 FifoSender::FifoSender(FifoMemory memory) : memory_(memory) {
   posted_ = memory_.header->head.load(std::memory_order_acquire);
+  tailSeen_ = memory_.header->tail.load(std::memory_order_acquire);
 }
 
 void* FifoSender::reserve(Protocol protocol) {
   FifoHeader* header = memory_.header;
-  if (posted_ - header->tail.load(std::memory_order_acquire) >= header->depth) return nullptr;
+  // Read the receiver's counter only when the credit last seen is used up: the counter's cache line lives in
+  // the receiver's core, and fetching it on every message would put a core-to-core transfer on every send.
+  if (posted_ - tailSeen_ >= header->depth) {
+    tailSeen_ = header->tail.load(std::memory_order_acquire);
+    if (posted_ - tailSeen_ >= header->depth) return nullptr;
+  }
   if (protocol == Protocol::kSimple) return memory_.slots + (posted_ % header->depth) * header->slotBytes;
   staging_.resize(header->llSlotBytes / 8);
   return staging_.data();

@@ -95,6 +95,7 @@ class FifoSender {
  private:
   FifoMemory memory_;
   uint64_t posted_ = 0;
+  uint64_t tailSeen_ = 0;          // the receiver's tail when last read: credit known without reading it again
   std::vector<uint32_t> staging_;  // LL: the message before it is spread over flagged words
 };
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "algorithms/plan.h"
@@ -36,8 +37,8 @@ struct DirectBuffer {
 
 struct ExecTask {
   const RankPlan* plan = nullptr;
-  std::vector<const void*> inputs;  // by Region::bufferIndex
-  std::vector<void*> outputs;
+  std::span<const void* const> inputs;  // by Region::bufferIndex (the caller's vectors, alive for the run)
+  std::span<void* const> outputs;
   void* scratch = nullptr;
   loomDataType_t datatype = loomFloat32;
   loomRedOp_t op = loomSum;
