@@ -7,19 +7,11 @@ namespace {
 
 loomResult_t run(const perf::CallArgs& a) { return loomAllGather(a.send, a.recv, a.count, a.type, a.comm, a.stream); }
 
-void fillInput(void* send, const perf::CheckArgs& a) {
-  perf::fillData(send, a.sizes.sendCount, a.type, a.rank, a.rank * a.sizes.sendCount);
-}
-
-size_t fillExpected(void* expected, const perf::CheckArgs& a) {
-  perf::fillGathered(expected, a.sizes.sendCount, a.type, a.nranks);
-  return a.sizes.recvCount;
-}
-
-const perf::CollectiveTest kTest = {"AllGather",         perf::Collective::kAllGather,
-                                    /*hasOp=*/false,
-                                    /*hasRoot=*/false,
-                                    /*hasInPlace=*/true, perf::gatheredSizes,          run, fillInput, fillExpected};
+const perf::CollectiveTest kTest = {
+    "AllGather",         perf::Collective::kAllGather,
+    /*hasOp=*/false,
+    /*hasRoot=*/false,
+    /*hasInPlace=*/true, perf::gatheredSizes,          run, perf::fillGatheredInput, perf::fillGatheredExpected};
 
 }  // namespace
 

@@ -18,12 +18,14 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "perf/check_data.h"
+#include "perf/cli.h"
 
 namespace perf {
 namespace {
@@ -55,17 +57,20 @@ std::string hostName() {
   exit(2);
 }
 
-// ---- names of types and operators, as -d, -o and the table spell them ----
-
-constexpr const char* kTypeNames[loomNumTypes] = {"int8",   "uint8", "int32", "uint32", "int64",
-                                                  "uint64", "half",  "float", "double", "bfloat16"};
-constexpr const char* kOpNames[loomNumOps] = {"sum", "prod", "max", "min", "avg"};
-
 }  // namespace
 
 CallSizes gatheredSizes(size_t count, size_t eltSize, int nranks) {
   size_t block = perRankCount(count, eltSize, nranks);
   return CallSizes{block, block * nranks, block, block, 0};
+}
+
+void fillGatheredInput(void* send, const CheckArgs& a) {
+  fillData(send, a.sizes.sendCount, a.type, a.rank, a.rank * a.sizes.sendCount);
+}
+
+size_t fillGatheredExpected(void* expected, const CheckArgs& a) {
+  fillGathered(expected, a.sizes.sendCount, a.type, a.nranks);
+  return a.sizes.recvCount;
 }
 
 CallSizes scatteredSizes(size_t count, size_t eltSize, int nranks) {
@@ -149,33 +154,19 @@ const char kUsage[] =
     "Not available on host: -G (CUDA graphs), -g > 1, -R 2, -S, -x, -V, -K.\n";
 
 int parseInt(const char* text, const char* name, int min, int max) {
-  char* end = nullptr;
-  long value = strtol(text, &end, 0);
-  if (*text == '\0' || *end != '\0' || value < min || value > max) {
-    usageError(std::string("invalid value '") + text + "' for " + name + " (expected " + std::to_string(min) + ".." +
-               std::to_string(max) + ")");
-  }
-  return static_cast<int>(value);
+  if (std::optional<int> value = parseIntArg(text, min, max)) return *value;
+  usageError(std::string("invalid value '") + text + "' for " + name + " (expected " + std::to_string(min) + ".." +
+             std::to_string(max) + ")");
 }
 
-// "64", "1.5K", "256M", "2G": a byte count with an optional binary suffix, as nccl-tests reads it.
 size_t parseSize(const char* text, const char* name) {
-  char* end = nullptr;
-  double value = strtod(text, &end);
-  static const char kSuffixes[] = "KMG";
-  const char* suffix = *end ? strchr(kSuffixes, toupper(static_cast<unsigned char>(*end))) : nullptr;
-  double unit = suffix ? std::ldexp(1.0, 10 * static_cast<int>(suffix - kSuffixes + 1)) : 1;
-  if (suffix) end++;
-  if (end == text || *end != '\0' || !(value >= 0) || value * unit > 1e18) {
-    usageError(std::string("invalid size '") + text + "' for " + name);
-  }
-  return static_cast<size_t>(value * unit);
+  if (std::optional<size_t> value = parseSizeArg(text)) return *value;
+  usageError(std::string("invalid size '") + text + "' for " + name);
 }
 
+// A name from `names`, or -1 for "all".
 int parseName(const char* text, const char* const* names, int count, const char* what) {
-  for (int i = 0; i < count; i++) {
-    if (strcmp(text, names[i]) == 0) return i;
-  }
+  if (std::optional<int> index = findName(text, names, count)) return *index;
   if (strcmp(text, "all") == 0) return -1;
   usageError(std::string("invalid ") + what + " '" + text + "'");
 }
@@ -361,16 +352,6 @@ struct RowResult {
 
 double secondsNow() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// nccl-tests' number cells: as many decimals as fit in `width`, then exponent notation.
-std::string formatCell(double value, int width) {
-  char text[64];
-  for (const char* format : {"%*.2f", "%*.1f", "%*.0f"}) {
-    if (snprintf(text, sizeof(text), format, width, value) <= width) return text;
-  }
-  snprintf(text, sizeof(text), width >= 7 ? "%*.1e" : "%*.0e", width, value);
-  return text;
 }
 
 class RankRunner {

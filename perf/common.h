@@ -87,6 +87,11 @@ struct CollectiveTest {
   size_t (*fillExpected)(void* expected, const CheckArgs& args);
 };
 
+// Check data of the gathered shape (AllGather, Hypercube, Gather): rank r's input is block r of the whole, which
+// every rank (Gather: the root) must end up holding in rank order.
+void fillGatheredInput(void* send, const CheckArgs& args);
+size_t fillGatheredExpected(void* expected, const CheckArgs& args);
+
 // Runs the whole program: call it from main. Returns the process exit code.
 int runPerfTest(int argc, char** argv, const CollectiveTest& test);
 

@@ -9,14 +9,8 @@ loomResult_t run(const perf::CallArgs& a) {
   return loomGather(a.send, a.recv, a.count, a.type, a.root, a.comm, a.stream);
 }
 
-void fillInput(void* send, const perf::CheckArgs& a) {
-  perf::fillData(send, a.sizes.sendCount, a.type, a.rank, a.rank * a.sizes.sendCount);
-}
-
 size_t fillExpected(void* expected, const perf::CheckArgs& a) {
-  if (a.rank != a.root) return 0;
-  perf::fillGathered(expected, a.sizes.sendCount, a.type, a.nranks);
-  return a.sizes.recvCount;
+  return a.rank == a.root ? perf::fillGatheredExpected(expected, a) : 0;
 }
 
 const perf::CollectiveTest kTest = {"Gather",
@@ -26,7 +20,7 @@ const perf::CollectiveTest kTest = {"Gather",
                                     /*hasInPlace=*/true,
                                     perf::gatheredSizes,
                                     run,
-                                    fillInput,
+                                    perf::fillGatheredInput,
                                     fillExpected};
 
 }  // namespace

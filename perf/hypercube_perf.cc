@@ -61,19 +61,11 @@ loomResult_t run(const perf::CallArgs& a) {
   return round.result;
 }
 
-void fillInput(void* send, const perf::CheckArgs& a) {
-  perf::fillData(send, a.sizes.sendCount, a.type, a.rank, a.rank * a.sizes.sendCount);
-}
-
-size_t fillExpected(void* expected, const perf::CheckArgs& a) {
-  perf::fillGathered(expected, a.sizes.sendCount, a.type, a.nranks);
-  return a.sizes.recvCount;
-}
-
-const perf::CollectiveTest kTest = {"Hypercube",         perf::Collective::kAllGather,
-                                    /*hasOp=*/false,
-                                    /*hasRoot=*/false,
-                                    /*hasInPlace=*/true, perf::gatheredSizes,          run, fillInput, fillExpected};
+const perf::CollectiveTest kTest = {
+    "Hypercube",         perf::Collective::kAllGather,
+    /*hasOp=*/false,
+    /*hasRoot=*/false,
+    /*hasInPlace=*/true, perf::gatheredSizes,          run, perf::fillGatheredInput, perf::fillGatheredExpected};
 
 }  // namespace
 

@@ -15,11 +15,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "perf/check_data.h"
+#include "perf/cli.h"
 
 namespace perf {
 namespace {
@@ -86,9 +88,6 @@ const PeerCollective kCollectives[] = {
 // clang-format on
 
 // The names -d, -o and the table use: loom's perf programs' spelling.
-constexpr const char* kTypeNames[loomNumTypes] = {"int8",   "uint8", "int32", "uint32", "int64",
-                                                  "uint64", "half",  "float", "double", "bfloat16"};
-constexpr const char* kOpNames[loomNumOps] = {"sum", "prod", "max", "min", "avg"};
 
 // ---- options ----
 
@@ -121,40 +120,19 @@ const char kUsage[] =
     "Times blocking out-of-place calls, the mean over ranks of each rank's time (loom's -a 1).\n";
 
 int parseInt(const char* text, const char* name, int min, int max) {
-  char* end = nullptr;
-  long value = strtol(text, &end, 0);
-  if (*text == '\0' || *end != '\0' || value < min || value > max) {
-    throw UsageError(std::string("invalid value '") + text + "' for " + name + " (expected " + std::to_string(min) +
-                     ".." + std::to_string(max) + ")");
-  }
-  return static_cast<int>(value);
+  if (std::optional<int> value = parseIntArg(text, min, max)) return *value;
+  throw UsageError(std::string("invalid value '") + text + "' for " + name + " (expected " + std::to_string(min) +
+                   ".." + std::to_string(max) + ")");
 }
 
-// A byte count with an optional binary suffix (K, M, G), read as loom's programs and nccl-tests read it.
 size_t parseSize(const char* text, const char* name) {
-  char* end = nullptr;
-  double value = strtod(text, &end);
-  static const char kSuffixes[] = "KMG";
-  int shift = 0;
-  if (end != text && *end) {
-    const char* suffix = strchr(kSuffixes, toupper(static_cast<unsigned char>(*end)));
-    if (suffix) {
-      shift = 10 * static_cast<int>(suffix - kSuffixes + 1);
-      end++;
-    }
-  }
-  double bytes = std::ldexp(value, shift);
-  if (end == text || *end != '\0' || !(value >= 0) || bytes > 1e18) {
-    throw UsageError(std::string("invalid size '") + text + "' for " + name);
-  }
-  return static_cast<size_t>(bytes);
+  if (std::optional<size_t> value = parseSizeArg(text)) return *value;
+  throw UsageError(std::string("invalid size '") + text + "' for " + name);
 }
 
 template <typename Enum>
 Enum parseName(const char* text, const char* const* names, int count, const char* what) {
-  for (int i = 0; i < count; i++) {
-    if (strcmp(text, names[i]) == 0) return static_cast<Enum>(i);
-  }
+  if (std::optional<int> index = findName(text, names, count)) return static_cast<Enum>(*index);
   throw UsageError(std::string("invalid ") + what + " '" + text + "'" +
                    (strcmp(text, "all") == 0 ? ": the peer programs take one at a time" : ""));
 }
@@ -239,16 +217,6 @@ PeerOptions parseOptions(int argc, char** argv) {
 
 double secondsNow() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// nccl-tests' number cells, as loom's table prints them: as many decimals as fit in `width`, then exponents.
-std::string formatCell(double value, int width) {
-  char text[64];
-  for (int decimals = 2; decimals >= 0; decimals--) {
-    if (snprintf(text, sizeof(text), "%*.*f", width, decimals, value) <= width) return text;
-  }
-  snprintf(text, sizeof(text), "%*.*e", width, width >= 7 ? 1 : 0, value);
-  return text;
 }
 
 struct FreeDeleter {

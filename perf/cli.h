@@ -1,0 +1,30 @@
+// perf/cli.h — what loom's perf programs and the peer programs (perf/peers/) share in reading their command
+// line and printing their table, so that the two read the same flags the same way and print identical cells.
+#ifndef LOOM_PERF_CLI_H_
+#define LOOM_PERF_CLI_H_
+
+#include <loom/loom.h>
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+namespace perf {
+
+// Names of types and operators as -d, -o and the table spell them (nccl-tests' names).
+extern const char* const kTypeNames[loomNumTypes];
+extern const char* const kOpNames[loomNumOps];
+
+// An integer in [min, max] (decimal, 0x hex or 0 octal), or nothing when the text is not one.
+std::optional<int> parseIntArg(const char* text, int min, int max);
+// "64", "1.5K", "256M", "2G": a byte count with an optional binary suffix, or nothing when malformed.
+std::optional<size_t> parseSizeArg(const char* text);
+// The index of `text` in names[0..count), or nothing.
+std::optional<int> findName(const char* text, const char* const* names, int count);
+
+// nccl-tests' number cells: as many decimals as fit in `width`, then exponent notation.
+std::string formatCell(double value, int width);
+
+}  // namespace perf
+
+#endif  // LOOM_PERF_CLI_H_
