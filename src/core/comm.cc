@@ -99,6 +99,7 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
   comm->forcedProtocol = proto == "LL" ? static_cast<int>(Protocol::kLL) : proto == "Simple" ? 0 : -1;
   comm->llThresholdBytes = static_cast<size_t>(std::max<int64_t>(0, params::llThreshold()));
   comm->peerCheckMs = clampParam(params::peerCheckMs(), 1, 60000);
+  comm->streamingBytes = static_cast<size_t>(std::max<int64_t>(0, params::streamingBytes()));
   if (config != nullptr) {
     if (config->timeoutMs != LOOM_CONFIG_UNDEF_INT && config->timeoutMs > 0) comm->timeoutMs = config->timeoutMs;
     if (config->commName != nullptr) comm->name = config->commName;

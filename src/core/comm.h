@@ -79,6 +79,7 @@ struct loomComm {
   size_t llThresholdBytes = 0;            // LOOM_LL_THRESHOLD
   int64_t peerCheckMs = 50;               // LOOM_PEER_CHECK_MS
   loom::Clock::time_point nextPeerCheck;  // when a wait next checks peer processes (calls share it: under runMutex)
+  size_t streamingBytes = 0;  // outputs of at least this many bytes are written with streaming stores (0: never)
   int64_t spinPolls = loom::kSpinPollsShared;  // polls a collective spins before yielding (see Backoff)
   loom::Connections connections;
   std::map<loom::PlanKey, loom::RankPlan> planCache;

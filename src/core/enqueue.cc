@@ -137,6 +137,9 @@ ExecTask taskFor(const Call& call, const RankPlan* plan) {
   for (size_t i = 0; i < call.outputs.size(); ++i) largest = std::max(largest, bufferBytes(call, plan, false, i));
   if (task.forcedProtocol == static_cast<int>(Protocol::kSimple) || largest > task.llThresholdBytes)
     markDirectBuffers(call, plan, &task);
+  size_t outputBytes = 0;
+  for (size_t i = 0; i < call.outputs.size(); ++i) outputBytes += bufferBytes(call, plan, false, i);
+  task.streamOutputs = comm->streamingBytes > 0 && outputBytes >= comm->streamingBytes;
   task.directMessages = &comm->directMessages;
   return task;
 }

@@ -13,6 +13,7 @@
 #include "src/core/check.h"
 #include "src/core/dtype.h"
 #include "src/core/wait.h"
+#include "src/exec/copy.h"
 #include "src/exec/reduce.h"
 
 namespace loom {
@@ -148,6 +149,9 @@ class TaskRun {
     return const_cast<std::byte*>(static_cast<const std::byte*>(base)) + (region.offset + lo) * elementBytes_;
   }
 
+  // Whether writes into `region` should bypass the cache: large call outputs only (see copy.h).
+  bool streamTo(const Region& region) const { return task_.streamOutputs && region.buffer == Buffer::kOutput; }
+
   Protocol protocolFor(const Step& step) const {
     if (task_.forcedProtocol >= 0) return static_cast<Protocol>(task_.forcedProtocol);
     return step.count() * elementBytes_ <= task_.llThresholdBytes ? Protocol::kLL : Protocol::kSimple;
@@ -207,7 +211,7 @@ class TaskRun {
         if (!directSource) std::memcpy(slot, pointer(step.src, lo), bytes);
         break;
       case Action::kRecv:
-        if (incoming != pointer(step.dst, lo)) std::memcpy(pointer(step.dst, lo), incoming, bytes);
+        if (incoming != pointer(step.dst, lo)) copyOut(pointer(step.dst, lo), incoming, bytes, streamTo(step.dst));
         break;
       case Action::kRecvReduce:
         reduce_(pointer(step.dst, lo), pointer(step.src, lo), incoming, n);
@@ -220,13 +224,20 @@ class TaskRun {
         if (!directSource) std::memcpy(slot, pointer(step.dst, lo), bytes);
         break;
       case Action::kRecvCopySend:
-        if (incoming != pointer(step.dst, lo)) std::memcpy(pointer(step.dst, lo), incoming, bytes);
+        if (incoming != pointer(step.dst, lo)) copyOut(pointer(step.dst, lo), incoming, bytes, streamTo(step.dst));
         if (!directSource) std::memcpy(slot, incoming, bytes);
         break;
       case Action::kCopy:
         // In-place layouts make some copies onto themselves.
-        if (pointer(step.dst, lo) != pointer(step.src, lo))
-          std::memmove(pointer(step.dst, lo), pointer(step.src, lo), bytes);
+        if (pointer(step.dst, lo) != pointer(step.src, lo)) {
+          std::byte *to = pointer(step.dst, lo), *from = pointer(step.src, lo);
+          bool overlap = to < from + bytes && from < to + bytes;
+          if (overlap) {
+            std::memmove(to, from, bytes);
+          } else {
+            copyOut(to, from, bytes, streamTo(step.dst));
+          }
+        }
         break;
       case Action::kReduce:
         reduce_(pointer(step.dst, lo), pointer(step.src, lo), pointer(step.src2, lo), n);

@@ -56,6 +56,7 @@ struct ExecTask {
   std::vector<DirectBuffer> directInputs;
   std::vector<DirectBuffer> directOutputs;
   uint64_t* directMessages = nullptr;  // counts the DirectDescriptors sent (for statistics and tests)
+  bool streamOutputs = false;          // write the outputs with non-temporal stores (larger than the caches)
 };
 
 // Called after every pass over the lanes, with whether anything moved: loomSuccess to go on, or the error that
