@@ -73,9 +73,11 @@ class TaskRun {
   }
 
   // Runs every slice that can run now. Returns an error, or success with *progress set when something moved.
+  // A lane goes at most one round per pass, so that lanes interleave: a lane that never waits (a local copy)
+  // would otherwise run to its end while the peers wait for this rank to take their messages.
   loomResult_t advance(bool* progress) {
     for (LaneRun& lane : lanes_) {
-      while (!lane.done()) {
+      for (size_t round = lane.round; !lane.done() && lane.round == round;) {
         bool ran = false;
         LOOM_CHECK(tryUnit(lane, &ran));
         if (!ran) break;
