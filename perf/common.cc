@@ -546,7 +546,7 @@ void RankRunner::afterCalls() {
 
 int64_t RankRunner::checkOnce(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace) {
   // Poison the output first, so an unwritten element counts.
-  fillPoison(recv_, row.sizes.recvCount, type);
+  fillPoison(outputOf(row, false, 0), row.sizes.recvCount, type);
   CheckArgs args{row.sizes, type, op, root, rank_, nranks_};
   test_.fillInput(inputOf(row, inPlace, 0), args);
   size_t checked = test_.fillExpected(expected_.data(), args);
@@ -794,6 +794,9 @@ int runPerfTest(int argc, char** argv, const CollectiveTest& test) {
   const char* slash = strrchr(argv[0], '/');
   const char* programName = slash ? slash + 1 : argv[0];
   Options options = parseOptions(argc, argv);
+  if (test.ordersItsGroups && options.aggIters > 1)
+    usageError(std::string("-m ") + std::to_string(options.aggIters) + ": " + programName +
+               "'s call is a sequence of groups, which one enclosing group would merge; run it with -m 1");
 
   int64_t failed = 0;
   if (underLauncher()) {

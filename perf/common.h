@@ -85,6 +85,9 @@ struct CollectiveTest {
   void (*fillInput)(void* send, const CheckArgs& args);
   // Writes the expected recv buffer at `expected`; returns how many elements to compare (0: recv is unused).
   size_t (*fillExpected)(void* expected, const CheckArgs& args);
+  // The call is itself several groups in order (hypercube_perf's rounds): -m > 1 would merge them into the
+  // harness's group and time a different, unordered pattern, so it is refused.
+  bool ordersItsGroups = false;
 };
 
 // Check data of the gathered shape (AllGather, Hypercube, Gather): rank r's input is block r of the whole, which

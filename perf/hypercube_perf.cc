@@ -61,11 +61,16 @@ loomResult_t run(const perf::CallArgs& a) {
   return round.result;
 }
 
-const perf::CollectiveTest kTest = {
-    "Hypercube",         perf::Collective::kAllGather,
-    /*hasOp=*/false,
-    /*hasRoot=*/false,
-    /*hasInPlace=*/true, perf::gatheredSizes,          run, perf::fillGatheredInput, perf::fillGatheredExpected};
+const perf::CollectiveTest kTest = {"Hypercube",
+                                    perf::Collective::kAllGather,
+                                    /*hasOp=*/false,
+                                    /*hasRoot=*/false,
+                                    /*hasInPlace=*/true,
+                                    perf::gatheredSizes,
+                                    run,
+                                    perf::fillGatheredInput,
+                                    perf::fillGatheredExpected,
+                                    /*ordersItsGroups=*/true};
 
 }  // namespace
 

@@ -53,6 +53,7 @@ struct RankSetup {
   uint64_t llThresholdBytes;
   int nChannels;
   int forcedProtocol;
+  char algorithm[32];  // LOOM_ALGO: ranks that pick different algorithms would exchange mismatched messages
 };
 
 // Collectives spin long where every rank on this host (these are all the host's ranks the communicator knows
@@ -133,9 +134,14 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   mine.nChannels = comm->nChannels;
   mine.llThresholdBytes = comm->llThresholdBytes;
   mine.forcedProtocol = comm->forcedProtocol;
+  snprintf(mine.algorithm, sizeof(mine.algorithm), "%s", comm->algorithm.c_str());
   mine.probeAddress = reinterpret_cast<uint64_t>(&kProbeWord);
   LOOM_CHECK(comm->bootstrap->allGather(setups.data(), sizeof(RankSetup), deadline.remainingMs()));
   for (const RankSetup& setup : setups) {
+    if (strncmp(setup.algorithm, mine.algorithm, sizeof(mine.algorithm)) != 0)
+      return LOOM_FAIL(loomInvalidUsage, INIT,
+                       "rank %d uses LOOM_ALGO=\"%.32s\", rank %d uses \"%.32s\": LOOM_ALGO must match on every rank",
+                       setup.info.rank, setup.algorithm, rank, mine.algorithm);
     if (setup.fifoDepth != mine.fifoDepth || setup.slotBytes != mine.slotBytes ||
         setup.llSlotBytes != mine.llSlotBytes || setup.nChannels != mine.nChannels ||
         setup.llThresholdBytes != mine.llThresholdBytes || setup.forcedProtocol != mine.forcedProtocol)

@@ -262,7 +262,7 @@ loomResult_t runCalls(std::vector<Call>& calls) {
     for (ExecTask& task : queues[q]) task.scratch = comms[q]->scratch.data();
 
   ScopedLogRank logRank(comms.front()->rank);
-  int64_t spinPolls = kSpinPollsDedicated;
+  int64_t spinPolls = INT64_MAX;
   for (loomComm* comm : comms) spinPolls = std::min(spinPolls, comm->spinPolls);
   loomResult_t result = runTaskQueues(
       queues,

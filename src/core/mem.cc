@@ -24,6 +24,7 @@ struct Allocation {
   int fd;
   size_t bytes;
   uint64_t inode;
+  bool shareable = true;
 };
 
 std::mutex gAllocMutex;
@@ -44,7 +45,7 @@ bool isRegistered(loomComm* comm, const void* ptr, size_t bytes) {
   if (ptr == nullptr || bytes == 0) return false;
   for (const auto& [base, size] : comm->registrations)
     if (inside(base, size, ptr, bytes)) return true;
-  return sharedRegionOf(ptr, bytes).fd >= 0;
+  return sharedRegionOf(ptr, bytes).base != 0;  // inside a loomMemAlloc allocation
 }
 
 SharedRegion sharedRegionOf(const void* ptr, size_t bytes) {
@@ -56,7 +57,8 @@ SharedRegion sharedRegionOf(const void* ptr, size_t bytes) {
   --found;
   const auto& [base, allocation] = *found;
   if (!inside(base, allocation.bytes, ptr, bytes)) return {};
-  return SharedRegion{allocation.fd, reinterpret_cast<uint64_t>(base), allocation.bytes, allocation.inode};
+  return SharedRegion{allocation.shareable ? allocation.fd : -1, reinterpret_cast<uint64_t>(base), allocation.bytes,
+                      allocation.inode};
 }
 
 }  // namespace loom
@@ -83,9 +85,11 @@ loomResult_t loomMemAlloc(void** ptr, size_t size) {
     return LOOM_FAIL(loomSystemError, INIT, "loomMemAlloc: cannot map %zu bytes: %m", size);
   }
   std::lock_guard<std::mutex> lock(gAllocMutex);
+  // Without its inode a peer could not check the file it takes, so such memory is not shared (fd -1).
   struct stat st {};
-  fstat(fd, &st);
-  allocations()[base] = {fd, size, static_cast<uint64_t>(st.st_ino)};
+  bool known = fstat(fd, &st) == 0;
+  allocations()[base] = {fd, size, known ? static_cast<uint64_t>(st.st_ino) : 0};
+  if (!known) allocations()[base].shareable = false;
   *ptr = base;
   return loomSuccess;
 }

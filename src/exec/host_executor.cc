@@ -19,10 +19,16 @@
 namespace loom {
 namespace {
 
+// This process's id, read once (getpid is a system call): direct messages carry it on every slice.
+pid_t thisProcess() {
+  static const pid_t pid = getpid();
+  return pid;
+}
+
 // Reads a direct message's payload: a memcpy within this process, else process_vm_readv (CMA), which copies
 // straight from the peer's memory into ours.
 loomResult_t readDirect(const DirectDescriptor& from, void* to, const char* what, int peer) {
-  if (from.pid == getpid()) {
+  if (from.pid == thisProcess()) {
     std::memcpy(to, reinterpret_cast<const void*>(from.address), from.bytes);
     return loomSuccess;
   }
@@ -248,7 +254,7 @@ class TaskRun {
     if (directSource) {
       // The payload stays where it is; the peer reads it, and this task ends only when it has.
       *static_cast<DirectDescriptor*>(slot) = {reinterpret_cast<uint64_t>(pointer(*directSource, lo)), bytes,
-                                               static_cast<int32_t>(getpid()), directBuffer->region};
+                                               static_cast<int32_t>(thisProcess()), directBuffer->region};
       directSenders_[out] = step.sendPeer;
       if (task_.directMessages) ++*task_.directMessages;
     }

@@ -40,7 +40,8 @@ PeerMappings::~PeerMappings() {
 }
 
 const void* PeerMappings::resolve(const DirectDescriptor& message) {
-  if (message.pid == getpid()) return reinterpret_cast<const void*>(message.address);  // a rank of this process
+  static const pid_t self = getpid();
+  if (message.pid == self) return reinterpret_cast<const void*>(message.address);  // a rank of this process
   const SharedRegion& region = message.region;
   if (region.fd < 0 || message.address < region.base || message.bytes > region.bytes ||
       message.address - region.base > region.bytes - message.bytes)
@@ -48,7 +49,7 @@ const void* PeerMappings::resolve(const DirectDescriptor& message) {
   auto found = mappings_.find({message.pid, region.inode});
   void* local = nullptr;
   if (found != mappings_.end() && found->second.bytes >= region.bytes) {
-    found->second.lastUse = ++uses_;
+    found->second.lastUse = Clock::now();
     local = found->second.local;
   } else {
     local = map(message);
@@ -60,26 +61,43 @@ const void* PeerMappings::resolve(const DirectDescriptor& message) {
 void* PeerMappings::map(const DirectDescriptor& message) {
   const SharedRegion& region = message.region;
   pid_t pid = message.pid;
-  if (refused_.count(pid)) return nullptr;
+  Key key{pid, region.inode};
+  if (refused_.count(pid) || failed_.count(key)) return nullptr;
+  if (auto stale = mappings_.find(key); stale != mappings_.end()) {  // smaller: gives way to the larger one
+    munmap(stale->second.local, stale->second.bytes);
+    mappedBytes_ -= stale->second.bytes;
+    mappings_.erase(stale);
+  }
+  if (!makeRoom(region.bytes)) return nullptr;  // CMA this time
   int pidfd = openPidfd(pid);
   int fd = pidfd >= 0 ? takeFd(pidfd, region.fd) : -1;
+  int takeError = errno;
   if (pidfd >= 0) close(pidfd);
   struct stat st {};
-  if (fd < 0 || fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_ino) != region.inode ||
-      static_cast<uint64_t>(st.st_size) < region.bytes) {
-    // Not permitted (or not supported): this peer's messages are copied with CMA instead, from now on.
-    LOOM_INFO(SHM, "cannot map the buffers of process %d (%s); reading them with process_vm_readv", pid,
-              fd < 0 ? strerror(errno) : "file changed");
-    if (fd >= 0) close(fd);
-    refused_.insert(pid);
+  if (fd < 0) {
+    // Not permitted (or not supported): this peer's messages are copied with CMA instead, from now on. Running
+    // out of descriptors is this process's trouble, not the peer's: that file only.
+    LOOM_INFO(SHM, "cannot take the buffers of process %d (%s); reading them with process_vm_readv", pid,
+              strerror(takeError));
+    if (takeError == EMFILE || takeError == ENFILE) {
+      failed_.insert(key);
+    } else {
+      refused_.insert(pid);
+    }
     return nullptr;
   }
-  evictFor(region.bytes);
+  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_ino) != region.inode ||
+      static_cast<uint64_t>(st.st_size) < region.bytes) {
+    close(fd);
+    failed_.insert(key);
+    return nullptr;
+  }
   void* local = mmap(nullptr, region.bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (local == MAP_FAILED) {
     LOOM_INFO(SHM, "cannot map %llu bytes of process %d: %s", static_cast<unsigned long long>(region.bytes), pid,
               strerror(errno));
+    failed_.insert(key);
     return nullptr;
   }
   // Read one byte of every page now. MAP_POPULATE fills the page tables, but where the hypervisor shadows them
@@ -88,25 +106,24 @@ void* PeerMappings::map(const DirectDescriptor& message) {
   const long page = sysconf(_SC_PAGESIZE);
   for (uint64_t at = 0; at < region.bytes; at += static_cast<uint64_t>(page))
     (void)*static_cast<volatile const char*>(static_cast<const char*>(local) + at);
-  auto [it, fresh] = mappings_.insert({{pid, region.inode}, Mapping{local, region.bytes, ++uses_}});
-  if (!fresh) {  // a smaller, older mapping of the same file: replace it
-    munmap(it->second.local, it->second.bytes);
-    mappedBytes_ -= it->second.bytes;
-    it->second = Mapping{local, region.bytes, uses_};
-  }
+  mappings_[key] = Mapping{local, region.bytes, Clock::now()};
   mappedBytes_ += region.bytes;
   return local;
 }
 
-void PeerMappings::evictFor(uint64_t bytes) {
-  while (!mappings_.empty() && (mappings_.size() >= kMaxMappings || mappedBytes_ + bytes > kMaxMappedBytes)) {
-    auto oldest = mappings_.begin();
+bool PeerMappings::makeRoom(uint64_t bytes) {
+  if (bytes > kMaxMappedBytes) return false;
+  Clock::time_point idleSince = Clock::now() - kIdleBeforeEviction;
+  while (mappings_.size() >= kMaxMappings || mappedBytes_ + bytes > kMaxMappedBytes) {
+    auto oldest = mappings_.end();
     for (auto it = mappings_.begin(); it != mappings_.end(); ++it)
-      if (it->second.lastUse < oldest->second.lastUse) oldest = it;
+      if (oldest == mappings_.end() || it->second.lastUse < oldest->second.lastUse) oldest = it;
+    if (oldest == mappings_.end() || oldest->second.lastUse > idleSince) return false;  // all in use lately
     munmap(oldest->second.local, oldest->second.bytes);
     mappedBytes_ -= oldest->second.bytes;
     mappings_.erase(oldest);
   }
+  return true;
 }
 
 }  // namespace loom

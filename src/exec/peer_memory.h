@@ -3,12 +3,16 @@
 // reduction reads the peer's data where it lies instead of from a staging copy.
 //
 // The file is fetched from the peer with pidfd_getfd, which the kernel allows under the same rule as
-// process_vm_readv (ptrace access), and the whole allocation is mapped once. A mapping keeps the peer's pages
-// alive, so the cache is bounded (least recently used mappings are unmapped first) and dies with its owner.
+// process_vm_readv (ptrace access), and the whole allocation is mapped once (and touched, which for a large
+// allocation takes a while the first time: once per allocation and communicator). A mapping keeps the peer's
+// pages alive, so the cache is bounded, and only mappings idle for a while make room for new ones: a call that
+// reads more peers' memory than the cache holds would otherwise remap on every message, round robin being the
+// worst case of any least-recently-used cache. A message that finds no room is read with CMA instead.
 #pragma once
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -33,21 +37,24 @@ class PeerMappings {
 
   static constexpr size_t kMaxMappings = 64;
   static constexpr uint64_t kMaxMappedBytes = uint64_t{16} << 30;
+  static constexpr std::chrono::seconds kIdleBeforeEviction{2};
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Mapping {
     void* local;
     uint64_t bytes;
-    uint64_t lastUse;
+    Clock::time_point lastUse;
   };
   using Key = std::pair<pid_t, uint64_t>;  // peer process, inode of the file
   void* map(const DirectDescriptor& message);
-  void evictFor(uint64_t bytes);
+  // Unmaps idle mappings until `bytes` more fit; false when they cannot be made to fit.
+  bool makeRoom(uint64_t bytes);
 
   std::map<Key, Mapping> mappings_;
   std::set<pid_t> refused_;  // peers whose files this process may not take: CMA from then on
+  std::set<Key> failed_;     // files that could not be mapped: CMA for them
   uint64_t mappedBytes_ = 0;
-  uint64_t uses_ = 0;
 };
 
 }  // namespace loom
