@@ -703,11 +703,22 @@ void RankRunner::writeJson(const char* programName, int64_t failed, double avgBu
     fprintf(stderr, "cannot write %s: %s\n", o_.jsonFile.c_str(), strerror(errno));
     return;
   }
+  // JSON strings: quotes and backslashes escaped, control characters as \u00XX, bytes that are not ASCII as
+  // \u00XX too (a command line need not be UTF-8), so the file always parses.
   auto quoted = [](const std::string& text) {
     std::string q = "\"";
     for (char c : text) {
-      if (c == '"' || c == '\\') q += '\\';
-      if (static_cast<unsigned char>(c) >= 0x20) q += c;
+      auto byte = static_cast<unsigned char>(c);
+      if (c == '"' || c == '\\') {
+        q += '\\';
+        q += c;
+      } else if (byte < 0x20 || byte >= 0x80) {
+        char escaped[8];
+        snprintf(escaped, sizeof(escaped), "\\u%04x", byte);
+        q += escaped;
+      } else {
+        q += c;
+      }
     }
     return q + "\"";
   };
