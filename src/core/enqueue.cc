@@ -132,13 +132,15 @@ ExecTask taskFor(const Call& call, const RankPlan* plan) {
   task.links = &comm->connections;
   task.what = collectiveName(call.collective);
   // Only Simple messages go direct; a call whose every step fits the LL threshold skips the buffer lookups.
-  size_t largest = 0;
+  size_t largest = 0, outputBytes = 0;
   for (size_t i = 0; i < call.inputs.size(); ++i) largest = std::max(largest, bufferBytes(call, plan, true, i));
-  for (size_t i = 0; i < call.outputs.size(); ++i) largest = std::max(largest, bufferBytes(call, plan, false, i));
+  for (size_t i = 0; i < call.outputs.size(); ++i) {
+    size_t bytes = bufferBytes(call, plan, false, i);
+    largest = std::max(largest, bytes);
+    outputBytes += bytes;
+  }
   if (task.forcedProtocol == static_cast<int>(Protocol::kSimple) || largest > task.llThresholdBytes)
     markDirectBuffers(call, plan, &task);
-  size_t outputBytes = 0;
-  for (size_t i = 0; i < call.outputs.size(); ++i) outputBytes += bufferBytes(call, plan, false, i);
   task.streamOutputs = comm->streamingBytes > 0 && outputBytes >= comm->streamingBytes;
   task.directMessages = &comm->directMessages;
   return task;
