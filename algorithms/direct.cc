@@ -47,30 +47,39 @@ RankPlan buildStar(const CollArgs& args, const char* name, bool toRoot, Buffer r
 }  // namespace
 
 // One lane per channel: the sends first (in place, the input is sent before the same slice of the buffer is
-// overwritten: a lane runs its steps in order for every slice), then the accumulation in rank order, in scratch
-// (in place, the output is the rank's own input, still needed when rank 0's data arrives), then into the output.
+// overwritten: a lane runs its steps in order for every slice), then the accumulation in rank order. The partial
+// result lives in scratch (in place, the output is the rank's own input, still needed when its turn comes); the
+// last combination writes the output. Rank 0's partial starts as its input, read where it is, so at 2 ranks
+// rank 0 needs no scratch and each rank has one step after its sends: rank 0 combines its input with the message,
+// rank 1 receives, then combines. Every combination is (partial op next operand), the same on every rank.
 RankPlan buildDirectAllReduce(const CollArgs& args) {
   RankPlan plan = planShell(args, "direct");
   int n = args.nranks, rank = args.rank;
   for (int c = 0; c < args.nChannels; ++c) {
     size_t offset = partOffset(args.count, args.nChannels, c), part = partCount(args.count, args.nChannels, c);
     if (part == 0) continue;
+    Region in = input(offset, part), out = output(offset, part), partial = scratch(offset, part);
     Lane lane{c, {}};
     for (int p = 0; p < n; ++p)
       if (p != rank) lane.steps.push_back(send(p, input(offset, part)));
-    Region sum = scratch(offset, part);
-    lane.steps.push_back(rank == 0 ? copy(input(offset, part), sum) : recv(0, sum));
-    for (int p = 1; p < n; ++p) {
-      if (p != rank) {
-        lane.steps.push_back(recvReduce(p, sum, sum));
-      } else {
-        lane.steps.push_back(Step{Action::kReduce, -1, -1, sum, input(offset, part), sum});  // its own input
-      }
+    Region sum = in;  // where operands 0..p-1 are combined
+    if (rank != 0) {
+      lane.steps.push_back(recv(0, partial));
+      sum = partial;
     }
-    lane.steps.push_back(copy(sum, output(offset, part)));
+    for (int p = 1; p < n; ++p) {
+      Region to = p == n - 1 ? out : partial;
+      if (p == rank) {
+        lane.steps.push_back(Step{Action::kReduce, -1, -1, sum, in, to});  // its own input
+      } else {
+        lane.steps.push_back(recvReduce(p, sum, to));
+      }
+      sum = to;
+    }
+    if (n == 1) lane.steps.push_back(copy(in, out));
     plan.lanes.push_back(std::move(lane));
   }
-  plan.scratchCount = args.count;
+  plan.scratchCount = n > 2 || rank != 0 ? args.count : 0;
   plan.reducedOutput = output(0, args.count);
   return plan;
 }
