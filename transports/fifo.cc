@@ -29,10 +29,15 @@ size_t fifoBytes(const FifoShape& shape) {
   return headerBytes() + static_cast<size_t>(shape.depth) * (shape.slotBytes + shape.llSlotBytes);
 }
 
-static std::byte* llSlot(const FifoMemory& memory, uint64_t sequence) {
-  const FifoHeader* header = memory.header;
-  return memory.slots + header->depth * header->slotBytes + (sequence % header->depth) * header->llSlotBytes;
+// Slot `index` (a sequence number modulo depth) of each protocol.
+static std::byte* simpleSlot(const FifoMemory& memory, uint32_t index) {
+  return memory.slots + index * memory.header->slotBytes;
 }
+static std::byte* llSlot(const FifoMemory& memory, uint32_t index) {
+  const FifoHeader* header = memory.header;
+  return memory.slots + header->depth * header->slotBytes + index * header->llSlotBytes;
+}
+static uint32_t nextSlot(uint32_t index, uint32_t depth) { return index + 1 == depth ? 0 : index + 1; }
 
 size_t fifoPayloadBytes(const FifoShape& shape, Protocol protocol) {
   if (protocol == Protocol::kSimple) return shape.slotBytes;
@@ -59,6 +64,8 @@ void fifoInit(void* memory, const FifoShape& shape) {
 
 FifoSender::FifoSender(FifoMemory memory) : memory_(memory) {
   posted_ = memory_.header->head.load(std::memory_order_acquire);
+  depth_ = memory_.header->depth;
+  slot_ = static_cast<uint32_t>(posted_ % depth_);
   tailSeen_ = memory_.header->tail.load(std::memory_order_acquire);
 }
 
@@ -66,11 +73,11 @@ void* FifoSender::reserve(Protocol protocol) {
   FifoHeader* header = memory_.header;
   // Read the receiver's counter only when the credit last seen is used up: the counter's cache line lives in
   // the receiver's core, and fetching it on every message would put a core-to-core transfer on every send.
-  if (posted_ - tailSeen_ >= header->depth) {
+  if (posted_ - tailSeen_ >= depth_) {
     tailSeen_ = header->tail.load(std::memory_order_acquire);
-    if (posted_ - tailSeen_ >= header->depth) return nullptr;
+    if (posted_ - tailSeen_ >= depth_) return nullptr;
   }
-  if (protocol == Protocol::kSimple) return memory_.slots + (posted_ % header->depth) * header->slotBytes;
+  if (protocol == Protocol::kSimple) return simpleSlot(memory_, slot_);
   staging_.resize(header->llSlotBytes / 8);
   return staging_.data();
 }
@@ -78,11 +85,11 @@ void* FifoSender::reserve(Protocol protocol) {
 void FifoSender::post(Protocol protocol, size_t bytes, bool direct) {
   FifoHeader* header = memory_.header;
   if (protocol == Protocol::kSimple) {
-    header->sizes[posted_ % header->depth].store(bytes | (direct ? kDirectBit : 0), std::memory_order_relaxed);
+    header->sizes[slot_].store(bytes | (direct ? kDirectBit : 0), std::memory_order_relaxed);
   } else {
     // Spread the staged payload over flagged words; data first, the size word last.
     uint64_t flag = llFlag(posted_);
-    std::atomic<uint64_t>* words = llWords(llSlot(memory_, posted_));
+    std::atomic<uint64_t>* words = llWords(llSlot(memory_, slot_));
     size_t dataWords = (bytes + 3) / 4;
     if (bytes % 4 != 0) std::memset(reinterpret_cast<std::byte*>(staging_.data()) + bytes, 0, 4 - bytes % 4);
     for (size_t i = 0; i < dataWords; ++i)
@@ -90,11 +97,17 @@ void FifoSender::post(Protocol protocol, size_t bytes, bool direct) {
     words[0].store(static_cast<uint64_t>(bytes) | flag << 32, std::memory_order_relaxed);
   }
   // Simple needs the release for the data; LL keeps head current so a later Simple call finds it consistent.
+  slot_ = nextSlot(slot_, depth_);
   header->head.store(++posted_, std::memory_order_release);
+  // The credit just ran out: fetch the receiver's counter now, while the message travels and the caller would
+  // wait for its answer anyway, rather than in the next reserve(), where the fetch would delay that message.
+  if (posted_ - tailSeen_ >= depth_) tailSeen_ = header->tail.load(std::memory_order_acquire);
 }
 
 FifoReceiver::FifoReceiver(FifoMemory memory) : memory_(memory) {
   consumed_ = memory_.header->tail.load(std::memory_order_acquire);
+  depth_ = memory_.header->depth;
+  slot_ = static_cast<uint32_t>(consumed_ % depth_);
 }
 
 const void* FifoReceiver::poll(Protocol protocol, size_t* bytes, bool* direct) {
@@ -102,13 +115,13 @@ const void* FifoReceiver::poll(Protocol protocol, size_t* bytes, bool* direct) {
   *direct = false;
   if (protocol == Protocol::kSimple) {
     if (header->head.load(std::memory_order_acquire) <= consumed_) return nullptr;
-    uint64_t size = header->sizes[consumed_ % header->depth].load(std::memory_order_relaxed);
+    uint64_t size = header->sizes[slot_].load(std::memory_order_relaxed);
     *direct = (size & kDirectBit) != 0;
     *bytes = size & ~kDirectBit;
-    return memory_.slots + (consumed_ % header->depth) * header->slotBytes;
+    return simpleSlot(memory_, slot_);
   }
   uint32_t flag = llFlag(consumed_);
-  std::atomic<uint64_t>* words = llWords(llSlot(memory_, consumed_));
+  std::atomic<uint64_t>* words = llWords(llSlot(memory_, slot_));
   uint64_t first = words[0].load(std::memory_order_relaxed);
   if (static_cast<uint32_t>(first >> 32) != flag) return nullptr;
   size_t size = static_cast<uint32_t>(first);
@@ -123,6 +136,9 @@ const void* FifoReceiver::poll(Protocol protocol, size_t* bytes, bool* direct) {
   return staging_.data();
 }
 
-void FifoReceiver::release() { memory_.header->tail.store(++consumed_, std::memory_order_release); }
+void FifoReceiver::release() {
+  slot_ = nextSlot(slot_, depth_);
+  memory_.header->tail.store(++consumed_, std::memory_order_release);
+}
 
 }  // namespace loom

@@ -95,6 +95,8 @@ class FifoSender {
  private:
   FifoMemory memory_;
   uint64_t posted_ = 0;
+  uint32_t depth_ = 1;             // the header's, read once
+  uint32_t slot_ = 0;              // posted_ % depth_, kept without dividing
   uint64_t tailSeen_ = 0;          // the receiver's tail when last read: credit known without reading it again
   std::vector<uint32_t> staging_;  // LL: the message before it is spread over flagged words
 };
@@ -113,6 +115,8 @@ class FifoReceiver {
  private:
   FifoMemory memory_;
   uint64_t consumed_ = 0;
+  uint32_t depth_ = 1;  // the header's, read once
+  uint32_t slot_ = 0;   // consumed_ % depth_, kept without dividing: poll runs it on every spin
   std::vector<uint32_t> staging_;  // LL: the decoded message
 };
 
