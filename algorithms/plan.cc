@@ -55,26 +55,6 @@ const char* actionName(Action action) {
   return "?";
 }
 
-bool actionReceives(Action action) {
-  return action == Action::kRecv || action == Action::kRecvReduce || action == Action::kRecvReduceSend ||
-         action == Action::kRecvReduceCopySend || action == Action::kRecvCopySend;
-}
-
-bool actionSends(Action action) {
-  return action == Action::kSend || action == Action::kRecvReduceSend || action == Action::kRecvReduceCopySend ||
-         action == Action::kRecvCopySend;
-}
-
-size_t Step::count() const {
-  switch (action) {
-    case Action::kSend:
-    case Action::kRecvReduceSend:
-      return src.count;
-    default:
-      return dst.count;
-  }
-}
-
 size_t inputCountOf(const CollArgs& args) {
   size_t n = static_cast<size_t>(args.nranks);
   switch (args.collective) {

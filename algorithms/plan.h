@@ -56,8 +56,14 @@ enum class Action : uint8_t {
   kReduce,              // dst = src (op) src2
 };
 const char* actionName(Action action);
-bool actionReceives(Action action);
-bool actionSends(Action action);
+inline bool actionReceives(Action action) {
+  return action == Action::kRecv || action == Action::kRecvReduce || action == Action::kRecvReduceSend ||
+         action == Action::kRecvReduceCopySend || action == Action::kRecvCopySend;
+}
+inline bool actionSends(Action action) {
+  return action == Action::kSend || action == Action::kRecvReduceSend || action == Action::kRecvReduceCopySend ||
+         action == Action::kRecvCopySend;
+}
 
 struct Step {
   Action action;
@@ -66,7 +72,8 @@ struct Step {
   Region src;            // data sent, local operand, or copy source
   Region src2;           // second operand of kReduce
   Region dst;            // where the step writes
-  size_t count() const;  // elements the step moves (all of its regions have this count)
+  // Elements the step moves (all of its regions have this count).
+  size_t count() const { return action == Action::kSend || action == Action::kRecvReduceSend ? src.count : dst.count; }
 };
 
 struct Lane {

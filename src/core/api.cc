@@ -136,7 +136,7 @@ Call makeCall(loomComm* comm, Collective collective, size_t count, loomDataType_
 }
 
 // A zero-count call is a valid no-op: nothing is planned or synchronised.
-loomResult_t submitUnlessEmpty(Call call, bool empty) { return empty ? loomSuccess : submit(std::move(call)); }
+loomResult_t submitUnlessEmpty(Call&& call, bool empty) { return empty ? loomSuccess : submit(std::move(call)); }
 
 }  // namespace
 }  // namespace loom

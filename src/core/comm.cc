@@ -92,7 +92,7 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
   comm->rank = rank;
   comm->nranks = nranks;
   comm->timeoutMs = params::timeoutMs();
-  comm->nChannels = static_cast<int>(clampParam(params::nChannels(), 1, 32));
+  comm->nChannels = static_cast<int>(clampParam(params::nChannels(), 1, kMaxChannels));
   comm->algorithm = params::algo();
   std::string proto = params::proto();
   if (!proto.empty() && proto != "LL" && proto != "Simple")
@@ -105,7 +105,7 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
     if (config->timeoutMs != LOOM_CONFIG_UNDEF_INT && config->timeoutMs > 0) comm->timeoutMs = config->timeoutMs;
     if (config->commName != nullptr) comm->name = config->commName;
     if (config->nChannels != LOOM_CONFIG_UNDEF_INT)
-      comm->nChannels = static_cast<int>(clampParam(config->nChannels, 1, 32));
+      comm->nChannels = static_cast<int>(clampParam(config->nChannels, 1, kMaxChannels));
     if (config->device != LOOM_CONFIG_UNDEF_INT) comm->device = static_cast<loomDevice_t>(config->device);
   }
   if (comm->device != loomDeviceHost)
@@ -197,6 +197,8 @@ loomResult_t Connections::createReceivers(loomComm* comm, const RankPlan& plan) 
       ConnectionKey key{comm->commHash, step.recvPeer, comm->rank, lane.channel};
       LOOM_CHECK(transport->createReceiver(key, comm->fifoShape, &link.endpoint));
       link.end = std::make_unique<FifoReceiver>(link.endpoint->fifo());
+      nranks_ = comm->nranks;
+      remember(receiverTable_, tableIndex(step.recvPeer, lane.channel), link.end.get());
       receivers_[{step.recvPeer, lane.channel}] = std::move(link);
     }
   }
@@ -219,20 +221,47 @@ loomResult_t Connections::attachSenders(loomComm* comm, const RankPlan& plan, co
       }
       link.end = std::make_unique<FifoSender>(link.endpoint->fifo());
       LOOM_TRACE(INIT, "connected to rank %d on channel %d via %s", step.sendPeer, lane.channel, transport->name());
+      nranks_ = comm->nranks;
+      remember(senderTable_, tableIndex(step.sendPeer, lane.channel), link.end.get());
       senders_[{step.sendPeer, lane.channel}] = std::move(link);
     }
   }
   return loomSuccess;
 }
 
+size_t Connections::tableIndex(int peer, int channel) const {
+  size_t slot = channel < kP2PChannel ? static_cast<size_t>(channel) : kMaxChannels + (channel - kP2PChannel);
+  return slot * static_cast<size_t>(nranks_) + static_cast<size_t>(peer);
+}
+
+template <typename End>
+void Connections::remember(std::vector<End*>& table, size_t index, End* end) {
+  if (table.size() <= index) table.resize(index + 1, nullptr);
+  table[index] = end;
+}
+
 FifoSender* Connections::sender(int peer, int channel) {
-  auto found = senders_.find({peer, channel});
-  return found == senders_.end() ? nullptr : found->second.end.get();
+  size_t index = tableIndex(peer, channel);
+  return index < senderTable_.size() ? senderTable_[index] : nullptr;
 }
 
 FifoReceiver* Connections::receiver(int peer, int channel) {
-  auto found = receivers_.find({peer, channel});
-  return found == receivers_.end() ? nullptr : found->second.end.get();
+  size_t index = tableIndex(peer, channel);
+  return index < receiverTable_.size() ? receiverTable_[index] : nullptr;
+}
+
+CachedPlan* PlanCache::find(const PlanKeyView& key) {
+  if (last_ != nullptr && key == lastKey_) return last_;
+  auto found = plans_.find(key);
+  if (found == plans_.end()) return nullptr;
+  const PlanKey& stored = found->first;
+  lastKey_ = {std::get<0>(stored), std::get<1>(stored), std::get<2>(stored), std::get<3>(stored), std::get<4>(stored)};
+  last_ = &found->second;
+  return last_;
+}
+
+CachedPlan* PlanCache::insert(PlanKey key, RankPlan plan) {
+  return &plans_.insert_or_assign(std::move(key), CachedPlan{std::move(plan), false}).first->second;
 }
 
 void Connections::abortAll() {
@@ -240,14 +269,18 @@ void Connections::abortAll() {
   for (auto& [key, link] : receivers_) link.end->abort();
 }
 
-CommWatch::CommWatch(loomComm* comm, const char* what) : comm_(comm), what_(what), deadline_(comm->timeoutMs) {}
+CommWatch::CommWatch(loomComm* comm, const char* what) : comm_(comm), what_(what), deadline_(-1) {}
 
 loomResult_t CommWatch::operator()(bool progressed) {
   if (comm_->abortFlag.load(std::memory_order_relaxed))
     return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: communicator aborted", what_, comm_->rank);
   if (progressed) {
-    deadline_ = Deadline(comm_->timeoutMs);
+    waiting_ = false;
     return loomSuccess;
+  }
+  if (!waiting_) {
+    deadline_ = Deadline(comm_->timeoutMs);
+    waiting_ = true;
   }
   Clock::time_point now = Clock::now();
   if (now >= comm_->nextPeerCheck) {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -24,6 +25,7 @@ namespace loom {
 
 // Channel numbers of Send/Recv connections: apart from the collectives' so the two never share a FIFO.
 constexpr int kP2PChannel = 1024;
+constexpr int kMaxChannels = 32;  // collective channels a communicator may use (LOOM_NCHANNELS, config)
 
 // Every connection of a communicator, made on first use. Implements the executor's Links.
 class Connections : public Links {
@@ -50,14 +52,46 @@ class Connections : public Links {
     std::unique_ptr<End> end;
   };
   loomResult_t pickTransport(loomComm* comm, int peer, Transport** transport);
+  // Where (peer, channel) sits in the lookup tables: collective channels, then the p2p channels, by peer.
+  size_t tableIndex(int peer, int channel) const;
+  template <typename End>
+  static void remember(std::vector<End*>& table, size_t index, End* end);
+  int nranks_ = 0;
   std::map<std::pair<int, int>, Link<FifoSender>> senders_;
   std::map<std::pair<int, int>, Link<FifoReceiver>> receivers_;
+  // The same ends by tableIndex, for the executor's lookup on every message (null: none yet).
+  std::vector<FifoSender*> senderTable_;
+  std::vector<FifoReceiver*> receiverTable_;
   std::vector<bool> directTo_;
   PeerMappings peerMappings_;
 };
 
 // The key of a cached plan.
 using PlanKey = std::tuple<int, size_t, int, int, std::string>;  // collective, count, root, channels, algorithm
+// Looks a plan up without building a string: PlanKey's algorithm as a view.
+using PlanKeyView = std::tuple<int, size_t, int, int, std::string_view>;
+
+struct CachedPlan {
+  RankPlan plan;
+  bool connected = false;  // every connection the plan uses exists: later calls skip the check
+};
+
+// Plans by call shape, with the last one found kept in front: a loop of identical calls skips the search.
+class PlanCache {
+ public:
+  CachedPlan* find(const PlanKeyView& key);
+  CachedPlan* insert(PlanKey key, RankPlan plan);
+  size_t size() const { return plans_.size(); }
+  void clear() {
+    plans_.clear();
+    last_ = nullptr;
+  }
+
+ private:
+  std::map<PlanKey, CachedPlan, std::less<>> plans_;
+  PlanKeyView lastKey_;  // its algorithm views the map's key
+  CachedPlan* last_ = nullptr;
+};
 
 }  // namespace loom
 
@@ -82,7 +116,7 @@ struct loomComm {
   size_t streamingBytes = 0;  // outputs of at least this many bytes are written with streaming stores (0: never)
   int64_t spinPolls = loom::kSpinPollsShared;  // polls a collective spins before yielding (see Backoff)
   loom::Connections connections;
-  std::map<loom::PlanKey, loom::RankPlan> planCache;
+  loom::PlanCache planCache;
   std::vector<std::byte> scratch;
   uint64_t directMessages = 0;  // DirectDescriptors sent so far (statistics, tests)
 
@@ -112,12 +146,14 @@ class CommWatch {
  public:
   CommWatch(loomComm* comm, const char* what);
   // After progress only the abort flag is checked, and the deadline restarts: it bounds a wait, not a call.
+  // The clock starts at the first check that finds nothing moved, so a call that never waits never reads it.
   loomResult_t operator()(bool progressed);
 
  private:
   loomComm* comm_;
   const char* what_;
   Deadline deadline_;
+  bool waiting_ = false;  // deadline_ runs from the first idle check after the last progress
 };
 
 }  // namespace loom

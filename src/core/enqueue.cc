@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 
 #include "algorithms/builders.h"
 #include "src/core/check.h"
@@ -50,34 +51,39 @@ const char* defaultAlgorithm(const Call& call) {
   return "";
 }
 
-loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** plan) {
+// The plan of `call`: from the communicator's cache (*cached set), or built into scratchPlan for the calls
+// whose plans depend on more than their shape (*cached null).
+loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** plan, CachedPlan** cached) {
   loomComm* comm = call.comm;
-  CollArgs args = argsOf(call);
-  std::string algorithm = comm->algorithm;
+  std::string_view algorithm = comm->algorithm;
   if (!algorithm.empty()) {
     std::vector<std::string> known = algorithmsFor(call.collective);
-    if (std::find(known.begin(), known.end(), algorithm) == known.end()) algorithm.clear();  // not for this one
+    if (std::find(known.begin(), known.end(), algorithm) == known.end()) algorithm = {};  // not for this one
   }
   if (algorithm.empty()) algorithm = defaultAlgorithm(call);
+  *cached = nullptr;
   bool cacheable = call.collective != Collective::kAllToAllv && call.collective != Collective::kSendRecv;
   if (!cacheable) {
-    buildPlan(args, algorithm, scratchPlan);
+    buildPlan(argsOf(call), std::string(algorithm), scratchPlan);
     if (call.collective == Collective::kSendRecv) moveToP2PChannel(scratchPlan);
     *plan = scratchPlan;
     return loomSuccess;
   }
-  PlanKey key{static_cast<int>(call.collective), call.count, call.root, comm->nChannels, algorithm};
-  auto found = comm->planCache.find(key);
-  if (found == comm->planCache.end()) {
+  PlanKeyView key{static_cast<int>(call.collective), call.count, call.root, comm->nChannels, algorithm};
+  CachedPlan* found = comm->planCache.find(key);
+  if (found == nullptr) {
     RankPlan built;
-    if (!buildPlan(args, algorithm, &built))
+    if (!buildPlan(argsOf(call), std::string(algorithm), &built))
       return LOOM_FAIL(loomInternalError, COLL, "no algorithm for %s", collectiveName(call.collective));
     if (logEnabled(LogLevel::kTrace, Subsys::COLL))
       logMessage(LogLevel::kTrace, Subsys::COLL, "%s count %zu root %d: %s", collectiveName(call.collective),
                  call.count, call.root, describe(built).c_str());
-    found = comm->planCache.emplace(key, std::move(built)).first;
+    found = comm->planCache.insert(
+        PlanKey{static_cast<int>(call.collective), call.count, call.root, comm->nChannels, std::string(algorithm)},
+        std::move(built));
   }
-  *plan = &found->second;
+  *plan = &found->plan;
+  *cached = found;
   return loomSuccess;
 }
 
@@ -168,21 +174,26 @@ struct RunWorkspace {
   bool busy = false;
   std::vector<loomComm*> comms, lockOrder;
   std::vector<CommWatch> watches;
-  std::vector<RankPlan> uncached;
+  std::vector<RankPlan> uncached;  // plans not cached (kept, with their capacity, until overwritten)
   std::vector<const RankPlan*> plans;
+  std::vector<CachedPlan*> cached;
   std::vector<std::vector<ExecTask>> queues;
+  HostExecutor executor;
 };
 
 // Takes this thread's workspace (or a fresh one if a run is already using it) and hands it back cleared.
 class WorkspaceLease {
  public:
-  WorkspaceLease() : ws_(threadWorkspace().busy ? own_ : threadWorkspace()) { ws_.busy = true; }
+  WorkspaceLease() : own_(threadWorkspace().busy ? std::make_unique<RunWorkspace>() : nullptr),
+                     ws_(own_ ? *own_ : threadWorkspace()) {
+    ws_.busy = true;
+  }
   ~WorkspaceLease() {
     ws_.comms.clear();
     ws_.lockOrder.clear();
     ws_.watches.clear();
-    ws_.uncached.clear();
     ws_.plans.clear();
+    ws_.cached.clear();
     for (auto& queue : ws_.queues) queue.clear();
     ws_.busy = false;
   }
@@ -193,7 +204,7 @@ class WorkspaceLease {
     thread_local RunWorkspace workspace;
     return workspace;
   }
-  RunWorkspace own_;
+  std::unique_ptr<RunWorkspace> own_;
   RunWorkspace& ws_;
 };
 
@@ -212,7 +223,7 @@ class RunLocks {
   const std::vector<loomComm*>& comms_;
 };
 
-loomResult_t runCalls(std::vector<Call>& calls) {
+loomResult_t runCalls(std::span<Call> calls) {
   WorkspaceLease lease;
   RunWorkspace& ws = *lease;
   // Queues in order of first appearance.
@@ -220,7 +231,7 @@ loomResult_t runCalls(std::vector<Call>& calls) {
   for (const Call& call : calls)
     if (std::find(comms.begin(), comms.end(), call.comm) == comms.end()) comms.push_back(call.comm);
   ws.lockOrder.assign(comms.begin(), comms.end());
-  std::sort(ws.lockOrder.begin(), ws.lockOrder.end());
+  if (ws.lockOrder.size() > 1) std::sort(ws.lockOrder.begin(), ws.lockOrder.end());
   RunLocks locks(ws.lockOrder);
   // Bound the plan caches here, never mid-run: the run keeps pointers to cached plans.
   for (loomComm* comm : comms)
@@ -233,9 +244,12 @@ loomResult_t runCalls(std::vector<Call>& calls) {
     watches.emplace_back(comm, collectiveName(first->collective));
   }
   std::vector<RankPlan>& uncached = ws.uncached;
-  uncached.resize(calls.size());
+  if (uncached.size() < calls.size()) uncached.resize(calls.size());
   std::vector<const RankPlan*>& plans = ws.plans;
   plans.assign(calls.size(), nullptr);
+  std::vector<CachedPlan*>& cached = ws.cached;
+  cached.assign(calls.size(), nullptr);
+  auto connected = [&](size_t i) { return cached[i] != nullptr && cached[i]->connected; };
   if (ws.queues.size() < comms.size()) ws.queues.resize(comms.size());
   std::vector<std::vector<ExecTask>>& queues = ws.queues;
   auto queueOf = [&](const Call& call) { return std::find(comms.begin(), comms.end(), call.comm) - comms.begin(); };
@@ -246,16 +260,20 @@ loomResult_t runCalls(std::vector<Call>& calls) {
   // Plan every call and create every receiver, then attach every sender (see Connections).
   for (size_t i = 0; i < calls.size(); ++i) {
     ScopedLogRank logRank(calls[i].comm->rank);
-    loomResult_t result = planFor(calls[i], &uncached[i], &plans[i]);
-    if (result == loomSuccess) result = calls[i].comm->connections.createReceivers(calls[i].comm, *plans[i]);
+    loomResult_t result = planFor(calls[i], &uncached[i], &plans[i], &cached[i]);
+    if (result == loomSuccess && !connected(i))
+      result = calls[i].comm->connections.createReceivers(calls[i].comm, *plans[i]);
     if (result != loomSuccess) return fail(result);
   }
   for (size_t i = 0; i < calls.size(); ++i) {
     loomComm* comm = calls[i].comm;
     ScopedLogRank logRank(comm->rank);
     size_t q = queueOf(calls[i]);
-    loomResult_t result = comm->connections.attachSenders(comm, *plans[i], [&]() { return watches[q](false); });
-    if (result != loomSuccess) return fail(result);
+    if (!connected(i)) {
+      loomResult_t result = comm->connections.attachSenders(comm, *plans[i], [&]() { return watches[q](false); });
+      if (result != loomSuccess) return fail(result);
+      if (cached[i] != nullptr) cached[i]->connected = true;
+    }
     size_t scratchBytes = plans[i]->scratchCount * dtypeSize(calls[i].datatype);
     if (comm->scratch.size() < scratchBytes) comm->scratch.resize(scratchBytes);
     queues[q].push_back(taskFor(calls[i], plans[i]));
@@ -266,7 +284,7 @@ loomResult_t runCalls(std::vector<Call>& calls) {
   ScopedLogRank logRank(comms.front()->rank);
   int64_t spinPolls = INT64_MAX;
   for (loomComm* comm : comms) spinPolls = std::min(spinPolls, comm->spinPolls);
-  loomResult_t result = runTaskQueues(
+  loomResult_t result = ws.executor.run(
       queues,
       [&](bool progressed) {
         for (CommWatch& watch : watches) LOOM_CHECK(watch(progressed));
@@ -276,7 +294,7 @@ loomResult_t runCalls(std::vector<Call>& calls) {
   return result == loomSuccess ? result : fail(result);
 }
 
-loomResult_t submit(Call call) {
+loomResult_t submit(Call&& call) {
   if (groupOpen()) {
     groupAdd(std::move(call));
     return loomSuccess;
@@ -287,9 +305,7 @@ loomResult_t submit(Call call) {
     calls.push_back(std::move(call));
     return streamEnqueue(stream, std::move(calls));
   }
-  std::vector<Call> calls;
-  calls.push_back(std::move(call));
-  return runCalls(calls);
+  return runCalls({&call, 1});
 }
 
 }  // namespace loom

@@ -2,10 +2,12 @@
 // open group, queues it on a host stream, or runs it at once; runCalls() plans, connects and executes.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "algorithms/plan.h"
 #include "loom/loom.h"
+#include "src/core/inline_vector.h"
 
 namespace loom {
 
@@ -17,16 +19,16 @@ struct Call {
   loomDataType_t datatype = loomFloat32;
   loomRedOp_t op = loomSum;
   loomStream_t stream = nullptr;
-  std::vector<const void*> inputs;  // one per op for Send/Recv groups, else one
-  std::vector<void*> outputs;
+  InlineVector<const void*, 1> inputs;  // one per op for Send/Recv groups, else one
+  InlineVector<void*, 1> outputs;
   std::vector<size_t> sendCounts, sendDispls, recvCounts, recvDispls;  // AllToAllv
   std::vector<P2POp> p2p;                                              // SendRecv
 };
 
 // Runs `call` now, or adds it to this thread's open group, or queues it on its stream.
-loomResult_t submit(Call call);
+loomResult_t submit(Call&& call);
 // Plans, connects and runs calls: those of one communicator one after another, communicators concurrently.
-loomResult_t runCalls(std::vector<Call>& calls);
+loomResult_t runCalls(std::span<Call> calls);
 
 // Group state of the calling thread (group.cc).
 bool groupOpen();

@@ -6,7 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
-#include <map>
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -47,6 +47,8 @@ loomResult_t readDirect(const DirectDescriptor& from, void* to, const char* what
   return loomSuccess;
 }
 
+}  // namespace
+
 struct LaneRun {
   const Lane* lane;
   size_t round = 0;
@@ -55,19 +57,32 @@ struct LaneRun {
   bool done() const { return round >= rounds; }
 };
 
+// One task in progress. A queue keeps its TaskRun from task to task and from run to run, so that its containers
+// keep their capacity: a warm small call allocates nothing here.
 class TaskRun {
  public:
-  explicit TaskRun(ExecTask& task) : task_(task), elementBytes_(dtypeSize(task.datatype)) {
+  bool active() const { return task_ != nullptr; }
+
+  void start(ExecTask& task) {
+    task_ = &task;
+    elementBytes_ = dtypeSize(task.datatype);
+    // Slices in whole elements, worked out once per task: the divisions cost more than a small step's copy.
+    llSliceElems_ = std::max<size_t>(1, task.llSliceBytes / elementBytes_);
+    simpleSliceElems_ = std::max<size_t>(1, task.simpleSliceBytes / elementBytes_);
     reduce_ = reduceFunction(task.datatype, task.op);
+    lanes_.clear();
+    directSenders_.clear();
     for (const Lane& lane : task.plan->lanes) {
       size_t most = 0;
       for (const Step& step : lane.steps) {
-        size_t slice = sliceElems(protocolFor(step));
-        most = std::max(most, (step.count() + slice - 1) / slice);
+        size_t count = step.count(), slice = sliceElems(protocolFor(step));
+        most = std::max(most, count <= slice ? (count > 0 ? 1 : 0) : (count + slice - 1) / slice);
       }
       lanes_.push_back({&lane, 0, 0, most});
     }
   }
+
+  void stop() { task_ = nullptr; }
 
   // Done when every lane is, and every peer has read the direct messages this task sent it.
   bool done() const {
@@ -95,9 +110,9 @@ class TaskRun {
   }
 
   void finish() {
-    const Region& reduced = task_.plan->reducedOutput;
-    if (task_.op == loomAvg && reduced.count > 0)
-      divideInPlace(pointer(reduced, 0), reduced.count, task_.datatype, task_.nranks);
+    const Region& reduced = task_->plan->reducedOutput;
+    if (task_->op == loomAvg && reduced.count > 0)
+      divideInPlace(pointer(reduced, 0), reduced.count, task_->datatype, task_->nranks);
   }
 
   // Marks every connection this task uses as aborted, so that peers stop waiting on it.
@@ -105,9 +120,9 @@ class TaskRun {
     for (const LaneRun& lane : lanes_) {
       for (const Step& step : lane.lane->steps) {
         if (actionReceives(step.action))
-          if (FifoReceiver* in = task_.links->receiver(step.recvPeer, lane.lane->channel)) in->abort();
+          if (FifoReceiver* in = task_->links->receiver(step.recvPeer, lane.lane->channel)) in->abort();
         if (actionSends(step.action))
-          if (FifoSender* out = task_.links->sender(step.sendPeer, lane.lane->channel)) out->abort();
+          if (FifoSender* out = task_->links->sender(step.sendPeer, lane.lane->channel)) out->abort();
       }
     }
   }
@@ -117,11 +132,11 @@ class TaskRun {
     for (const LaneRun& lane : lanes_) {
       if (lane.done()) continue;
       const Step& step = lane.lane->steps[lane.step];
-      if (actionReceives(step.action) && task_.links->receiver(step.recvPeer, lane.lane->channel)->aborted()) {
+      if (actionReceives(step.action) && task_->links->receiver(step.recvPeer, lane.lane->channel)->aborted()) {
         *peer = step.recvPeer;
         return true;
       }
-      if (actionSends(step.action) && task_.links->sender(step.sendPeer, lane.lane->channel)->aborted()) {
+      if (actionSends(step.action) && task_->links->sender(step.sendPeer, lane.lane->channel)->aborted()) {
         *peer = step.sendPeer;
         return true;
       }
@@ -135,7 +150,7 @@ class TaskRun {
     return false;
   }
 
-  const ExecTask& task() const { return task_; }
+  const ExecTask& task() const { return *task_; }
 
   // What the first unfinished lane waits for, for error messages: "a message from rank 3 on channel 0".
   std::string waitingFor() const {
@@ -151,23 +166,22 @@ class TaskRun {
 
  private:
   std::byte* pointer(const Region& region, size_t lo) const {
-    const void* base = region.buffer == Buffer::kInput    ? task_.inputs[region.bufferIndex]
-                       : region.buffer == Buffer::kOutput ? task_.outputs[region.bufferIndex]
-                                                          : task_.scratch;
+    const void* base = region.buffer == Buffer::kInput    ? task_->inputs[region.bufferIndex]
+                       : region.buffer == Buffer::kOutput ? task_->outputs[region.bufferIndex]
+                                                          : task_->scratch;
     return const_cast<std::byte*>(static_cast<const std::byte*>(base)) + (region.offset + lo) * elementBytes_;
   }
 
   // Whether writes into `region` should bypass the cache: large call outputs only (see copy.h).
-  bool streamTo(const Region& region) const { return task_.streamOutputs && region.buffer == Buffer::kOutput; }
+  bool streamTo(const Region& region) const { return task_->streamOutputs && region.buffer == Buffer::kOutput; }
 
   Protocol protocolFor(const Step& step) const {
-    if (task_.forcedProtocol >= 0) return static_cast<Protocol>(task_.forcedProtocol);
-    return step.count() * elementBytes_ <= task_.llThresholdBytes ? Protocol::kLL : Protocol::kSimple;
+    if (task_->forcedProtocol >= 0) return static_cast<Protocol>(task_->forcedProtocol);
+    return step.count() * elementBytes_ <= task_->llThresholdBytes ? Protocol::kLL : Protocol::kSimple;
   }
 
   size_t sliceElems(Protocol protocol) const {
-    size_t bytes = protocol == Protocol::kLL ? task_.llSliceBytes : task_.simpleSliceBytes;
-    return std::max<size_t>(1, bytes / elementBytes_);
+    return protocol == Protocol::kLL ? llSliceElems_ : simpleSliceElems_;
   }
 
   loomResult_t tryUnit(LaneRun& run, bool* ran) {
@@ -186,7 +200,7 @@ class TaskRun {
     void* slot = nullptr;
     bool incomingDirect = false;
     if (actionReceives(step.action)) {
-      in = task_.links->receiver(step.recvPeer, channel);
+      in = task_->links->receiver(step.recvPeer, channel);
       size_t arrived = 0;
       incoming = in->poll(protocol, &arrived, &incomingDirect);
       if (incoming == nullptr) return *ran = false, loomSuccess;
@@ -194,21 +208,21 @@ class TaskRun {
         return LOOM_FAIL(loomRemoteError, COLL,
                          "%s: rank %d sent a message of %zu bytes on channel %d where %zu were expected; do the "
                          "ranks' calls (counts, types, order) match?",
-                         task_.what, step.recvPeer, arrived, channel, bytes);
+                         task_->what, step.recvPeer, arrived, channel, bytes);
     }
     if (actionSends(step.action)) {
-      out = task_.links->sender(step.sendPeer, channel);
+      out = task_->links->sender(step.sendPeer, channel);
       slot = out->reserve(protocol);
       if (slot == nullptr) return *ran = false, loomSuccess;
     }
     const DirectDescriptor* message = incomingDirect ? static_cast<const DirectDescriptor*>(incoming) : nullptr;
-    if (message) incoming = task_.links->mapDirect(*message);  // the payload where it lies, when mapped here
+    if (message) incoming = task_->links->mapDirect(*message);  // the payload where it lies, when mapped here
     if (message && incoming == nullptr) {
       // Not mapped: pull the payload now with CMA, straight into the destination when the step only stores it.
       bool stores = step.action == Action::kRecv || step.action == Action::kRecvCopySend;
       if (!stores) staging_.resize(bytes);
       void* target = stores ? pointer(step.dst, lo) : staging_.data();
-      LOOM_CHECK(readDirect(*message, target, task_.what, step.recvPeer));
+      LOOM_CHECK(readDirect(*message, target, task_->what, step.recvPeer));
       incoming = target;
     }
     const DirectBuffer* directBuffer = nullptr;
@@ -255,8 +269,10 @@ class TaskRun {
       // The payload stays where it is; the peer reads it, and this task ends only when it has.
       *static_cast<DirectDescriptor*>(slot) = {reinterpret_cast<uint64_t>(pointer(*directSource, lo)), bytes,
                                                static_cast<int32_t>(thisProcess()), directBuffer->region};
-      directSenders_[out] = step.sendPeer;
-      if (task_.directMessages) ++*task_.directMessages;
+      auto known = [&](const std::pair<FifoSender*, int>& entry) { return entry.first == out; };
+      if (std::none_of(directSenders_.begin(), directSenders_.end(), known))
+        directSenders_.emplace_back(out, step.sendPeer);
+      if (task_->directMessages) ++*task_->directMessages;
     }
     if (out) out->post(protocol, bytes, directSource != nullptr);
     if (in) in->release();
@@ -267,52 +283,60 @@ class TaskRun {
   // our memory, and data that sits in a buffer the task marked direct (the input for send; the destination,
   // written just before, for the forwarding steps).
   const Region* directSourceOf(const Step& step, Protocol protocol, const DirectBuffer** buffer) const {
-    if (protocol != Protocol::kSimple || !task_.links->directTo(step.sendPeer)) return nullptr;
+    if (protocol != Protocol::kSimple || !task_->links->directTo(step.sendPeer)) return nullptr;
     auto marked = [&](const std::vector<DirectBuffer>& buffers, uint32_t index) {
       if (index >= buffers.size() || !buffers[index].direct) return false;
       *buffer = &buffers[index];
       return true;
     };
     if (step.action == Action::kSend && step.src.buffer == Buffer::kInput &&
-        marked(task_.directInputs, step.src.bufferIndex))
+        marked(task_->directInputs, step.src.bufferIndex))
       return &step.src;
     bool forwards = step.action == Action::kRecvCopySend || step.action == Action::kRecvReduceCopySend;
-    if (forwards && step.dst.buffer == Buffer::kOutput && marked(task_.directOutputs, step.dst.bufferIndex))
+    if (forwards && step.dst.buffer == Buffer::kOutput && marked(task_->directOutputs, step.dst.bufferIndex))
       return &step.dst;
     return nullptr;
   }
 
-  ExecTask& task_;
-  size_t elementBytes_;
-  ReduceFn reduce_;
+  ExecTask* task_ = nullptr;
+  size_t elementBytes_ = 1;
+  size_t llSliceElems_ = 1;  // elements in one slot, per protocol
+  size_t simpleSliceElems_ = 1;
+  ReduceFn reduce_ = nullptr;
   std::vector<LaneRun> lanes_;
-  std::vector<std::byte> staging_;            // a direct payload on its way into a reduction
-  std::map<FifoSender*, int> directSenders_;  // connections (and their peer) that carried direct messages
+  std::vector<std::byte> staging_;                           // a direct payload on its way into a reduction
+  std::vector<std::pair<FifoSender*, int>> directSenders_;  // connections (and their peer) that carried direct
+                                                            // messages, each once
 };
 
-}  // namespace
+HostExecutor::HostExecutor() = default;
+HostExecutor::~HostExecutor() = default;
 
-loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch, int64_t spinPolls) {
-  std::vector<size_t> next(queues.size(), 0);
-  std::vector<std::unique_ptr<TaskRun>> current(queues.size());
+loomResult_t HostExecutor::run(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch, int64_t spinPolls) {
+  next_.assign(queues.size(), 0);
+  while (runs_.size() < queues.size()) runs_.push_back(std::make_unique<TaskRun>());
+  std::span<std::unique_ptr<TaskRun>> current(runs_.data(), queues.size());
   Backoff backoff(spinPolls);
   auto stopAll = [&](loomResult_t result) {
-    for (auto& run : current)
-      if (run) run->abortLinks();
+    for (auto& run : current) {
+      if (run->active()) run->abortLinks();
+      run->stop();
+    }
     return result;
   };
   for (;;) {
     bool allDone = true, progress = false;
     for (size_t q = 0; q < queues.size(); ++q) {
-      while (next[q] < queues[q].size() || current[q]) {
-        if (!current[q]) current[q] = std::make_unique<TaskRun>(queues[q][next[q]++]);
-        loomResult_t result = current[q]->advance(&progress);
+      TaskRun& run = *current[q];
+      while (next_[q] < queues[q].size() || run.active()) {
+        if (!run.active()) run.start(queues[q][next_[q]++]);
+        loomResult_t result = run.advance(&progress);
         if (result != loomSuccess) return stopAll(result);
-        if (!current[q]->done()) break;
-        current[q]->finish();
-        current[q].reset();
+        if (!run.done()) break;
+        run.finish();
+        run.stop();
       }
-      if (current[q]) allDone = false;
+      if (run.active()) allDone = false;
     }
     if (allDone) return loomSuccess;
     if (progress) {
@@ -328,7 +352,7 @@ loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const Wat
     }
     for (auto& run : current) {
       int peer = -1;
-      if (run && run->peerAborted(&peer))
+      if (run->active() && run->peerAborted(&peer))
         return stopAll(LOOM_FAIL(loomRemoteError, COLL,
                                  "%s: rank %d gave up on the operation (it failed or was aborted)", run->task().what,
                                  peer));
@@ -338,7 +362,7 @@ loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const Wat
       // Name what this rank was waiting for: the peer at fault, most of the time.
       std::string message = threadLastError();
       for (auto& run : current)
-        if (run) message += "; waiting for " + run->waitingFor();
+        if (run->active()) message += "; waiting for " + run->waitingFor();
       return stopAll(LOOM_FAIL(result, COLL, "%s", message.c_str()));
     }
     backoff.pause();

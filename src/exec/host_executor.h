@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -63,9 +64,25 @@ struct ExecTask {
 // ends the run (its message recorded with fail()). A deadline is on waiting, so progress restarts it.
 using WatchFn = std::function<loomResult_t(bool progressed)>;
 
-// Runs tasks to completion. Tasks in one queue run one after another (they share connections); queues run
-// concurrently. On error every connection the run touched is marked aborted so peers notice at once.
-// spinPolls: how long an idle pass spins before it yields the CPU (see Backoff).
-loomResult_t runTaskQueues(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch, int64_t spinPolls);
+class TaskRun;
+
+// Runs tasks to completion on the calling thread. Keep one per thread and reuse it: it keeps its containers
+// between runs, so that a warm small call allocates nothing.
+class HostExecutor {
+ public:
+  HostExecutor();
+  ~HostExecutor();
+  HostExecutor(const HostExecutor&) = delete;
+  HostExecutor& operator=(const HostExecutor&) = delete;
+
+  // Tasks in one queue run one after another (they share connections); queues run concurrently. On error every
+  // connection the run touched is marked aborted so peers notice at once. spinPolls: how long an idle pass spins
+  // before it yields the CPU (see Backoff).
+  loomResult_t run(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch, int64_t spinPolls);
+
+ private:
+  std::vector<size_t> next_;                     // per queue: the next task to start
+  std::vector<std::unique_ptr<TaskRun>> runs_;  // per queue: its task in progress (reused)
+};
 
 }  // namespace loom
