@@ -20,10 +20,22 @@ RankPlan buildDirectGather(const CollArgs& args);
 RankPlan buildDirectScatter(const CollArgs& args);
 RankPlan buildDirectBroadcast(const CollArgs& args);
 RankPlan buildDirectAllReduce(const CollArgs& args);
+RankPlan buildTreeAllReduce(const CollArgs& args);
 RankPlan buildPairwiseAllToAll(const CollArgs& args);
 RankPlan buildPairwiseAllToAllv(const CollArgs& args);
 RankPlan buildSendRecv(const CollArgs& args);
 RankPlan buildDisseminationBarrier(const CollArgs& args);
+
+// A rank's place in a tree: its parent (-1 at the root) and up to two children.
+struct TreeNode {
+  int parent = -1;
+  int children[2] = {-1, -1};
+  int nChildren = 0;
+};
+// Tree 0 of the double binary tree over n ranks (rooted at rank 0; odd ranks are leaves), and tree `tree` (0 or
+// 1) of the pair (tree.cc has the construction).
+TreeNode binaryTreeNode(int n, int rank);
+TreeNode doubleTreeNode(int n, int rank, int tree);
 
 // The algorithms that can run `collective` (first is the default), e.g. {"ring", "direct"} for Broadcast.
 std::vector<std::string> algorithmsFor(Collective collective);

@@ -99,6 +99,10 @@ struct P2POp {
   size_t count;
 };
 
+// Channel sets a plan may use: channel c of a call is c, c + nChannels, ... up to kChannelSets sets, so that an
+// algorithm with two independent flows per channel (the double binary tree) never shares a FIFO between them.
+constexpr int kChannelSets = 2;
+
 // A rank's view of one call: what every builder takes.
 struct CollArgs {
   Collective collective;
@@ -106,7 +110,7 @@ struct CollArgs {
   int rank;
   int root = 0;
   size_t count = 0;  // per the public API: AllGather sendcount, ReduceScatter recvcount, AllToAll per peer...
-  int nChannels = 1;
+  int nChannels = 1;  // a plan's lanes use channels 0 .. kChannelSets * nChannels - 1
   // AllToAllv: this rank's vectors, nranks entries each.
   std::span<const size_t> sendCounts, sendDispls, recvCounts, recvDispls;
   // SendRecv: this rank's ops in call order.

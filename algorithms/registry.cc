@@ -16,6 +16,7 @@ struct Entry {
 constexpr Entry kAlgorithms[] = {
     {Collective::kAllReduce, "ring", buildRingAllReduce},
     {Collective::kAllReduce, "direct", buildDirectAllReduce},
+    {Collective::kAllReduce, "tree", buildTreeAllReduce},
     {Collective::kReduceScatter, "ring", buildRingReduceScatter},
     {Collective::kAllGather, "ring", buildRingAllGather},
     {Collective::kBroadcast, "ring", buildRingBroadcast},

@@ -230,7 +230,9 @@ loomResult_t Connections::attachSenders(loomComm* comm, const RankPlan& plan, co
 }
 
 size_t Connections::tableIndex(int peer, int channel) const {
-  size_t slot = channel < kP2PChannel ? static_cast<size_t>(channel) : kMaxChannels + (channel - kP2PChannel);
+  constexpr int kCollectiveChannels = kMaxChannels * kChannelSets;
+  size_t slot =
+      channel < kP2PChannel ? static_cast<size_t>(channel) : kCollectiveChannels + (channel - kP2PChannel);
   return slot * static_cast<size_t>(nranks_) + static_cast<size_t>(peer);
 }
 

@@ -8,7 +8,11 @@
 #include <atomic>
 #include <barrier>
 #include <chrono>
+#include <set>
+#include <string>
+#include <vector>
 
+#include "algorithms/builders.h"
 #include "src/core/comm.h"
 #include "tests/common/matrix.h"
 #include "tests/mt/thread_ranks.h"
@@ -59,9 +63,19 @@ TEST_P(Collectives, TwoChannelsForcedProtocols) {
 }
 
 TEST_P(Collectives, EveryAlternativeAlgorithm) {
-  // LOOM_ALGO applies where the collective has such an algorithm (Broadcast: direct) and is ignored elsewhere.
-  loomtest::ScopedEnv algorithm("LOOM_ALGO", "direct");
-  runMatrix(GetParam(), {7, 5000});
+  // Every algorithm that is not some collective's default, forced with LOOM_ALGO: it applies where the collective
+  // has such an algorithm and is ignored elsewhere.
+  std::set<std::string> alternatives;
+  for (int c = 0; c <= static_cast<int>(loom::Collective::kBarrier); ++c) {
+    std::vector<std::string> names = loom::algorithmsFor(static_cast<loom::Collective>(c));
+    if (!names.empty()) alternatives.insert(names.begin() + 1, names.end());
+  }
+  ASSERT_FALSE(alternatives.empty());
+  for (const std::string& name : alternatives) {
+    SCOPED_TRACE("LOOM_ALGO=" + name);
+    loomtest::ScopedEnv algorithm("LOOM_ALGO", name.c_str());
+    runMatrix(GetParam(), {7, 5000});
+  }
 }
 
 TEST_P(Collectives, ZeroCopyFromRegisteredAndLoomMemory) {

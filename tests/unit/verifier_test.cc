@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
+#include <vector>
 
 #include "algorithms/builders.h"
 
@@ -56,6 +58,46 @@ TEST(Verifier, EveryAlgorithmEveryRankCountAndRoot) {
         expectProven(uniformArgs(collective, n, 1000, n / 2, 3), algorithm, {});  // several channels
         if (HasFatalFailure()) return;
       }
+    }
+  }
+}
+
+// The double binary tree's shape: each tree spans every rank once (parents and children agree, one root, no
+// cycle), a rank has at most two children, the depth is about log2(n), and for even n no rank is an inner node of
+// both trees.
+TEST(Verifier, DoubleBinaryTreeShape) {
+  for (int n = 1; n <= 1024; n += n < 80 ? 1 : 97) {
+    for (int tree = 0; tree < 2; ++tree) {
+      std::vector<TreeNode> nodes;
+      for (int r = 0; r < n; ++r) nodes.push_back(doubleTreeNode(n, r, tree));
+      int roots = 0, maxDepth = 0;
+      for (int r = 0; r < n; ++r) {
+        const TreeNode& node = nodes[r];
+        roots += node.parent < 0;
+        for (int i = 0; i < node.nChildren; ++i) {
+          int child = node.children[i];
+          ASSERT_TRUE(child >= 0 && child < n && child != r) << "n " << n << " tree " << tree << " rank " << r;
+          ASSERT_EQ(nodes[child].parent, r) << "n " << n << " tree " << tree << " child " << child;
+        }
+        if (node.parent >= 0) {
+          const TreeNode& parent = nodes[node.parent];
+          int found = 0;
+          for (int i = 0; i < parent.nChildren; ++i) found += parent.children[i] == r;
+          ASSERT_EQ(found, 1) << "n " << n << " tree " << tree << " rank " << r << " parent " << node.parent;
+        }
+        int depth = 0;
+        for (int up = r; nodes[up].parent >= 0; up = nodes[up].parent) ASSERT_LE(++depth, n) << "cycle at " << r;
+        maxDepth = std::max(maxDepth, depth);
+      }
+      EXPECT_EQ(roots, 1) << "n " << n << " tree " << tree;
+      int log2n = 0;
+      while ((1 << log2n) < n) ++log2n;
+      EXPECT_LE(maxDepth, log2n + 1) << "n " << n << " tree " << tree;
+    }
+    if (n % 2 == 0) {
+      for (int r = 0; r < n; ++r)
+        EXPECT_TRUE(doubleTreeNode(n, r, 0).nChildren == 0 || doubleTreeNode(n, r, 1).nChildren == 0)
+            << "n " << n << ": rank " << r << " is an inner node of both trees";
     }
   }
 }
