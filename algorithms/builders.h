@@ -21,6 +21,8 @@ RankPlan buildDirectScatter(const CollArgs& args);
 RankPlan buildDirectBroadcast(const CollArgs& args);
 RankPlan buildDirectAllReduce(const CollArgs& args);
 RankPlan buildTreeAllReduce(const CollArgs& args);
+RankPlan buildTreeBroadcast(const CollArgs& args);
+RankPlan buildTreeReduce(const CollArgs& args);
 RankPlan buildPairwiseAllToAll(const CollArgs& args);
 RankPlan buildPairwiseAllToAllv(const CollArgs& args);
 RankPlan buildSendRecv(const CollArgs& args);
@@ -36,6 +38,8 @@ struct TreeNode {
 // 1) of the pair (tree.cc has the construction).
 TreeNode binaryTreeNode(int n, int rank);
 TreeNode doubleTreeNode(int n, int rank, int tree);
+// Tree `tree` (0 or 1) of the pair rooted at `root` that Broadcast and Reduce use.
+TreeNode rootedTreeNode(int n, int rank, int root, int tree);
 
 // The algorithms that can run `collective` (first is the default), e.g. {"ring", "direct"} for Broadcast.
 std::vector<std::string> algorithmsFor(Collective collective);

@@ -16,6 +16,12 @@
 // both in one lane. The partial sum of an inner node lives in the output: its final value arrives from the parent
 // only after the partial has been sent up, so the two lanes never touch the same slice at the same time. All
 // ranks take the root's result, so all hold the same bits.
+//
+// Broadcast and Reduce use the pair of trees rooted at the call's root (ranks renumbered so the root is 0):
+// tree 0 as above, and tree 1 in which the root feeds rank 1, the root of a binary tree over ranks 1..n-1 whose
+// inner nodes are tree 0's leaves. Each rank then forwards (Broadcast) or combines (Reduce) about one copy of
+// the data, and the root sends or receives half of it per tree. Broadcast is the down half of the AllReduce,
+// Reduce the up half, its partial sums in scratch (only the root has an output).
 #include "algorithms/builders.h"
 
 namespace loom {
@@ -52,62 +58,117 @@ TreeNode doubleTreeNode(int n, int rank, int tree) {
   return node;
 }
 
+TreeNode rootedTreeNode(int n, int rank, int root, int tree) {
+  int v = (rank - root + n) % n;  // 0 at the root
+  auto real = [&](int u) { return u < 0 ? -1 : (u + root) % n; };
+  TreeNode node;
+  if (tree == 0) {
+    node = binaryTreeNode(n, v);
+  } else if (v == 0) {
+    if (n > 1) node.children[node.nChildren++] = 1;
+  } else {
+    // A binary tree over virtual ranks 1..n-1 (numbered from 0), hung below the root.
+    node = binaryTreeNode(n - 1, v - 1);
+    node.parent = node.parent < 0 ? 0 : node.parent + 1;
+    for (int i = 0; i < node.nChildren; ++i) node.children[i] += 1;
+  }
+  node.parent = real(node.parent);
+  for (int i = 0; i < node.nChildren; ++i) node.children[i] = real(node.children[i]);
+  return node;
+}
+
 namespace {
 
-// The lanes of one rank for one tree over `part` (a region of the input and the same region of the output).
-void treeAllReduceLanes(const TreeNode& node, int channel, size_t offset, size_t count, RankPlan* plan) {
-  Region in = input(offset, count), out = output(offset, count);
+// Reduction up the tree: combine the children's messages with `in` (partial results in `partial`) and send the
+// result to the parent; at the root, write it to `out`.
+Lane upLane(const TreeNode& node, int channel, Region in, Region partial, Region out) {
   Lane up{channel, {}};
+  bool root = node.parent < 0;
+  int combined = root ? node.nChildren : node.nChildren - 1;  // a non-root's last child goes on to the parent
+  Region sum = in;
+  for (int i = 0; i < combined; ++i) {
+    Region to = root ? out : partial;
+    up.steps.push_back(recvReduce(node.children[i], sum, to));
+    sum = to;
+  }
+  if (root && node.nChildren == 0) up.steps.push_back(copy(in, out));
+  if (!root && node.nChildren == 0) up.steps.push_back(send(node.parent, in));
+  if (!root && node.nChildren > 0)
+    up.steps.push_back(recvReduceSend(node.children[node.nChildren - 1], sum, node.parent));
+  return up;
+}
+
+// Broadcast down the tree: receive `out` from the parent, keep it and pass it to the children. The root sends
+// `from` (the data it holds) to its children.
+void downSteps(const TreeNode& node, Region from, Region out, Lane* lane) {
   if (node.parent < 0) {
-    // The root: combine every child's subtree into the output, then send the result down.
-    Region sum = in;
-    for (int i = 0; i < node.nChildren; ++i) {
-      up.steps.push_back(recvReduce(node.children[i], sum, out));
-      sum = out;
-    }
-    if (node.nChildren == 0) up.steps.push_back(copy(in, out));
-    for (int i = 0; i < node.nChildren; ++i) up.steps.push_back(send(node.children[i], out));
-    plan->lanes.push_back(std::move(up));
+    for (int i = 0; i < node.nChildren; ++i) lane->steps.push_back(send(node.children[i], from));
     return;
   }
-  // Up: the last combination goes straight to the parent.
-  Region sum = in;
-  for (int i = 0; i + 1 < node.nChildren; ++i) {
-    up.steps.push_back(recvReduce(node.children[i], sum, out));
-    sum = out;
-  }
   if (node.nChildren == 0) {
-    up.steps.push_back(send(node.parent, in));
-  } else {
-    up.steps.push_back(recvReduceSend(node.children[node.nChildren - 1], sum, node.parent));
+    lane->steps.push_back(recv(node.parent, out));
+    return;
   }
-  plan->lanes.push_back(std::move(up));
-  // Down: keep the result and pass it on.
-  Lane down{channel, {}};
-  if (node.nChildren == 0) {
-    down.steps.push_back(recv(node.parent, out));
-  } else {
-    down.steps.push_back(recvCopySend(node.parent, out, node.children[0]));
-    for (int i = 1; i < node.nChildren; ++i) down.steps.push_back(send(node.children[i], out));
+  lane->steps.push_back(recvCopySend(node.parent, out, node.children[0]));
+  for (int i = 1; i < node.nChildren; ++i) lane->steps.push_back(send(node.children[i], out));
+}
+
+// Calls lanes(node, channel, offset, count) for each channel and tree, with the part of the data it carries:
+// half of each channel's part per tree, the second tree on the second channel set.
+template <typename TreeOf, typename Lanes>
+void forEachTreePart(const CollArgs& args, TreeOf treeOf, Lanes lanes) {
+  for (int c = 0; c < args.nChannels; ++c) {
+    size_t offset = partOffset(args.count, args.nChannels, c), part = partCount(args.count, args.nChannels, c);
+    for (int tree = 0; tree < 2; ++tree) {
+      size_t half = partCount(part, 2, tree);
+      if (half > 0) lanes(treeOf(tree), c + tree * args.nChannels, offset + partOffset(part, 2, tree), half);
+    }
   }
-  plan->lanes.push_back(std::move(down));
 }
 
 }  // namespace
 
 RankPlan buildTreeAllReduce(const CollArgs& args) {
   RankPlan plan = planShell(args, "tree");
-  int n = args.nranks;
-  for (int c = 0; c < args.nChannels; ++c) {
-    size_t offset = partOffset(args.count, args.nChannels, c), part = partCount(args.count, args.nChannels, c);
-    for (int tree = 0; tree < 2; ++tree) {
-      size_t half = partCount(part, 2, tree);
-      if (half == 0) continue;
-      treeAllReduceLanes(doubleTreeNode(n, args.rank, tree), c + tree * args.nChannels,
-                         offset + partOffset(part, 2, tree), half, &plan);
+  auto treeOf = [&](int tree) { return doubleTreeNode(args.nranks, args.rank, tree); };
+  forEachTreePart(args, treeOf, [&](const TreeNode& node, int channel, size_t offset, size_t count) {
+    Region in = input(offset, count), out = output(offset, count);
+    // An inner node's partial sum lives in the output (see above); the root goes on down in the same lane.
+    Lane up = upLane(node, channel, in, out, out);
+    if (node.parent < 0) {
+      downSteps(node, out, out, &up);
+      plan.lanes.push_back(std::move(up));
+      return;
     }
-  }
+    plan.lanes.push_back(std::move(up));
+    Lane down{channel, {}};
+    downSteps(node, out, out, &down);
+    plan.lanes.push_back(std::move(down));
+  });
   plan.reducedOutput = output(0, args.count);
+  return plan;
+}
+
+RankPlan buildTreeBroadcast(const CollArgs& args) {
+  RankPlan plan = planShell(args, "tree");
+  auto treeOf = [&](int tree) { return rootedTreeNode(args.nranks, args.rank, args.root, tree); };
+  forEachTreePart(args, treeOf, [&](const TreeNode& node, int channel, size_t offset, size_t count) {
+    Lane down{channel, {}};
+    downSteps(node, input(offset, count), output(offset, count), &down);
+    if (node.parent < 0) down.steps.push_back(copy(input(offset, count), output(offset, count)));
+    plan.lanes.push_back(std::move(down));
+  });
+  return plan;
+}
+
+RankPlan buildTreeReduce(const CollArgs& args) {
+  RankPlan plan = planShell(args, "tree");
+  auto treeOf = [&](int tree) { return rootedTreeNode(args.nranks, args.rank, args.root, tree); };
+  forEachTreePart(args, treeOf, [&](const TreeNode& node, int channel, size_t offset, size_t count) {
+    plan.lanes.push_back(upLane(node, channel, input(offset, count), scratch(offset, count), output(offset, count)));
+  });
+  plan.scratchCount = args.rank == args.root ? 0 : args.count;
+  if (args.rank == args.root) plan.reducedOutput = output(0, args.count);
   return plan;
 }
 

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -62,42 +64,63 @@ TEST(Verifier, EveryAlgorithmEveryRankCountAndRoot) {
   }
 }
 
-// The double binary tree's shape: each tree spans every rank once (parents and children agree, one root, no
-// cycle), a rank has at most two children, the depth is about log2(n), and for even n no rank is an inner node of
-// both trees.
+// A tree over n ranks given by nodeOf(rank): it spans every rank once (parents and children agree, one root, no
+// cycle) and its depth is about log2(n). Returns the root.
+int expectTree(int n, const std::function<TreeNode(int)>& nodeOf, const std::string& what) {
+  std::vector<TreeNode> nodes;
+  for (int r = 0; r < n; ++r) nodes.push_back(nodeOf(r));
+  int roots = 0, root = -1, maxDepth = 0;
+  for (int r = 0; r < n; ++r) {
+    const TreeNode& node = nodes[r];
+    if (node.parent < 0) roots++, root = r;
+    for (int i = 0; i < node.nChildren; ++i) {
+      int child = node.children[i];
+      EXPECT_TRUE(child >= 0 && child < n && child != r) << what << " rank " << r;
+      if (child < 0 || child >= n) return -1;
+      EXPECT_EQ(nodes[child].parent, r) << what << " child " << child;
+    }
+    if (node.parent >= 0) {
+      const TreeNode& parent = nodes[node.parent];
+      int found = 0;
+      for (int i = 0; i < parent.nChildren; ++i) found += parent.children[i] == r;
+      EXPECT_EQ(found, 1) << what << " rank " << r << " parent " << node.parent;
+    }
+    int depth = 0;
+    for (int up = r; nodes[up].parent >= 0 && depth <= n; up = nodes[up].parent) ++depth;
+    EXPECT_LE(depth, n) << what << ": a cycle through rank " << r;
+    maxDepth = std::max(maxDepth, depth);
+  }
+  EXPECT_EQ(roots, 1) << what;
+  int log2n = 0;
+  while ((1 << log2n) < n) ++log2n;
+  EXPECT_LE(maxDepth, log2n + 1) << what;
+  return root;
+}
+
+// The double binary tree's shapes, to 1024 ranks: AllReduce's pair, where for even n no rank is an inner node
+// of both trees, and Broadcast/Reduce's pair rooted at any rank, where only the root is inner in both.
 TEST(Verifier, DoubleBinaryTreeShape) {
   for (int n = 1; n <= 1024; n += n < 80 ? 1 : 97) {
     for (int tree = 0; tree < 2; ++tree) {
-      std::vector<TreeNode> nodes;
-      for (int r = 0; r < n; ++r) nodes.push_back(doubleTreeNode(n, r, tree));
-      int roots = 0, maxDepth = 0;
-      for (int r = 0; r < n; ++r) {
-        const TreeNode& node = nodes[r];
-        roots += node.parent < 0;
-        for (int i = 0; i < node.nChildren; ++i) {
-          int child = node.children[i];
-          ASSERT_TRUE(child >= 0 && child < n && child != r) << "n " << n << " tree " << tree << " rank " << r;
-          ASSERT_EQ(nodes[child].parent, r) << "n " << n << " tree " << tree << " child " << child;
-        }
-        if (node.parent >= 0) {
-          const TreeNode& parent = nodes[node.parent];
-          int found = 0;
-          for (int i = 0; i < parent.nChildren; ++i) found += parent.children[i] == r;
-          ASSERT_EQ(found, 1) << "n " << n << " tree " << tree << " rank " << r << " parent " << node.parent;
-        }
-        int depth = 0;
-        for (int up = r; nodes[up].parent >= 0; up = nodes[up].parent) ASSERT_LE(++depth, n) << "cycle at " << r;
-        maxDepth = std::max(maxDepth, depth);
+      std::string what = "n " + std::to_string(n) + " tree " + std::to_string(tree);
+      expectTree(n, [&](int r) { return doubleTreeNode(n, r, tree); }, what);
+      for (int root : {0, n / 2, n - 1}) {
+        int found = expectTree(n, [&](int r) { return rootedTreeNode(n, r, root, tree); },
+                               what + " rooted at " + std::to_string(root));
+        EXPECT_EQ(found, root) << what;
       }
-      EXPECT_EQ(roots, 1) << "n " << n << " tree " << tree;
-      int log2n = 0;
-      while ((1 << log2n) < n) ++log2n;
-      EXPECT_LE(maxDepth, log2n + 1) << "n " << n << " tree " << tree;
     }
-    if (n % 2 == 0) {
-      for (int r = 0; r < n; ++r)
+    if (HasFailure()) return;
+    for (int r = 0; r < n; ++r) {
+      if (n % 2 == 0) {
         EXPECT_TRUE(doubleTreeNode(n, r, 0).nChildren == 0 || doubleTreeNode(n, r, 1).nChildren == 0)
             << "n " << n << ": rank " << r << " is an inner node of both trees";
+      }
+      int root = n / 2;
+      if (r != root) {
+        EXPECT_TRUE(rootedTreeNode(n, r, root, 0).nChildren == 0 || rootedTreeNode(n, r, root, 1).nChildren == 0)
+            << "n " << n << " rooted at " << root << ": rank " << r << " is an inner node of both trees";
+      }
     }
   }
 }
