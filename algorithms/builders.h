@@ -3,6 +3,8 @@
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "algorithms/plan.h"
 
@@ -43,6 +45,21 @@ TreeNode rootedTreeNode(int n, int rank, int root, int tree);
 
 // The algorithms that can run `collective` (first is the default), e.g. {"ring", "direct"} for Broadcast.
 std::vector<std::string> algorithmsFor(Collective collective);
+// LOOM_ALGO in NCCL's syntax: a comma-separated list of algorithms to allow ("ring,tree"), or to exclude when it
+// starts with '^' ("^tree"); optionally per collective, clauses separated by ';' ("allreduce:^tree;broadcast:ring").
+// A clause without a collective applies to every collective without a clause of its own, and only where it
+// leaves that collective an algorithm (so "direct" forces Broadcast's and AllReduce's and leaves the others
+// alone). Names are not case sensitive.
+struct AlgorithmRules {
+  std::vector<std::string> allowed[static_cast<int>(Collective::kBarrier) + 1];  // registry order; empty: no rule
+};
+// Parses `spec` ("" = no rules). On a name no collective has, an unknown collective, or a clause that leaves its
+// collective no algorithm, returns false with *error saying which.
+bool parseAlgorithmRules(const std::string& spec, AlgorithmRules* rules, std::string* error);
+// The algorithm for a call: `preferred` ("" = the registry's first) when the rules allow it, else the first they
+// allow.
+std::string_view chooseAlgorithm(const AlgorithmRules& rules, Collective collective, std::string_view preferred);
+
 // Builds the plan of args.rank with `algorithm` ("" = the default). Returns false when the algorithm does not
 // exist for that collective.
 bool buildPlan(const CollArgs& args, const std::string& algorithm, RankPlan* plan);

@@ -1,6 +1,7 @@
 // The algorithm registry: which builders can run which collective, and the default for each. The tuner (a later
 // layer) will choose among them by cost; until then the first listed is the default and LOOM_ALGO overrides.
 #include <algorithm>
+#include <cctype>
 
 #include "algorithms/builders.h"
 
@@ -47,6 +48,102 @@ std::vector<std::string> algorithmsFor(Collective collective) {
   for (const Entry& entry : kAlgorithms)
     if (entry.collective == collective) names.push_back(entry.name);
   return names;
+}
+
+namespace {
+
+std::string lower(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string trim(std::string_view text) {
+  size_t begin = text.find_first_not_of(" \t"), end = text.find_last_not_of(" \t");
+  return begin == std::string_view::npos ? "" : std::string(text.substr(begin, end - begin + 1));
+}
+
+std::vector<std::string> split(std::string_view text, char separator) {
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    size_t end = text.find(separator, start);
+    parts.push_back(trim(text.substr(start, end == std::string_view::npos ? end : end - start)));
+    if (end == std::string_view::npos) return parts;
+    start = end + 1;
+  }
+}
+
+constexpr int kCollectives = static_cast<int>(Collective::kBarrier) + 1;
+
+// The registry's algorithms for `collective` that a list allows: the listed ones, or all but them with '^'.
+std::vector<std::string> filtered(Collective collective, const std::vector<std::string>& names, bool exclude) {
+  std::vector<std::string> kept;
+  for (const std::string& algorithm : algorithmsFor(collective)) {
+    bool listed = std::find(names.begin(), names.end(), algorithm) != names.end();
+    if (listed != exclude) kept.push_back(algorithm);
+  }
+  return kept;
+}
+
+}  // namespace
+
+bool parseAlgorithmRules(const std::string& spec, AlgorithmRules* rules, std::string* error) {
+  AlgorithmRules parsed;
+  bool hasClause[kCollectives] = {};
+  std::vector<std::string> global;
+  bool globalExclude = false, hasGlobal = false;
+  for (const std::string& clause : split(spec, ';')) {
+    if (clause.empty()) continue;
+    size_t colon = clause.find(':');
+    int target = -1;  // -1: every collective
+    std::string list = clause;
+    if (colon != std::string::npos) {
+      std::string name = lower(trim(std::string_view(clause).substr(0, colon)));
+      for (int c = 0; c < kCollectives; ++c)
+        if (lower(collectiveName(static_cast<Collective>(c))) == name) target = c;
+      if (target < 0) {
+        *error = "unknown collective \"" + name + "\" in \"" + clause + "\"";
+        return false;
+      }
+      list = trim(std::string_view(clause).substr(colon + 1));
+    }
+    bool exclude = !list.empty() && list[0] == '^';
+    std::vector<std::string> names;
+    for (const std::string& name : split(exclude ? std::string_view(list).substr(1) : std::string_view(list), ','))
+      if (!name.empty()) names.push_back(lower(name));
+    for (const std::string& name : names) {
+      bool known = false;
+      for (const Entry& entry : kAlgorithms) known |= name == entry.name;
+      if (!known) {
+        *error = "unknown algorithm \"" + name + "\" in \"" + clause + "\"";
+        return false;
+      }
+    }
+    if (target < 0) {
+      global = names, globalExclude = exclude, hasGlobal = true;
+      continue;
+    }
+    Collective collective = static_cast<Collective>(target);
+    parsed.allowed[target] = filtered(collective, names, exclude);
+    hasClause[target] = true;
+    if (parsed.allowed[target].empty()) {
+      *error = std::string("\"") + clause + "\" leaves " + collectiveName(collective) + " no algorithm";
+      return false;
+    }
+  }
+  for (int c = 0; c < kCollectives && hasGlobal; ++c)
+    if (!hasClause[c]) parsed.allowed[c] = filtered(static_cast<Collective>(c), global, globalExclude);
+  *rules = std::move(parsed);
+  return true;
+}
+
+std::string_view chooseAlgorithm(const AlgorithmRules& rules, Collective collective, std::string_view preferred) {
+  const std::vector<std::string>& allowed = rules.allowed[static_cast<int>(collective)];
+  if (allowed.empty()) return preferred;
+  if (preferred.empty()) return allowed.front();  // the registry's first that the rules allow
+  for (const std::string& algorithm : allowed)
+    if (algorithm == preferred) return algorithm;
+  return allowed.front();
 }
 
 bool buildPlan(const CollArgs& args, const std::string& algorithm, RankPlan* plan) {

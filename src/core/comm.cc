@@ -53,7 +53,8 @@ struct RankSetup {
   uint64_t llThresholdBytes;
   int nChannels;
   int forcedProtocol;
-  char algorithm[32];  // LOOM_ALGO: ranks that pick different algorithms would exchange mismatched messages
+  char algorithm[32];      // LOOM_ALGO (its start, for the message): ranks that pick different algorithms
+  uint64_t algorithmHash;  // would exchange mismatched messages; compared whole through its hash
 };
 
 // Collectives spin long where every rank on this host (these are all the host's ranks the communicator knows
@@ -94,6 +95,9 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
   comm->timeoutMs = params::timeoutMs();
   comm->nChannels = static_cast<int>(clampParam(params::nChannels(), 1, kMaxChannels));
   comm->algorithm = params::algo();
+  std::string why;
+  if (!parseAlgorithmRules(comm->algorithm, &comm->algorithmRules, &why))
+    return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_ALGO=\"%s\": %s", comm->algorithm.c_str(), why.c_str());
   std::string proto = params::proto();
   if (!proto.empty() && proto != "LL" && proto != "Simple")
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_PROTO=\"%s\" is neither LL nor Simple", proto.c_str());
@@ -135,10 +139,11 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   mine.llThresholdBytes = comm->llThresholdBytes;
   mine.forcedProtocol = comm->forcedProtocol;
   snprintf(mine.algorithm, sizeof(mine.algorithm), "%s", comm->algorithm.c_str());
+  mine.algorithmHash = std::hash<std::string>{}(comm->algorithm);
   mine.probeAddress = reinterpret_cast<uint64_t>(&kProbeWord);
   LOOM_CHECK(comm->bootstrap->allGather(setups.data(), sizeof(RankSetup), deadline.remainingMs()));
   for (const RankSetup& setup : setups) {
-    if (strncmp(setup.algorithm, mine.algorithm, sizeof(mine.algorithm)) != 0)
+    if (setup.algorithmHash != mine.algorithmHash)
       return LOOM_FAIL(loomInvalidUsage, INIT,
                        "rank %d uses LOOM_ALGO=\"%.32s\", rank %d uses \"%.32s\": LOOM_ALGO must match on every rank",
                        setup.info.rank, setup.algorithm, rank, mine.algorithm);

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "algorithms/builders.h"
 #include "algorithms/plan.h"
 #include "loom/loom.h"
 #include "src/core/bootstrap.h"
@@ -108,7 +109,8 @@ struct loomComm {
   loom::PeerWatch peerWatch;
   loom::FifoShape fifoShape{};
   // Read once at init (and checked equal on every rank where both ends of a message must agree).
-  std::string algorithm;                  // LOOM_ALGO
+  std::string algorithm;                  // LOOM_ALGO as given
+  loom::AlgorithmRules algorithmRules;    // ... parsed
   int forcedProtocol = -1;                // LOOM_PROTO: -1 by size, else a loom::Protocol
   size_t llThresholdBytes = 0;            // LOOM_LL_THRESHOLD
   int64_t peerCheckMs = 50;               // LOOM_PEER_CHECK_MS

@@ -55,12 +55,7 @@ const char* defaultAlgorithm(const Call& call) {
 // whose plans depend on more than their shape (*cached null).
 loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** plan, CachedPlan** cached) {
   loomComm* comm = call.comm;
-  std::string_view algorithm = comm->algorithm;
-  if (!algorithm.empty()) {
-    std::vector<std::string> known = algorithmsFor(call.collective);
-    if (std::find(known.begin(), known.end(), algorithm) == known.end()) algorithm = {};  // not for this one
-  }
-  if (algorithm.empty()) algorithm = defaultAlgorithm(call);
+  std::string_view algorithm = chooseAlgorithm(comm->algorithmRules, call.collective, defaultAlgorithm(call));
   *cached = nullptr;
   bool cacheable = call.collective != Collective::kAllToAllv && call.collective != Collective::kSendRecv;
   if (!cacheable) {

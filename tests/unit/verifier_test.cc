@@ -315,5 +315,38 @@ TEST(Verifier, CatchesInPlaceHazard) {
   EXPECT_NE(verifyPlan(args, build, {true, 0, 0}), "");
 }
 
+// LOOM_ALGO's NCCL syntax: lists, exclusions, per-collective clauses, and clear errors for bad input.
+TEST(AlgorithmRules, ParseAndChoose) {
+  AlgorithmRules rules;
+  std::string error;
+  ASSERT_TRUE(parseAlgorithmRules("", &rules, &error));
+  EXPECT_EQ(chooseAlgorithm(rules, Collective::kAllReduce, "direct"), "direct");
+  EXPECT_EQ(chooseAlgorithm(rules, Collective::kAllReduce, ""), "");
+
+  ASSERT_TRUE(parseAlgorithmRules("Tree", &rules, &error)) << error;
+  EXPECT_EQ(chooseAlgorithm(rules, Collective::kAllReduce, "direct"), "tree");
+  EXPECT_EQ(chooseAlgorithm(rules, Collective::kBroadcast, ""), "tree");
+  EXPECT_EQ(chooseAlgorithm(rules, Collective::kAllGather, ""), "");  // no tree there: left alone
+
+  ASSERT_TRUE(parseAlgorithmRules("allreduce:^tree;broadcast:ring", &rules, &error)) << error;
+  EXPECT_EQ(chooseAlgorithm(rules, Collective::kAllReduce, ""), "ring");
+  EXPECT_EQ(chooseAlgorithm(rules, Collective::kAllReduce, "direct"), "direct");
+  EXPECT_EQ(chooseAlgorithm(rules, Collective::kBroadcast, "direct"), "ring");
+  EXPECT_EQ(chooseAlgorithm(rules, Collective::kReduce, ""), "");
+
+  // A clause for one collective wins over the list for all.
+  ASSERT_TRUE(parseAlgorithmRules("ring, tree ; allreduce : direct", &rules, &error)) << error;
+  EXPECT_EQ(chooseAlgorithm(rules, Collective::kAllReduce, ""), "direct");
+  EXPECT_EQ(chooseAlgorithm(rules, Collective::kBroadcast, "direct"), "ring");
+
+  for (const char* bad : {"rung", "allreduse:ring", "allgather:tree", "allreduce:^ring,direct,tree"}) {
+    error.clear();
+    EXPECT_FALSE(parseAlgorithmRules(bad, &rules, &error)) << bad;
+    EXPECT_FALSE(error.empty()) << bad;
+  }
+  EXPECT_FALSE(parseAlgorithmRules("rung", &rules, &error));
+  EXPECT_NE(error.find("unknown algorithm \"rung\""), std::string::npos) << error;
+}
+
 }  // namespace
 }  // namespace loom
