@@ -19,6 +19,22 @@ class InlineVector {
   InlineVector(std::initializer_list<T> values) {
     for (const T& value : values) push_back(value);
   }
+  InlineVector(const InlineVector&) = default;
+  InlineVector& operator=(const InlineVector&) = default;
+  // A moved-from vector is empty (its heap elements went with the move).
+  InlineVector(InlineVector&& other) noexcept : size_(other.size_), heap_(std::move(other.heap_)) {
+    std::copy(other.inline_, other.inline_ + N, inline_);
+    other.size_ = 0;
+  }
+  InlineVector& operator=(InlineVector&& other) noexcept {
+    if (this == &other) return *this;
+    size_ = other.size_;
+    std::copy(other.inline_, other.inline_ + N, inline_);
+    heap_ = std::move(other.heap_);
+    other.size_ = 0;
+    other.heap_.clear();
+    return *this;
+  }
 
   void push_back(const T& value) {
     if (size_ < N) {
