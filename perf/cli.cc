@@ -13,21 +13,24 @@ const char* const kTypeNames[loomNumTypes] = {"int8",   "uint8", "int32", "uint3
                                               "uint64", "half",  "float", "double", "bfloat16"};
 const char* const kOpNames[loomNumOps] = {"sum", "prod", "max", "min", "avg"};
 
-std::optional<int> parseIntArg(const char* text, int min, int max) {
+int parseIntArg(const char* text, const char* name, int min, int max) {
   char* end = nullptr;
   long value = strtol(text, &end, 0);
-  if (*text == '\0' || *end != '\0' || value < min || value > max) return std::nullopt;
+  if (*text == '\0' || *end != '\0' || value < min || value > max)
+    throw UsageError(std::string("invalid value '") + text + "' for " + name + " (expected " + std::to_string(min) +
+                     ".." + std::to_string(max) + ")");
   return static_cast<int>(value);
 }
 
-std::optional<size_t> parseSizeArg(const char* text) {
+size_t parseSizeArg(const char* text, const char* name) {
   char* end = nullptr;
   double value = strtod(text, &end);
   static const char kSuffixes[] = "KMG";
   const char* suffix = end != text && *end ? strchr(kSuffixes, toupper(static_cast<unsigned char>(*end))) : nullptr;
   double bytes = suffix ? std::ldexp(value, 10 * static_cast<int>(suffix - kSuffixes + 1)) : value;
   if (suffix) end++;
-  if (end == text || *end != '\0' || !(value >= 0) || bytes > 1e18) return std::nullopt;
+  if (end == text || *end != '\0' || !(value >= 0) || bytes > 1e18)
+    throw UsageError(std::string("invalid size '") + text + "' for " + name);
   return static_cast<size_t>(bytes);
 }
 

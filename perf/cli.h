@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 namespace perf {
@@ -15,10 +16,15 @@ namespace perf {
 extern const char* const kTypeNames[loomNumTypes];
 extern const char* const kOpNames[loomNumOps];
 
-// An integer in [min, max] (decimal, 0x hex or 0 octal), or nothing when the text is not one.
-std::optional<int> parseIntArg(const char* text, int min, int max);
-// "64", "1.5K", "256M", "2G": a byte count with an optional binary suffix, or nothing when malformed.
-std::optional<size_t> parseSizeArg(const char* text);
+// A command line that cannot run: what() says which flag or value was wrong.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The value of flag `name`: an integer in [min, max] (decimal, 0x hex or 0 octal). Throws UsageError otherwise.
+int parseIntArg(const char* text, const char* name, int min, int max);
+// "64", "1.5K", "256M", "2G": a byte count with an optional binary suffix. Throws UsageError when malformed.
+size_t parseSizeArg(const char* text, const char* name);
 // The index of `text` in names[0..count), or nothing.
 std::optional<int> findName(const char* text, const char* const* names, int count);
 

@@ -153,17 +153,6 @@ const char kUsage[] =
     "  -h,--help\n"
     "Not available on host: -G (CUDA graphs), -g > 1, -R 2, -S, -x, -V, -K.\n";
 
-int parseInt(const char* text, const char* name, int min, int max) {
-  if (std::optional<int> value = parseIntArg(text, min, max)) return *value;
-  usageError(std::string("invalid value '") + text + "' for " + name + " (expected " + std::to_string(min) + ".." +
-             std::to_string(max) + ")");
-}
-
-size_t parseSize(const char* text, const char* name) {
-  if (std::optional<size_t> value = parseSizeArg(text)) return *value;
-  usageError(std::string("invalid size '") + text + "' for " + name);
-}
-
 // A name from `names`, or -1 for "all".
 int parseName(const char* text, const char* const* names, int count, const char* what) {
   if (std::optional<int> index = findName(text, names, count)) return *index;
@@ -217,18 +206,18 @@ Options parseOptions(int argc, char** argv) {
         std::find_if(std::begin(kIntFlags), std::end(kIntFlags), [&](const IntFlag& f) { return f.letter == c; });
     std::string flagName = std::string("-") + static_cast<char>(c);
     if (intFlag != std::end(kIntFlags)) {
-      *intFlag->value = parseInt(optarg, flagName.c_str(), intFlag->min, intFlag->max);
+      *intFlag->value = parseIntArg(optarg, flagName.c_str(), intFlag->min, intFlag->max);
     } else if (c == 'b' || c == 'e' || c == 'i') {
-      (c == 'b' ? o.minBytes : c == 'e' ? o.maxBytes : o.stepBytes) = parseSize(optarg, flagName.c_str());
+      (c == 'b' ? o.minBytes : c == 'e' ? o.maxBytes : o.stepBytes) = parseSizeArg(optarg, flagName.c_str());
     } else if (c == 'o') {
       if (strcmp(optarg, "mulsum") == 0) usageError("-o mulsum: loom has no pre-multiplied sum operator");
       o.op = parseName(optarg, kOpNames, loomNumOps, "op");
     } else if (c == 'd') {
       o.type = parseName(optarg, kTypeNames, loomNumTypes, "datatype");
     } else if (c == 'g') {
-      parseInt(optarg, "-g (host ranks have one device each)", 1, 1);
+      parseIntArg(optarg, "-g (host ranks have one device each)", 1, 1);
     } else if (c == 'G') {
-      if (parseInt(optarg, "-G", 0, kBig) > 0)
+      if (parseIntArg(optarg, "-G", 0, kBig) > 0)
         usageError("-G: CUDA graphs need a CUDA communicator; host runs take -G 0");
     } else if (c == 'J') {
       if (*optarg == '\0') usageError("-J needs a file name");
@@ -805,7 +794,12 @@ int runPerfTest(int argc, char** argv, const CollectiveTest& test) {
   setlinebuf(stdout);
   const char* slash = strrchr(argv[0], '/');
   const char* programName = slash ? slash + 1 : argv[0];
-  Options options = parseOptions(argc, argv);
+  Options options;
+  try {
+    options = parseOptions(argc, argv);
+  } catch (const UsageError& error) {  // a flag's value (perf/cli.h); other mistakes end in usageError at once
+    usageError(error.what());
+  }
   if (test.ordersItsGroups && options.aggIters > 1)
     usageError(std::string("-m ") + std::to_string(options.aggIters) + ": " + programName +
                "'s call is a sequence of groups, which one enclosing group would merge; run it with -m 1");

@@ -91,10 +91,6 @@ const PeerCollective kCollectives[] = {
 
 // ---- options ----
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 struct PeerOptions {
   const PeerCollective* collective = &kCollectives[0];
   size_t minBytes = 32 << 20, maxBytes = 32 << 20, stepBytes = 1 << 20;
@@ -118,17 +114,6 @@ const char kUsage[] =
     "  -r,--root <root>           Broadcast's root (default 0)\n"
     "  -h,--help\n"
     "Times blocking out-of-place calls, the mean over ranks of each rank's time (loom's -a 1).\n";
-
-int parseInt(const char* text, const char* name, int min, int max) {
-  if (std::optional<int> value = parseIntArg(text, min, max)) return *value;
-  throw UsageError(std::string("invalid value '") + text + "' for " + name + " (expected " + std::to_string(min) +
-                   ".." + std::to_string(max) + ")");
-}
-
-size_t parseSize(const char* text, const char* name) {
-  if (std::optional<size_t> value = parseSizeArg(text)) return *value;
-  throw UsageError(std::string("invalid size '") + text + "' for " + name);
-}
 
 template <typename Enum>
 Enum parseName(const char* text, const char* const* names, int count, const char* what) {
@@ -174,7 +159,7 @@ PeerOptions parseOptions(int argc, char** argv) {
     const IntFlag* intFlag =
         std::find_if(std::begin(kIntFlags), std::end(kIntFlags), [&](const IntFlag& f) { return f.letter == c; });
     if (intFlag != std::end(kIntFlags)) {
-      *intFlag->value = parseInt(optarg, flag.c_str(), intFlag->min, intFlag->max);
+      *intFlag->value = parseIntArg(optarg, flag.c_str(), intFlag->min, intFlag->max);
       continue;
     }
     switch (c) {
@@ -188,7 +173,7 @@ PeerOptions parseOptions(int argc, char** argv) {
       case 'b':
       case 'e':
       case 'i':
-        (c == 'b' ? o.minBytes : c == 'e' ? o.maxBytes : o.stepBytes) = parseSize(optarg, flag.c_str());
+        (c == 'b' ? o.minBytes : c == 'e' ? o.maxBytes : o.stepBytes) = parseSizeArg(optarg, flag.c_str());
         break;
       case 'd':
         o.type = parseName<loomDataType_t>(optarg, kTypeNames, loomNumTypes, "datatype");
