@@ -22,6 +22,15 @@ int parseIntArg(const char* text, const char* name, int min, int max) {
   return static_cast<int>(value);
 }
 
+bool setIntFlag(std::span<const IntFlag> flags, int letter, const char* text) {
+  for (const IntFlag& flag : flags) {
+    if (flag.letter != letter) continue;
+    *flag.value = parseIntArg(text, (std::string("-") + flag.letter).c_str(), flag.min, flag.max);
+    return true;
+  }
+  return false;
+}
+
 size_t parseSizeArg(const char* text, const char* name) {
   char* end = nullptr;
   double value = strtod(text, &end);

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -23,6 +24,16 @@ struct UsageError : std::runtime_error {
 
 // The value of flag `name`: an integer in [min, max] (decimal, 0x hex or 0 octal). Throws UsageError otherwise.
 int parseIntArg(const char* text, const char* name, int min, int max);
+// A flag that sets one int within [min, max].
+struct IntFlag {
+  char letter;
+  int* value;
+  int min, max;
+};
+// Sets the flag of `letter` among `flags` from `text` (throwing UsageError for a bad value); false when `letter`
+// is none of them.
+bool setIntFlag(std::span<const IntFlag> flags, int letter, const char* text);
+
 // "64", "1.5K", "256M", "2G": a byte count with an optional binary suffix. Throws UsageError when malformed.
 size_t parseSizeArg(const char* text, const char* name);
 // The index of `text` in names[0..count), or nothing.

@@ -189,11 +189,6 @@ Options parseOptions(int argc, char** argv) {
 
   Options o;
   constexpr int kBig = 1 << 30;
-  struct IntFlag {  // flags that set one int within [min, max]
-    char letter;
-    int* value;
-    int min, max;
-  };
   const IntFlag kIntFlags[] = {
       {'t', &o.nThreads, 1, 1024},   {'f', &o.stepFactor, 0, kBig},  {'n', &o.iters, 1, kBig},
       {'m', &o.aggIters, 1, kBig},   {'w', &o.warmupIters, 0, kBig}, {'N', &o.runCycles, 0, kBig},
@@ -202,12 +197,9 @@ Options parseOptions(int argc, char** argv) {
       {'C', &o.reportCpuTime, 0, 1}, {'a', &o.average, 0, 3},        {'R', &o.localRegister, 0, 2},
       {'u', &o.unalign, 0, 4096},    {'I', &o.perIterTiming, 0, 1},  {'M', &o.memoryReport, 0, 1}};
   for (int c; (c = getopt_long(argc, argv, shortOptions.c_str(), longOptions.data(), nullptr)) != -1;) {
-    const IntFlag* intFlag =
-        std::find_if(std::begin(kIntFlags), std::end(kIntFlags), [&](const IntFlag& f) { return f.letter == c; });
+    if (setIntFlag(kIntFlags, c, optarg)) continue;
     std::string flagName = std::string("-") + static_cast<char>(c);
-    if (intFlag != std::end(kIntFlags)) {
-      *intFlag->value = parseIntArg(optarg, flagName.c_str(), intFlag->min, intFlag->max);
-    } else if (c == 'b' || c == 'e' || c == 'i') {
+    if (c == 'b' || c == 'e' || c == 'i') {
       (c == 'b' ? o.minBytes : c == 'e' ? o.maxBytes : o.stepBytes) = parseSizeArg(optarg, flagName.c_str());
     } else if (c == 'o') {
       if (strcmp(optarg, "mulsum") == 0) usageError("-o mulsum: loom has no pre-multiplied sum operator");

@@ -143,11 +143,6 @@ PeerOptions parseOptions(int argc, char** argv) {
 
   PeerOptions o;
   constexpr int kBig = 1 << 30;
-  struct IntFlag {  // flags that set one int within [min, max]
-    char letter;
-    int* value;
-    int min, max;
-  };
   const IntFlag kIntFlags[] = {{'f', &o.stepFactor, 0, kBig},
                                {'n', &o.iters, 1, kBig},
                                {'w', &o.warmupIters, 0, kBig},
@@ -156,12 +151,7 @@ PeerOptions parseOptions(int argc, char** argv) {
   optind = 1;
   for (int c; (c = getopt_long(argc, argv, shortOptions.c_str(), longOptions, nullptr)) != -1;) {
     std::string flag = std::string("-") + static_cast<char>(c);
-    const IntFlag* intFlag =
-        std::find_if(std::begin(kIntFlags), std::end(kIntFlags), [&](const IntFlag& f) { return f.letter == c; });
-    if (intFlag != std::end(kIntFlags)) {
-      *intFlag->value = parseIntArg(optarg, flag.c_str(), intFlag->min, intFlag->max);
-      continue;
-    }
+    if (setIntFlag(kIntFlags, c, optarg)) continue;
     switch (c) {
       case 'C': {
         auto found = std::find_if(std::begin(kCollectives), std::end(kCollectives),
