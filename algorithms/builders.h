@@ -13,6 +13,10 @@ namespace loom {
 // A RankPlan with the buffer sizes of the call filled in and no lanes.
 RankPlan planShell(const CollArgs& args, const char* algorithm);
 
+// Channel `channel`'s part of block q of a buffer made of blocks of `count` elements (the per-rank blocks of
+// AllGather's output and ReduceScatter's input).
+Region blockPart(Buffer buffer, size_t count, int nChannels, int channel, int q);
+
 RankPlan buildRingAllReduce(const CollArgs& args);
 RankPlan buildRingReduceScatter(const CollArgs& args);
 RankPlan buildRingAllGather(const CollArgs& args);
@@ -25,6 +29,9 @@ RankPlan buildDirectAllReduce(const CollArgs& args);
 RankPlan buildTreeAllReduce(const CollArgs& args);
 RankPlan buildTreeBroadcast(const CollArgs& args);
 RankPlan buildTreeReduce(const CollArgs& args);
+RankPlan buildRabenseifnerAllReduce(const CollArgs& args);
+RankPlan buildBruckAllGather(const CollArgs& args);
+RankPlan buildBruckReduceScatter(const CollArgs& args);
 RankPlan buildPairwiseAllToAll(const CollArgs& args);
 RankPlan buildPairwiseAllToAllv(const CollArgs& args);
 RankPlan buildSendRecv(const CollArgs& args);

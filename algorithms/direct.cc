@@ -70,7 +70,7 @@ RankPlan buildDirectAllReduce(const CollArgs& args) {
     for (int p = 1; p < n; ++p) {
       Region to = p == n - 1 ? out : partial;
       if (p == rank) {
-        lane.steps.push_back(Step{Action::kReduce, -1, -1, sum, in, to});  // its own input
+        lane.steps.push_back(reduce(sum, in, to));  // its own input
       } else {
         lane.steps.push_back(recvReduce(p, sum, to));
       }

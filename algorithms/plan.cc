@@ -121,6 +121,7 @@ Step recvReduceCopySend(int peerIn, Region local, Region dst, int peerOut) {
 }
 Step recvCopySend(int peerIn, Region dst, int peerOut) { return {Action::kRecvCopySend, peerIn, peerOut, {}, {}, dst}; }
 Step copy(Region src, Region dst) { return {Action::kCopy, -1, -1, src, {}, dst}; }
+Step reduce(Region src, Region src2, Region dst) { return {Action::kReduce, -1, -1, src, src2, dst}; }
 
 namespace {
 std::string describeRegion(const Region& region) {
@@ -137,7 +138,11 @@ std::string describe(const RankPlan& plan) {
   std::string text = std::string("algorithm ") + plan.algorithm + "\n";
   for (size_t l = 0; l < plan.lanes.size(); ++l) {
     text += "  lane " + std::to_string(l) + " (channel " + std::to_string(plan.lanes[l].channel) + ")\n";
-    for (const Step& step : plan.lanes[l].steps) {
+    const Lane& lane = plan.lanes[l];
+    for (size_t s = 0; s < lane.steps.size(); ++s) {
+      const Step& step = lane.steps[s];
+      for (size_t p = 1; p < lane.phaseCount(); ++p)
+        if (lane.phaseBegin(p) == s) text += "    -- phase " + std::to_string(p) + "\n";
       text += std::string("    ") + actionName(step.action);
       if (actionReceives(step.action)) text += " from " + std::to_string(step.recvPeer);
       if (actionSends(step.action)) text += " to " + std::to_string(step.sendPeer);

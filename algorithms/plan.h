@@ -8,9 +8,13 @@
 // are planned locally; the verifier builds every rank's plan and executes them symbolically.
 //
 // Executors split every step into slices of at most one FIFO slot and run a lane in rounds: round k runs slice
-// k of each step in order, so a ring pipelines chunks through the FIFOs as NCCL's loops do.
+// k of each step in order, so a ring pipelines chunks through the FIFOs as NCCL's loops do. A lane may be cut
+// into phases: a phase starts only when every step of the phases before it has run all its slices, for
+// algorithms whose later steps read what earlier steps wrote at other offsets (recursive halving, Bruck, a
+// torus's dimensions one after another). LaneCursor is that order, shared by the executors and the verifier.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -79,6 +83,53 @@ struct Step {
 struct Lane {
   int channel = 0;
   std::vector<Step> steps;
+  std::vector<uint32_t> phaseStarts{};  // indices of the steps that start phases 1, 2, ... (ascending)
+
+  // The steps pushed from now on form a new phase.
+  void startPhase() {
+    uint32_t at = static_cast<uint32_t>(steps.size());
+    if (at > 0 && (phaseStarts.empty() || phaseStarts.back() != at)) phaseStarts.push_back(at);
+  }
+  size_t phaseCount() const { return phaseStarts.size() + 1; }
+  size_t phaseBegin(size_t phase) const { return phase == 0 ? 0 : phaseStarts[phase - 1]; }
+  size_t phaseEnd(size_t phase) const { return phase < phaseStarts.size() ? phaseStarts[phase] : steps.size(); }
+};
+
+// Walks the slices of a lane in the order executors run them: phase by phase, and within a phase in rounds
+// (round k runs slice k of each step, in order). `slicesOf(step)` says how many slices a step has; a phase
+// whose steps have none is skipped.
+class LaneCursor {
+ public:
+  template <class SlicesOf>
+  void start(const Lane& lane, SlicesOf&& slicesOf) {
+    lane_ = &lane;
+    enterPhase(0, slicesOf);
+  }
+  bool done() const { return phase_ >= lane_->phaseCount(); }
+  size_t step() const { return step_; }
+  size_t round() const { return round_; }
+  // Moves to the next slice, once the current one has run.
+  template <class SlicesOf>
+  void next(SlicesOf&& slicesOf) {
+    if (++step_ < end_) return;
+    step_ = begin_;
+    if (++round_ == rounds_) enterPhase(phase_ + 1, slicesOf);
+  }
+
+ private:
+  template <class SlicesOf>
+  void enterPhase(size_t phase, SlicesOf& slicesOf) {
+    for (phase_ = phase; phase_ < lane_->phaseCount(); ++phase_) {
+      begin_ = step_ = lane_->phaseBegin(phase_);
+      end_ = lane_->phaseEnd(phase_);
+      round_ = rounds_ = 0;
+      for (size_t s = begin_; s < end_; ++s) rounds_ = std::max<size_t>(rounds_, slicesOf(lane_->steps[s]));
+      if (rounds_ > 0) return;
+    }
+  }
+
+  const Lane* lane_ = nullptr;
+  size_t phase_ = 0, begin_ = 0, end_ = 0, step_ = 0, round_ = 0, rounds_ = 0;
 };
 
 // One rank's share of a call.
@@ -133,6 +184,7 @@ Step recvReduceSend(int peerIn, Region local, int peerOut);
 Step recvReduceCopySend(int peerIn, Region local, Region dst, int peerOut);
 Step recvCopySend(int peerIn, Region dst, int peerOut);
 Step copy(Region src, Region dst);
+Step reduce(Region src, Region src2, Region dst);
 inline Region input(size_t offset, size_t count) { return {Buffer::kInput, offset, count}; }
 inline Region output(size_t offset, size_t count) { return {Buffer::kOutput, offset, count}; }
 inline Region scratch(size_t offset, size_t count) { return {Buffer::kScratch, offset, count}; }

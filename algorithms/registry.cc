@@ -18,8 +18,11 @@ constexpr Entry kAlgorithms[] = {
     {Collective::kAllReduce, "ring", buildRingAllReduce},
     {Collective::kAllReduce, "direct", buildDirectAllReduce},
     {Collective::kAllReduce, "tree", buildTreeAllReduce},
+    {Collective::kAllReduce, "rabenseifner", buildRabenseifnerAllReduce},
     {Collective::kReduceScatter, "ring", buildRingReduceScatter},
+    {Collective::kReduceScatter, "bruck", buildBruckReduceScatter},
     {Collective::kAllGather, "ring", buildRingAllGather},
+    {Collective::kAllGather, "bruck", buildBruckAllGather},
     {Collective::kBroadcast, "ring", buildRingBroadcast},
     {Collective::kBroadcast, "direct", buildDirectBroadcast},
     {Collective::kBroadcast, "tree", buildTreeBroadcast},
@@ -34,6 +37,11 @@ constexpr Entry kAlgorithms[] = {
 };
 
 }  // namespace
+
+Region blockPart(Buffer buffer, size_t count, int nChannels, int channel, int q) {
+  return {buffer, static_cast<size_t>(q) * count + partOffset(count, nChannels, channel),
+          partCount(count, nChannels, channel)};
+}
 
 RankPlan planShell(const CollArgs& args, const char* algorithm) {
   RankPlan plan;

@@ -40,12 +40,6 @@ void ringAllReduceLane(const CollArgs& args, const Chunks& chunks, Lane* lane) {
   steps.push_back(recv(prev, out(rank + 2)));
 }
 
-// ReduceScatter and AllGather address chunk q of channel c at q*count + the channel's part of a chunk.
-Region chunkPart(Buffer buffer, size_t count, int nChannels, int channel, int q) {
-  return {buffer, static_cast<size_t>(q) * count + partOffset(count, nChannels, channel),
-          partCount(count, nChannels, channel)};
-}
-
 }  // namespace
 
 RankPlan buildRingAllReduce(const CollArgs& args) {
@@ -72,7 +66,7 @@ RankPlan buildRingReduceScatter(const CollArgs& args) {
   for (int c = 0; c < args.nChannels; ++c) {
     size_t part = partCount(args.count, args.nChannels, c);
     if (part == 0) continue;
-    auto in = [&](int q) { return chunkPart(Buffer::kInput, args.count, args.nChannels, c, mod(q, n)); };
+    auto in = [&](int q) { return blockPart(Buffer::kInput, args.count, args.nChannels, c, mod(q, n)); };
     Region out = output(partOffset(args.count, args.nChannels, c), part);
     Lane lane{c, {}};
     if (n == 1) {
@@ -94,7 +88,7 @@ RankPlan buildRingAllGather(const CollArgs& args) {
   for (int c = 0; c < args.nChannels; ++c) {
     size_t part = partCount(args.count, args.nChannels, c);
     if (part == 0) continue;
-    auto out = [&](int q) { return chunkPart(Buffer::kOutput, args.count, args.nChannels, c, mod(q, n)); };
+    auto out = [&](int q) { return blockPart(Buffer::kOutput, args.count, args.nChannels, c, mod(q, n)); };
     Region in = input(partOffset(args.count, args.nChannels, c), part);
     Lane lane{c, {}};
     // In place the copy's source and destination coincide; the executor skips it.

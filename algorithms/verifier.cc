@@ -77,16 +77,21 @@ struct Segment {
 };
 using Data = std::vector<Segment>;  // positions relative to the region read, covering [0, count)
 
+// A buffer's contents as segments keyed by where they begin, so that reads and writes cost the log of the
+// segments held plus those touched: an AllGather's output at a thousand ranks holds a thousand.
 class Memory {
  public:
   explicit Memory(size_t size = 0) : size_(size) {
-    if (size > 0) segments_.push_back({0, size, Value{}});
+    if (size > 0) segments_.emplace(0, Segment{0, size, Value{}});
   }
   size_t size() const { return size_; }
 
   Data read(size_t offset, size_t count) const {
     Data data;
-    for (const Segment& seg : segments_) {
+    auto it = segments_.upper_bound(offset);
+    if (it != segments_.begin()) --it;
+    for (; it != segments_.end() && it->second.begin < offset + count; ++it) {
+      const Segment& seg = it->second;
       size_t lo = std::max(seg.begin, offset), hi = std::min(seg.end, offset + count);
       if (lo < hi) data.push_back({lo - offset, hi - offset, seg.value.advanced(lo - seg.begin)});
     }
@@ -95,23 +100,29 @@ class Memory {
 
   void write(size_t offset, const Data& data) {
     size_t count = data.empty() ? 0 : data.back().end;
-    Data next;
-    for (const Segment& seg : segments_) {
-      if (seg.begin < offset) next.push_back({seg.begin, std::min(seg.end, offset), seg.value});
-    }
-    for (const Segment& seg : data) next.push_back({seg.begin + offset, seg.end + offset, seg.value});
-    for (const Segment& seg : segments_) {
-      if (seg.end > offset + count) {
-        size_t lo = std::max(seg.begin, offset + count);
-        next.push_back({lo, seg.end, seg.value.advanced(lo - seg.begin)});
-      }
-    }
-    segments_ = std::move(next);
+    if (count == 0) return;
+    splitAt(offset);
+    splitAt(offset + count);
+    segments_.erase(segments_.lower_bound(offset), segments_.lower_bound(offset + count));
+    for (const Segment& seg : data)
+      segments_.emplace_hint(segments_.end(), seg.begin + offset, Segment{seg.begin + offset, seg.end + offset, seg.value});
   }
 
  private:
+  // Makes `at` the beginning of a segment (when it lies inside one).
+  void splitAt(size_t at) {
+    auto it = segments_.upper_bound(at);
+    if (it == segments_.begin()) return;
+    --it;
+    Segment& seg = it->second;
+    if (seg.begin == at || seg.end <= at) return;
+    Segment tail{at, seg.end, seg.value.advanced(at - seg.begin)};
+    seg.end = at;
+    segments_.emplace_hint(std::next(it), at, std::move(tail));
+  }
+
   size_t size_;
-  Data segments_;
+  std::map<size_t, Segment> segments_;
 };
 
 // Walks two Data of equal length over their common boundaries.
@@ -156,6 +167,24 @@ struct Message {
   size_t count;
   int lane;
   size_t step;
+};
+
+// A connection's messages in flight. Cheaper than a deque to create: an AllToAll at a thousand ranks has a
+// million connections.
+class Fifo {
+ public:
+  bool empty() const { return head_ == items_.size(); }
+  size_t size() const { return items_.size() - head_; }
+  const Message& front() const { return items_[head_]; }
+  void push(Message message) { items_.push_back(std::move(message)); }
+  void pop() {
+    items_[head_++].data.clear();
+    if (empty()) items_.clear(), head_ = 0;
+  }
+
+ private:
+  std::vector<Message> items_;
+  size_t head_ = 0;
 };
 
 // How the public API's in-place layout aliases one buffer inside another.
@@ -233,6 +262,10 @@ class Verifier {
   std::string checkShape(int rank) {
     const RankPlan& plan = plans_[rank];
     for (size_t l = 0; l < plan.lanes.size(); ++l) {
+      const std::vector<uint32_t>& starts = plan.lanes[l].phaseStarts;
+      for (size_t p = 0; p < starts.size(); ++p)
+        if (starts[p] == 0 || starts[p] >= plan.lanes[l].steps.size() || (p > 0 && starts[p] <= starts[p - 1]))
+          return where(rank, l, starts[p]) + ": phase starts must be steps after the first, in ascending order";
       for (size_t s = 0; s < plan.lanes[l].steps.size(); ++s) {
         const Step& step = plan.lanes[l].steps[s];
         size_t count = step.count();
@@ -309,39 +342,35 @@ class Verifier {
     return {lo, std::min(count, lo + options_.sliceElems)};
   }
 
-  size_t rounds(const Lane& lane) const {
-    if (options_.sliceElems == 0) return 1;
-    size_t most = 0;
-    for (const Step& step : lane.steps)
-      most = std::max(most, (step.count() + options_.sliceElems - 1) / options_.sliceElems);
-    return most;
+  // How many slices a step has: what LaneCursor walks.
+  auto slicesOf() const {
+    return [this](const Step& step) -> size_t {
+      if (step.count() == 0) return 0;
+      return options_.sliceElems == 0 ? 1 : (step.count() + options_.sliceElems - 1) / options_.sliceElems;
+    };
   }
 
   static Region sub(const Region& region, size_t lo, size_t hi) {
     return {region.buffer, region.offset + lo, hi - lo, region.bufferIndex};
   }
 
-  struct Cursor {
-    size_t round = 0, step = 0, rounds = 0;
-  };
-
   // Runs one unit (a slice of a step) if its message is there and its FIFO has room. "" = ran or blocked.
-  std::string tryUnit(int rank, size_t l, Cursor& cursor, bool* ran) {
+  std::string tryUnit(int rank, size_t l, const LaneCursor& cursor, bool* ran) {
     const Lane& lane = plans_[rank].lanes[l];
-    const Step& step = lane.steps[cursor.step];
-    auto [lo, hi] = slice(step, cursor.round);
+    const Step& step = lane.steps[cursor.step()];
+    auto [lo, hi] = slice(step, cursor.round());
     *ran = false;
     if (lo == hi) {
       *ran = true;
       return "";
     }
-    std::deque<Message>* in = nullptr;
-    std::deque<Message>* out = nullptr;
+    Fifo* in = nullptr;
+    Fifo* out = nullptr;
     if (actionReceives(step.action)) {
       in = &fifos_[{step.recvPeer, rank, lane.channel}];
       if (in->empty()) return "";
       if (in->front().count != hi - lo)
-        return where(rank, l, cursor.step) + " (" + actionName(step.action) + ") expects " + std::to_string(hi - lo) +
+        return where(rank, l, cursor.step()) + " (" + actionName(step.action) + ") expects " + std::to_string(hi - lo) +
                " elements from rank " + std::to_string(step.recvPeer) + " on channel " + std::to_string(lane.channel) +
                ", but the next message holds " + std::to_string(in->front().count) + " (rank " +
                std::to_string(step.recvPeer) + " lane " + std::to_string(in->front().lane) + " step " +
@@ -374,44 +403,57 @@ class Verifier {
       case Action::kRecvReduceCopySend: {
         Data other = step.action == Action::kReduce ? read(rank, sub(step.src2, lo, hi)) : incoming;
         if (!reduceData(read(rank, sub(step.src, lo, hi)), other, idempotent(), &result, &error))
-          return where(rank, l, cursor.step) + " (" + actionName(step.action) + ") " + error;
+          return where(rank, l, cursor.step()) + " (" + actionName(step.action) + ") " + error;
         if (step.action != Action::kRecvReduceSend) write(rank, sub(step.dst, lo, hi), result);
         break;
       }
     }
-    if (in) in->pop_front();
-    if (out) out->push_back({std::move(result), hi - lo, static_cast<int>(l), cursor.step});
+    if (in) in->pop();
+    if (out) out->push({std::move(result), hi - lo, static_cast<int>(l), cursor.step()});
     *ran = true;
     return "";
   }
 
   std::string simulate() {
-    std::vector<std::vector<Cursor>> cursors(n_);
-    for (int r = 0; r < n_; ++r)
-      for (const Lane& lane : plans_[r].lanes) cursors[r].push_back({0, 0, rounds(lane)});
-    for (bool progress = true; progress;) {
-      progress = false;
-      for (int r = 0; r < n_; ++r) {
-        for (size_t l = 0; l < cursors[r].size(); ++l) {
-          Cursor& cursor = cursors[r][l];
-          const Lane& lane = plans_[r].lanes[l];
-          while (cursor.round < cursor.rounds) {
-            bool ran = false;
-            std::string error = tryUnit(r, l, cursor, &ran);
-            if (!error.empty()) return error;
-            if (!ran) break;
-            progress = true;
-            if (++cursor.step == lane.steps.size()) cursor.step = 0, ++cursor.round;
-          }
+    std::vector<std::vector<LaneCursor>> cursors(n_);
+    for (int r = 0; r < n_; ++r) {
+      for (const Lane& lane : plans_[r].lanes) {
+        cursors[r].emplace_back();
+        cursors[r].back().start(lane, slicesOf());
+      }
+    }
+    // Ranks that may be able to run something: all at first, then those a message was sent to, or taken from
+    // (room in a bounded FIFO), so that the work grows with the messages, not with ranks times passes.
+    std::deque<int> ready;
+    std::vector<char> queued(n_, 1);
+    for (int r = 0; r < n_; ++r) ready.push_back(r);
+    auto wake = [&](int peer) {
+      if (!queued[peer]) queued[peer] = 1, ready.push_back(peer);
+    };
+    while (!ready.empty()) {
+      int r = ready.front();
+      ready.pop_front();
+      queued[r] = 0;
+      for (size_t l = 0; l < cursors[r].size(); ++l) {
+        LaneCursor& cursor = cursors[r][l];
+        while (!cursor.done()) {
+          bool ran = false;
+          std::string error = tryUnit(r, l, cursor, &ran);
+          if (!error.empty()) return error;
+          if (!ran) break;
+          const Step& step = plans_[r].lanes[l].steps[cursor.step()];
+          if (actionSends(step.action)) wake(step.sendPeer);
+          if (actionReceives(step.action)) wake(step.recvPeer);
+          cursor.next(slicesOf());
         }
       }
     }
     for (int r = 0; r < n_; ++r) {
       for (size_t l = 0; l < cursors[r].size(); ++l) {
-        const Cursor& cursor = cursors[r][l];
-        if (cursor.round >= cursor.rounds) continue;
-        const Step& step = plans_[r].lanes[l].steps[cursor.step];
-        return where(r, l, cursor.step) + " (" + actionName(step.action) + ", round " + std::to_string(cursor.round) +
+        const LaneCursor& cursor = cursors[r][l];
+        if (cursor.done()) continue;
+        const Step& step = plans_[r].lanes[l].steps[cursor.step()];
+        return where(r, l, cursor.step()) + " (" + actionName(step.action) + ", round " + std::to_string(cursor.round()) +
                ") can never run: deadlock or a message that is never sent";
       }
     }
@@ -523,7 +565,7 @@ class Verifier {
   std::vector<RankPlan> plans_;
   std::vector<std::map<StoreKey, Memory>> stores_;
   std::vector<Alias> aliases_;
-  std::map<std::tuple<int, int, int>, std::deque<Message>> fifos_;
+  std::map<std::tuple<int, int, int>, Fifo> fifos_;
 };
 
 }  // namespace

@@ -51,10 +51,9 @@ loomResult_t readDirect(const DirectDescriptor& from, void* to, const char* what
 
 struct LaneRun {
   const Lane* lane;
-  size_t round = 0;
-  size_t step = 0;
-  size_t rounds = 0;
-  bool done() const { return round >= rounds; }
+  LaneCursor cursor;
+  bool done() const { return cursor.done(); }
+  const Step& step() const { return lane->steps[cursor.step()]; }
 };
 
 // One task in progress. A queue keeps its TaskRun from task to task and from run to run, so that its containers
@@ -73,12 +72,8 @@ class TaskRun {
     lanes_.clear();
     directSenders_.clear();
     for (const Lane& lane : task.plan->lanes) {
-      size_t most = 0;
-      for (const Step& step : lane.steps) {
-        size_t count = step.count(), slice = sliceElems(protocolFor(step));
-        most = std::max(most, count <= slice ? (count > 0 ? 1 : 0) : (count + slice - 1) / slice);
-      }
-      lanes_.push_back({&lane, 0, 0, most});
+      lanes_.push_back({&lane, {}});
+      lanes_.back().cursor.start(lane, SlicesOf{this});
     }
   }
 
@@ -98,12 +93,12 @@ class TaskRun {
   // would otherwise run to its end while the peers wait for this rank to take their messages.
   loomResult_t advance(bool* progress) {
     for (LaneRun& lane : lanes_) {
-      for (size_t round = lane.round; !lane.done() && lane.round == round;) {
+      for (size_t round = lane.cursor.round(); !lane.done() && lane.cursor.round() == round;) {
         bool ran = false;
         LOOM_CHECK(tryUnit(lane, &ran));
         if (!ran) break;
         *progress = true;
-        if (++lane.step == lane.lane->steps.size()) lane.step = 0, ++lane.round;
+        lane.cursor.next(SlicesOf{this});
       }
     }
     return loomSuccess;
@@ -131,7 +126,7 @@ class TaskRun {
   bool peerAborted(int* peer) {
     for (const LaneRun& lane : lanes_) {
       if (lane.done()) continue;
-      const Step& step = lane.lane->steps[lane.step];
+      const Step& step = lane.step();
       if (actionReceives(step.action) && task_->links->receiver(step.recvPeer, lane.lane->channel)->aborted()) {
         *peer = step.recvPeer;
         return true;
@@ -156,7 +151,7 @@ class TaskRun {
   std::string waitingFor() const {
     for (const LaneRun& lane : lanes_) {
       if (lane.done()) continue;
-      const Step& step = lane.lane->steps[lane.step];
+      const Step& step = lane.step();
       std::string channel = " on channel " + std::to_string(lane.lane->channel);
       if (actionReceives(step.action)) return "a message from rank " + std::to_string(step.recvPeer) + channel;
       if (actionSends(step.action)) return "room to send to rank " + std::to_string(step.sendPeer) + channel;
@@ -184,12 +179,21 @@ class TaskRun {
     return protocol == Protocol::kLL ? llSliceElems_ : simpleSliceElems_;
   }
 
+  // How many slices a step has: what LaneCursor walks.
+  struct SlicesOf {
+    const TaskRun* run;
+    size_t operator()(const Step& step) const {
+      size_t slice = run->sliceElems(run->protocolFor(step));
+      return (step.count() + slice - 1) / slice;
+    }
+  };
+
   loomResult_t tryUnit(LaneRun& run, bool* ran) {
-    const Step& step = run.lane->steps[run.step];
+    const Step& step = run.step();
     size_t count = step.count();
     Protocol protocol = protocolFor(step);
     size_t slice = sliceElems(protocol);
-    size_t lo = std::min(count, run.round * slice), hi = std::min(count, lo + slice);
+    size_t lo = std::min(count, run.cursor.round() * slice), hi = std::min(count, lo + slice);
     *ran = true;
     if (lo == hi) return loomSuccess;
     size_t bytes = (hi - lo) * elementBytes_;

@@ -1,4 +1,5 @@
-// The collective matrix with ranks as processes: loomrun starts collective_check at 2, 4 and 8 ranks over shm.
+// The collective matrix with ranks as processes: loomrun starts collective_check at 2, 4 and 8 ranks over shm,
+// and with every algorithm that is not a default (forced with LOOM_ALGO) at every rank count from 1 to 8.
 // Also checks that a finished job leaves no segment behind in /dev/shm.
 #include <dirent.h>
 #include <gtest/gtest.h>
@@ -8,6 +9,9 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <vector>
+
+#include "algorithms/builders.h"
 
 namespace {
 
@@ -67,6 +71,27 @@ TEST(CollectivesMpZeroCopy, LoomMemAllocAndRegistered) {
   EXPECT_EQ(directMessages(runCheck(2, "70000 0 plain")), 0) << "plain memory is never read in place";
   setenv("LOOM_DEBUG", "WARN", 1);
 }
+
+// Every algorithm that is not some collective's default, forced with LOOM_ALGO (the environment loomrun passes
+// on): it applies where the collective has it and is ignored elsewhere.
+class AlternativeAlgorithmsMp : public testing::TestWithParam<int> {};
+
+TEST_P(AlternativeAlgorithmsMp, MatrixUnderLoomrun) {
+  std::set<std::string> alternatives;
+  for (int c = 0; c <= static_cast<int>(loom::Collective::kBarrier); ++c) {
+    std::vector<std::string> names = loom::algorithmsFor(static_cast<loom::Collective>(c));
+    if (!names.empty()) alternatives.insert(names.begin() + 1, names.end());
+  }
+  for (const std::string& name : alternatives) {
+    SCOPED_TRACE("LOOM_ALGO=" + name);
+    setenv("LOOM_ALGO", name.c_str(), 1);
+    runCheck(GetParam(), "7,5000 70000 plain");
+  }
+  unsetenv("LOOM_ALGO");
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, AlternativeAlgorithmsMp, testing::Range(1, 9),
+                         [](const testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "ranks"; });
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesMp, testing::Values(2, 4, 8),
                          [](const testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "ranks"; });

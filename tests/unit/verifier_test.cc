@@ -64,6 +64,20 @@ TEST(Verifier, EveryAlgorithmEveryRankCountAndRoot) {
   }
 }
 
+// At cluster scale, symbolically: every algorithm at 1024 ranks and at 1000 (not a power of two), with a count
+// that gives every rank data of its own.
+TEST(Verifier, EveryAlgorithmAtAThousandRanks) {
+  for (Collective collective : kUniform) {
+    for (const std::string& algorithm : algorithmsFor(collective)) {
+      for (int n : {1000, 1024}) {
+        size_t count = collective == Collective::kAllReduce ? static_cast<size_t>(n) + 3 : 2;
+        expectProven(uniformArgs(collective, n, count, n / 3, 1), algorithm, {});
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
 // A tree over n ranks given by nodeOf(rank): it spans every rank once (parents and children agree, one root, no
 // cycle) and its depth is about log2(n). Returns the root.
 int expectTree(int n, const std::function<TreeNode(int)>& nodeOf, const std::string& what) {
@@ -230,6 +244,25 @@ std::string verifyBroken(int n, size_t count, const PlanBuilder& build, VerifyOp
   return verifyPlan(argsForAllRanks(uniformArgs(Collective::kAllReduce, n, count, 0, 1)), build, options);
 }
 
+// Recursive halving reads, in each phase, what the phase before wrote at other offsets: sliced without its phase
+// boundaries it reads partial sums too early, which the verifier must see; with them it is proven.
+TEST(Verifier, CatchesMissingPhaseBoundary) {
+  auto withoutPhases = [](const CollArgs& args) {
+    RankPlan plan = buildRabenseifnerAllReduce(args);
+    for (Lane& lane : plan.lanes) lane.phaseStarts.clear();
+    return plan;
+  };
+  VerifyOptions sliced{false, 3, 0};
+  EXPECT_NE(verifyBroken(4, 100, withoutPhases, sliced), "");
+  EXPECT_EQ(verifyBroken(4, 100, buildRabenseifnerAllReduce, sliced), "");
+  std::string bad = verifyBroken(2, 10, [](const CollArgs& args) {
+    RankPlan plan = buildRabenseifnerAllReduce(args);
+    plan.lanes[0].phaseStarts = {0};
+    return plan;
+  });
+  EXPECT_NE(bad.find("phase starts"), std::string::npos) << bad;
+}
+
 TEST(Verifier, CatchesDoubleCounting) {
   std::string error = verifyBroken(3, 9, [](const CollArgs& args) {
     RankPlan plan = buildRingAllReduce(args);
@@ -339,7 +372,11 @@ TEST(AlgorithmRules, ParseAndChoose) {
   EXPECT_EQ(chooseAlgorithm(rules, Collective::kAllReduce, ""), "direct");
   EXPECT_EQ(chooseAlgorithm(rules, Collective::kBroadcast, "direct"), "ring");
 
-  for (const char* bad : {"rung", "allreduse:ring", "allgather:tree", "allreduce:^ring,direct,tree"}) {
+  std::string excludeAll = "allreduce:^";
+  for (const std::string& name : algorithmsFor(Collective::kAllReduce)) excludeAll += name + ",";
+  excludeAll.pop_back();
+  for (const std::string& bad : {std::string("rung"), std::string("allreduse:ring"), std::string("allgather:tree"),
+                                 excludeAll}) {
     error.clear();
     EXPECT_FALSE(parseAlgorithmRules(bad, &rules, &error)) << bad;
     EXPECT_FALSE(error.empty()) << bad;
