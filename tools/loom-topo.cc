@@ -185,10 +185,22 @@ std::string dotText(const Topology& topo, const Options& options) {
   std::string out =
       "graph loom {\n  graph [fontname=Helvetica, overlap=false];\n"
       "  node [fontname=Helvetica, fontsize=10];\n  edge [fontname=Helvetica, fontsize=8];\n";
+  std::vector<std::string> ranksOf(topo.nodeCount());
+  for (int rank = 0; rank < topo.rankCount(); ++rank) {
+    int node = topo.rankNode(rank);
+    if (node >= 0) ranksOf[node] += (ranksOf[node].empty() ? ", rank " : ",") + std::to_string(rank);
+  }
+  // Inside a host's box, a node is labelled without the host's prefix.
   auto nodeLine = [&](int id, const char* indent) {
     const TopoNode& node = topo.node(id);
+    std::string label = node.name;
+    if (node.host >= 0) {
+      const std::string& prefix = topo.node(topo.hostNode(node.host)).name + "/";
+      if (label.compare(0, prefix.size(), prefix) == 0 && label.size() > prefix.size())
+        label = label.substr(prefix.size());
+    }
     out += std::string(indent) + "n" + std::to_string(id) +
-           " [label=" + quoted(node.name + "\n" + nodeKindName(node.kind)) +
+           " [label=" + quoted(label + "\n" + nodeKindName(node.kind) + ranksOf[id]) +
            ", shape=" + kShapes[static_cast<int>(node.kind)] + "];\n";
   };
   std::vector<std::vector<int>> members(topo.hostCount());

@@ -50,26 +50,6 @@ std::string firstLine(const std::string& path) {
   return line;
 }
 
-// The leading number of a sysfs value ("400 Gb/sec (4X NDR)", "10000"), or -1.
-double leadingNumber(const std::string& text) {
-  double value = -1;
-  std::from_chars(text.data(), text.data() + text.size(), value);
-  return value;
-}
-
-// A NIC's port speed in Gb/s from sysfs, or -1 when the driver does not say (virtual NICs report -1).
-double nicSpeedGbps(const std::vector<std::string>& hcas, const std::vector<std::string>& netdevs) {
-  for (const std::string& hca : hcas) {
-    double rate = leadingNumber(firstLine("/sys/class/infiniband/" + hca + "/ports/1/rate"));
-    if (rate > 0) return rate;
-  }
-  for (const std::string& netdev : netdevs) {
-    double megabits = leadingNumber(firstLine("/sys/class/net/" + netdev + "/speed"));
-    if (megabits > 0) return megabits / 1000;
-  }
-  return -1;
-}
-
 // The NUMA node of the CPU this thread runs on (sysfs lists it as cpuN/nodeM), or -1.
 int currentNumaOsIndex() {
   int cpu = sched_getcpu();
@@ -123,6 +103,26 @@ loomResult_t discoverMinimal(Topology* topo) {
 }
 
 #if LOOM_HAVE_HWLOC
+
+// The leading number of a sysfs value ("400 Gb/sec (4X NDR)", "10000"), or -1.
+double leadingNumber(const std::string& text) {
+  double value = -1;
+  std::from_chars(text.data(), text.data() + text.size(), value);
+  return value;
+}
+
+// A NIC's port speed in Gb/s from sysfs, or -1 when the driver does not say (virtual NICs report -1).
+double nicSpeedGbps(const std::vector<std::string>& hcas, const std::vector<std::string>& netdevs) {
+  for (const std::string& hca : hcas) {
+    double rate = leadingNumber(firstLine("/sys/class/infiniband/" + hca + "/ports/1/rate"));
+    if (rate > 0) return rate;
+  }
+  for (const std::string& netdev : netdevs) {
+    double megabits = leadingNumber(firstLine("/sys/class/net/" + netdev + "/speed"));
+    if (megabits > 0) return megabits / 1000;
+  }
+  return -1;
+}
 
 std::string busIdOf(hwloc_obj_t pci) {
   char text[32];

@@ -55,20 +55,25 @@ std::string attributeOr(const Attributes& attrs, std::string_view key, std::stri
   return value != nullptr ? *value : std::string(fallback);
 }
 
-int64_t intAttribute(const Attributes& attrs, std::string_view key, int64_t fallback) {
+namespace {
+
+template <typename Number>
+Number numericAttribute(const Attributes& attrs, std::string_view key, Number fallback) {
   const std::string* text = findAttribute(attrs, key);
   if (text == nullptr) return fallback;
-  int64_t value = 0;
+  Number value{};
   auto [end, error] = std::from_chars(text->data(), text->data() + text->size(), value);
   return error == std::errc() && end == text->data() + text->size() ? value : fallback;
 }
 
+}  // namespace
+
+int64_t intAttribute(const Attributes& attrs, std::string_view key, int64_t fallback) {
+  return numericAttribute(attrs, key, fallback);
+}
+
 double doubleAttribute(const Attributes& attrs, std::string_view key, double fallback) {
-  const std::string* text = findAttribute(attrs, key);
-  if (text == nullptr) return fallback;
-  double value = 0;
-  auto [end, error] = std::from_chars(text->data(), text->data() + text->size(), value);
-  return error == std::errc() && end == text->data() + text->size() ? value : fallback;
+  return numericAttribute(attrs, key, fallback);
 }
 
 void setAttribute(Attributes* attrs, std::string_view key, std::string value) {

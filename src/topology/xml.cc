@@ -265,12 +265,17 @@ class DialectReader {
       }
     }
     for (size_t id = 0; id < nodeLines_.size(); ++id) {
-      int host = topo_->node(static_cast<int>(id)).host;
-      if (host < -1 || host >= topo_->hostCount()) {
-        return failAt(nodeLines_[id], "node \"" + topo_->node(static_cast<int>(id)).name + "\" has host=\"" +
-                                          std::to_string(host) + "\", but the file has " +
-                                          std::to_string(topo_->hostCount()) + " host nodes");
+      const TopoNode& node = topo_->node(static_cast<int>(id));
+      if (node.host < -1 || node.host >= topo_->hostCount()) {
+        return failAt(nodeLines_[id], "node \"" + node.name + "\" has host=\"" + std::to_string(node.host) +
+                                          "\", but the file has " + std::to_string(topo_->hostCount()) + " host nodes");
       }
+      if (node.host == -1 && node.kind != NodeKind::kNetSwitch && node.kind != NodeKind::kNvSwitch) {
+        return failAt(nodeLines_[id], "node \"" + node.name + "\" of kind " + nodeKindName(node.kind) +
+                                          " needs a host (only switches may have host=\"-1\")");
+      }
+      if (node.kind == NodeKind::kNetSwitch && node.host != -1)
+        return failAt(nodeLines_[id], "network switch \"" + node.name + "\" must have host=\"-1\"");
     }
     for (const XmlElement& child : root.children) {
       if (child.name == "link" && !link(child)) return false;

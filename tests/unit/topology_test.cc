@@ -107,18 +107,33 @@ TEST(TopologyPresets, EveryPresetIsValidAndPlacesEveryRankOnAnAccelerator) {
   }
 }
 
-TEST(TopologyPresets, DgxH100) {
+TEST(TopologyPresets, SingleHostPresetsHoldTheirParts) {
+  struct Shape {
+    const char* spec;
+    int ranks, gpus, nics, nvswitches, pciSwitches, numaNodes, nodes, links, nvlinks;
+  };
+  const Shape kShapes[] = {
+      // spec         ranks gpus nics nvsw pcisw numa nodes links nvlinks
+      {"dgx-h100", 8, 8, 8, 4, 8, 2, 31, 60, 32},
+      {"pcie-8gpu", 8, 8, 2, 0, 4, 2, 17, 18, 0},
+  };
+  for (const Shape& shape : kShapes) {
+    Topology topo = preset(shape.spec);
+    EXPECT_EQ(topo.hostCount(), 1) << shape.spec;
+    EXPECT_EQ(topo.rankCount(), shape.ranks) << shape.spec;
+    EXPECT_EQ(topo.countNodes(NodeKind::kGpu), shape.gpus) << shape.spec;
+    EXPECT_EQ(topo.countNodes(NodeKind::kNic), shape.nics) << shape.spec;
+    EXPECT_EQ(topo.countNodes(NodeKind::kNvSwitch), shape.nvswitches) << shape.spec;
+    EXPECT_EQ(topo.countNodes(NodeKind::kPciSwitch), shape.pciSwitches) << shape.spec;
+    EXPECT_EQ(topo.countNodes(NodeKind::kNuma), shape.numaNodes) << shape.spec;
+    EXPECT_EQ(topo.nodeCount(), shape.nodes) << shape.spec;
+    EXPECT_EQ(topo.linkCount(), shape.links) << shape.spec;
+    EXPECT_EQ(topo.countLinks(LinkKind::kNvLink), shape.nvlinks) << shape.spec;
+  }
+}
+
+TEST(TopologyPresets, DgxH100GpusHave450GBpsOfNvLinkToFourNvSwitches) {
   Topology topo = preset("dgx-h100");
-  EXPECT_EQ(topo.rankCount(), 8);
-  EXPECT_EQ(topo.hostCount(), 1);
-  EXPECT_EQ(topo.countNodes(NodeKind::kGpu), 8);
-  EXPECT_EQ(topo.countNodes(NodeKind::kNic), 8);
-  EXPECT_EQ(topo.countNodes(NodeKind::kNvSwitch), 4);
-  EXPECT_EQ(topo.countNodes(NodeKind::kPciSwitch), 8);
-  EXPECT_EQ(topo.countNodes(NodeKind::kNuma), 2);
-  EXPECT_EQ(topo.nodeCount(), 31);
-  EXPECT_EQ(topo.countLinks(LinkKind::kNvLink), 32);
-  EXPECT_EQ(topo.linkCount(), 60);
   for (int rank = 0; rank < 8; ++rank) {
     int gpu = topo.rankNode(rank);
     EXPECT_DOUBLE_EQ(bandwidthOf(topo, gpu, LinkKind::kNvLink), 450.0) << "GPU " << rank;
@@ -130,19 +145,6 @@ TEST(TopologyPresets, DgxH100) {
     if (topo.node(id).kind != NodeKind::kNic) continue;
     EXPECT_EQ(attributeOr(topo.node(id).attrs, "speed", ""), "400") << topo.node(id).name;
   }
-}
-
-TEST(TopologyPresets, Pcie8Gpu) {
-  Topology topo = preset("pcie-8gpu");
-  EXPECT_EQ(topo.rankCount(), 8);
-  EXPECT_EQ(topo.countNodes(NodeKind::kGpu), 8);
-  EXPECT_EQ(topo.countNodes(NodeKind::kNic), 2);
-  EXPECT_EQ(topo.countNodes(NodeKind::kPciSwitch), 4);
-  EXPECT_EQ(topo.countNodes(NodeKind::kNuma), 2);
-  EXPECT_EQ(topo.countNodes(NodeKind::kNvSwitch), 0);
-  EXPECT_EQ(topo.countLinks(LinkKind::kNvLink), 0);
-  EXPECT_EQ(topo.nodeCount(), 17);
-  EXPECT_EQ(topo.linkCount(), 18);
 }
 
 TEST(TopologyPresets, ToriLinkEveryChipToItsNeighbours) {
@@ -335,6 +337,10 @@ TEST(TopologyXml, BadInputNamesTheProblemAndTheLine) {
        "line 3: <node> host=\"zero\" is not an integer"},
       {head + "<node name=\"n\" kind=\"numa\" host=\"3\"/>\n</topology>",
        "line 3: node \"n\" has host=\"3\", but the file has 1 host nodes"},
+      {head + "<node name=\"n\" kind=\"gpu\" host=\"-1\"/>\n</topology>",
+       "line 3: node \"n\" of kind gpu needs a host (only switches may have host=\"-1\")"},
+      {head + "<node name=\"s\" kind=\"netswitch\" host=\"0\"/>\n</topology>",
+       "line 3: network switch \"s\" must have host=\"-1\""},
       {head + "<node name=\"g\" kind=\"host\" host=\"5\"/>\n</topology>",
        "line 3: host node \"g\" has host=\"5\"; host nodes must be numbered 0, 1, ... in file order (expected 1)"},
       {head + "<link kind=\"smp\" from=\"h\" to=\"nowhere\" bw=\"1\" lat=\"0\"/>\n</topology>",
