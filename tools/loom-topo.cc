@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "algorithms/builders.h"
+#include "src/core/check.h"
 #include "src/topology/describe.h"
 #include "src/topology/discover.h"
 #include "src/topology/presets.h"
@@ -28,7 +29,7 @@ namespace loom {
 namespace {
 
 struct Options {
-  std::string preset, file;
+  std::string preset, file, hwlocExport;
   enum class Output { kTree, kXml, kDot } output = Output::kTree;
   std::string dotPath;
   std::string collective, algorithm;
@@ -42,11 +43,13 @@ struct Options {
   std::FILE* out = status == 0 ? stdout : stderr;
   std::fprintf(
       out,
-      "usage: loom-topo [--preset SPEC | --file TOPO.xml] [--tree | --xml | --dot OUT.{dot,svg,png}]\n"
+      "usage: loom-topo [--preset SPEC | --file TOPO.xml | --hwloc EXPORT.xml]\n"
+      "                 [--tree | --xml | --dot OUT.{dot,svg,png}]\n"
       "                 [--collective NAME [--algorithm NAME] [--nranks N] [--channels C]]\n"
       "                 [--path RANK RANK] [--all]\n"
-      "Without --preset or --file it discovers this host. --tree (the default) prints the topology as an\n"
-      "indented tree (--all: every host and switch), --xml prints loom's topology XML, --dot writes a\n"
+      "The topology: a preset, loom's XML (--file), what discovery makes of an hwloc export of any machine\n"
+      "(--hwloc, from lstopo --of xml), or by default this host as discovered. --tree (the default) prints\n"
+      "it as an indented tree (--all: every host and switch), --xml as loom's topology XML, --dot as a\n"
       "Graphviz drawing (rendered with dot when OUT ends in .svg or .png and dot is installed) with the\n"
       "sends of --collective's plan on every rank drawn over it, one colour per channel. --path prints the\n"
       "route between two ranks and what it costs.\n"
@@ -81,6 +84,8 @@ Options parseOptions(int argc, char** argv) {
       options.preset = value();
     else if (flag == "--file")
       options.file = value();
+    else if (flag == "--hwloc")
+      options.hwlocExport = value();
     else if (flag == "--tree")
       options.output = Options::Output::kTree;
     else if (flag == "--xml")
@@ -108,7 +113,8 @@ Options parseOptions(int argc, char** argv) {
       usage(2);
     }
   }
-  if (!options.preset.empty() && !options.file.empty()) die("give --preset or --file, not both");
+  if (!options.preset.empty() + !options.file.empty() + !options.hwlocExport.empty() > 1)
+    die("give one of --preset, --file and --hwloc");
   if (!options.collective.empty() && options.output != Options::Output::kDot)
     die("--collective draws over a Graphviz drawing: add --dot OUT.svg");
   return options;
@@ -121,6 +127,8 @@ Topology loadTopology(const Options& options) {
     if (!makePreset(options.preset, &topo, &error)) die(error);
   } else if (!options.file.empty()) {
     if (!readTopologyFile(options.file, &topo, &error)) die(error);
+  } else if (!options.hwlocExport.empty()) {
+    if (discoverFromHwlocXml(options.hwlocExport, &topo) != loomSuccess) die(threadLastError());
   } else {
     if (discoverLocalTopology(&topo) != loomSuccess) die("discovery failed (run with LOOM_DEBUG=INFO for details)");
     if (placeLocalRank({}, &topo) != loomSuccess) die("cannot place rank 0 on this host");

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -131,7 +132,10 @@ std::string busIdOf(hwloc_obj_t pci) {
   return text;
 }
 
-double linkRate(float gigabytes) { return gigabytes > 0 ? gigabytes : figures::kPcieGen3x16; }
+// hwloc's PCIe rate in GB/s (a float), to the MB/s; unknown (0) for virtual devices, which get Gen3 x16.
+double linkRate(float gigabytes) {
+  return gigabytes > 0 ? std::round(static_cast<double>(gigabytes) * 1000) / 1000 : figures::kPcieGen3x16;
+}
 
 bool startsWith(const char* text, const char* prefix) {
   return text != nullptr && std::string_view(text).substr(0, std::strlen(prefix)) == prefix;
@@ -139,13 +143,17 @@ bool startsWith(const char* text, const char* prefix) {
 
 class HwlocDiscovery {
  public:
-  explicit HwlocDiscovery(hwloc_topology_t hw) : hw_(hw) {}
+  // `live`: hw describes this host, so sysfs may be asked for NIC speeds.
+  HwlocDiscovery(hwloc_topology_t hw, bool live) : hw_(hw), live_(live) {}
 
   loomResult_t run(Topology* topo) {
     hwloc_obj_t root = hwloc_get_root_obj(hw_);
-    Attributes hostAttrs{{"hostname", hostName()},
-                         {"cores", std::to_string(hwloc_get_nbobjs_by_type(hw_, HWLOC_OBJ_CORE))},
-                         {"pus", std::to_string(hwloc_get_nbobjs_by_type(hw_, HWLOC_OBJ_PU))}};
+    // An export names its machine only if it recorded the HostName.
+    const char* recorded = hwloc_obj_get_info_by_name(root, "HostName");
+    Attributes hostAttrs;
+    if (live_ || recorded != nullptr) hostAttrs.emplace_back("hostname", live_ ? hostName() : recorded);
+    hostAttrs.emplace_back("cores", std::to_string(hwloc_get_nbobjs_by_type(hw_, HWLOC_OBJ_CORE)));
+    hostAttrs.emplace_back("pus", std::to_string(hwloc_get_nbobjs_by_type(hw_, HWLOC_OBJ_PU)));
     if (const char* product = hwloc_obj_get_info_by_name(root, "DMIProductName"))
       hostAttrs.emplace_back("model", product);
     topo_.addHost("host0", std::move(hostAttrs));
@@ -178,7 +186,7 @@ class HwlocDiscovery {
       if (device.gpu) {
         if (!device.osdevs.empty()) attrs.emplace_back("osdev", join(device.osdevs));
       } else {
-        double speed = nicSpeedGbps(device.hcas, device.netdevs);
+        double speed = live_ ? nicSpeedGbps(device.hcas, device.netdevs) : -1;
         if (speed > 0) {
           char text[32];
           std::snprintf(text, sizeof(text), "%g", speed);
@@ -192,7 +200,7 @@ class HwlocDiscovery {
       topo_.addLink(LinkKind::kPcie, attachAbove(device.pci), id, linkRate(device.pci->attr->pcidev.linkspeed),
                     figures::kPcieLatency);
     }
-    setAttribute(&topo_.attributes(), "source", "discovered (hwloc)");
+    setAttribute(&topo_.attributes(), "source", live_ ? "discovered (hwloc)" : "hwloc export");
     *topo = std::move(topo_);
     return loomSuccess;
   }
@@ -287,6 +295,7 @@ class HwlocDiscovery {
   }
 
   hwloc_topology_t hw_;
+  bool live_;
   Topology topo_;
   std::map<unsigned, int> numaByOs_;
   std::vector<Device> devices_;
@@ -294,15 +303,20 @@ class HwlocDiscovery {
   std::map<hwloc_obj_t, int> switches_;
 };
 
-loomResult_t discoverHwloc(Topology* topo) {
+// This host, or the machine an hwloc XML export describes when `xmlPath` is not null.
+loomResult_t discoverHwloc(const char* xmlPath, Topology* topo) {
   hwloc_topology_t hw;
   if (hwloc_topology_init(&hw) != 0) return LOOM_FAIL(loomSystemError, TOPO, "hwloc_topology_init failed: %m");
   hwloc_topology_set_io_types_filter(hw, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  if (xmlPath != nullptr && hwloc_topology_set_xml(hw, xmlPath) != 0) {
+    hwloc_topology_destroy(hw);
+    return LOOM_FAIL(loomInvalidUsage, TOPO, "hwloc cannot read %s as an hwloc XML export: %m", xmlPath);
+  }
   if (hwloc_topology_load(hw) != 0) {
     hwloc_topology_destroy(hw);
     return LOOM_FAIL(loomSystemError, TOPO, "hwloc_topology_load failed: %m");
   }
-  loomResult_t result = HwlocDiscovery(hw).run(topo);
+  loomResult_t result = HwlocDiscovery(hw, xmlPath == nullptr).run(topo);
   hwloc_topology_destroy(hw);
   return result;
 }
@@ -342,10 +356,20 @@ bool discoveryUsesHwloc() { return LOOM_HAVE_HWLOC != 0; }
 
 loomResult_t discoverLocalTopology(Topology* topo) {
 #if LOOM_HAVE_HWLOC
-  if (discoverHwloc(topo) == loomSuccess) return loomSuccess;
+  if (discoverHwloc(nullptr, topo) == loomSuccess) return loomSuccess;
   LOOM_WARN(TOPO, "hwloc discovery failed; describing this host as one NUMA node with its online CPUs");
 #endif
   return discoverMinimal(topo);
+}
+
+loomResult_t discoverFromHwlocXml(const std::string& path, Topology* topo) {
+#if LOOM_HAVE_HWLOC
+  return discoverHwloc(path.c_str(), topo);
+#else
+  (void)topo;
+  return LOOM_FAIL(loomInvalidUsage, TOPO, "cannot read the hwloc export %s: loom was built without hwloc",
+                   path.c_str());
+#endif
 }
 
 loomResult_t placeLocalRank(const LocalPlacement& self, Topology* topo) {

@@ -25,6 +25,10 @@ bool discoveryUsesHwloc();
 // (PCI switches where the tree fans out), NVLink is not visible to hwloc and is left out. No rank is placed.
 loomResult_t discoverLocalTopology(Topology* topo);
 
+// The same from an hwloc XML export (`lstopo --of xml`) of another machine, so that discovery can be checked on
+// machines no one here has; NIC speeds, which come from this host's sysfs, are left out. Needs hwloc.
+loomResult_t discoverFromHwlocXml(const std::string& path, Topology* topo);
+
 // Places self.rank in *topo, which must describe one host: on the GPU whose busid matches self.gpuBusId, or for
 // a CPU rank on the NUMA node the calling thread runs on (the first NUMA node when that is unknown).
 loomResult_t placeLocalRank(const LocalPlacement& self, Topology* topo);

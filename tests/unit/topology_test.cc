@@ -730,6 +730,64 @@ TEST(TopologyDiscovery, FindsThisMachinesNumaNodesAndCores) {
   EXPECT_TRUE(parsed == topo);
 }
 
+// tests/fixtures/topo/hwloc-2socket.xml is an hwloc export of a made-up two-socket server. Socket 0: a PCIe
+// switch (upstream port 01:00.0 behind root port 00:01.0) with a GPU (CUDA and NVML devices) and an InfiniBand
+// HCA on two downstream ports; a second GPU alone behind root port 00:02.0; a BMC display adapter that is no GPU.
+// Socket 1: a GPU seen only through OpenCL and an Ethernet NIC, straight on its root complex.
+TEST(TopologyDiscovery, ReadsTheBusOfAnHwlocExport) {
+  if (!discoveryUsesHwloc()) GTEST_SKIP() << "built without hwloc";
+  Topology topo;
+  ASSERT_EQ(discoverFromHwlocXml(fixturePath("hwloc-2socket"), &topo), loomSuccess) << threadLastError();
+  EXPECT_EQ(topo.validate(), "");
+  EXPECT_EQ(topo.countNodes(NodeKind::kNuma), 2);
+  EXPECT_EQ(topo.countNodes(NodeKind::kGpu), 3) << "the BMC's display adapter is no GPU";
+  EXPECT_EQ(topo.countNodes(NodeKind::kNic), 2);
+  EXPECT_EQ(topo.countNodes(NodeKind::kPciSwitch), 1) << "root ports and single-device chains collapse";
+  const Attributes& host = topo.node(topo.hostNode(0)).attrs;
+  EXPECT_EQ(attributeOr(host, "model", ""), "Test Server 2S");
+  EXPECT_EQ(intAttribute(host, "cores", 0), 4);
+  EXPECT_EQ(intAttribute(host, "pus", 0), 8);
+  const Attributes& numa0 = topo.node(topo.findNode("host0/numa0")).attrs;
+  EXPECT_EQ(intAttribute(numa0, "cores", 0), 2);
+  EXPECT_EQ(intAttribute(numa0, "pus", 0), 4);
+  EXPECT_EQ(intAttribute(numa0, "memory", 0), 68719476736);
+  struct Device {
+    const char* name;
+    const char* busId;
+    const char* attached;  // the node its PCIe link goes to
+    std::pair<const char*, const char*> attr;
+  };
+  const Device kDevices[] = {
+      {"host0/gpu0", "0000:03:00.0", "host0/pci0", {"osdev", "cuda0,nvml0"}},
+      {"host0/gpu1", "0000:05:00.0", "host0/numa0", {"index", "1"}},
+      {"host0/gpu2", "0000:80:00.0", "host0/numa1", {"osdev", "opencl0d0"}},
+      {"host0/nic0", "0000:04:00.0", "host0/pci0", {"hca", "mlx5_0"}},
+      {"host0/nic1", "0000:80:01.0", "host0/numa1", {"fabric", "ethernet"}},
+      {"host0/pci0", "0000:01:00.0", "host0/numa0", {"busid", "0000:01:00.0"}},
+  };
+  for (const Device& device : kDevices) {
+    int id = topo.findNode(device.name);
+    ASSERT_GE(id, 0) << device.name;
+    const TopoNode& node = topo.node(id);
+    EXPECT_EQ(attributeOr(node.attrs, "busid", ""), device.busId) << device.name;
+    EXPECT_EQ(attributeOr(node.attrs, device.attr.first, ""), device.attr.second) << device.name;
+    PathInfo up = topo.pathBetween(id, topo.findNode(device.attached));
+    EXPECT_EQ(up.hops, 1) << device.name << " hangs from " << device.attached;
+    EXPECT_EQ(up.slowest, LinkKind::kPcie) << device.name;
+  }
+  EXPECT_EQ(attributeOr(topo.node(topo.findNode("host0/nic0")).attrs, "netdev", ""), "ib0");
+  EXPECT_EQ(findAttribute(topo.node(topo.findNode("host0/nic0")).attrs, "speed"), nullptr)
+      << "an export says nothing of port speeds";
+  EXPECT_NEAR(topo.pathBetween(topo.findNode("host0/gpu1"), topo.findNode("host0/numa0")).bandwidth, 15.75, 0.01)
+      << "hwloc's link speed";
+  PathInfo gpuToNic = topo.pathBetween(topo.findNode("host0/gpu0"), topo.findNode("host0/nic0"));
+  EXPECT_EQ(gpuToNic.hops, 2) << "GPU and HCA share the switch";
+  EXPECT_EQ(topo.pathBetween(topo.findNode("host0/gpu0"), topo.findNode("host0/gpu2")).slowest, LinkKind::kSmp);
+  ASSERT_EQ(placeLocalRank({1, "80:00.0"}, &topo), loomSuccess) << threadLastError();
+  EXPECT_EQ(topo.node(topo.rankNode(1)).name, "host0/gpu2");
+  EXPECT_EQ(discoverFromHwlocXml(fixturePath("no-such-export"), &topo), loomInvalidUsage);
+}
+
 TEST(TopologyDiscovery, LocalViewPlacesACpuRankOnANumaNode) {
   unsetenv("LOOM_TOPO_FILE");
   unsetenv("LOOM_TOPO_DUMP_FILE");
