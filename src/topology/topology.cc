@@ -184,8 +184,9 @@ std::string Topology::validate() const {
       return "a " + std::string(linkKindName(link.kind)) + " link joins a node that does not exist";
     std::string what =
         std::string(linkKindName(link.kind)) + " link " + nodes_[link.a].name + " - " + nodes_[link.b].name;
-    if (!(link.bandwidth > 0) || !std::isfinite(link.bandwidth)) return what + " has a bandwidth that is not positive";
-    if (!(link.latency >= 0) || !std::isfinite(link.latency)) return what + " has a negative latency";
+    if (!(link.bandwidth > 0) || !std::isfinite(link.bandwidth))
+      return what + " has a bandwidth that is not a positive number";
+    if (!(link.latency >= 0) || !std::isfinite(link.latency)) return what + " has a latency that is not a number >= 0";
     if ((link.a == link.b) != (link.kind == LinkKind::kSharedMemory))
       return what + ": only shared-memory links join a node to itself, and they join nothing else";
     if (link.kind != LinkKind::kNetwork && nodes_[link.a].host != nodes_[link.b].host &&

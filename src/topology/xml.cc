@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -376,8 +377,10 @@ class DialectReader {
       return fail(element, "link has unknown kind \"" + *kindName + "\" (nvlink, pcie, shm, smp, network)");
     double bandwidth = 0, latency = 0;
     if (!real(element, "bw", *bw, &bandwidth) || !real(element, "lat", *lat, &latency)) return false;
-    if (!(bandwidth > 0)) return fail(element, "link bw=\"" + *bw + "\" is not a positive bandwidth in GB/s");
-    if (!(latency >= 0)) return fail(element, "link lat=\"" + *lat + "\" is not a latency >= 0 in microseconds");
+    if (!(bandwidth > 0) || !std::isfinite(bandwidth))
+      return fail(element, "link bw=\"" + *bw + "\" is not a positive bandwidth in GB/s");
+    if (!(latency >= 0) || !std::isfinite(latency))
+      return fail(element, "link lat=\"" + *lat + "\" is not a latency >= 0 in microseconds");
     int a = nodeNamed(element, "from", *from);
     if (a < 0) return false;
     int b = nodeNamed(element, "to", *to);

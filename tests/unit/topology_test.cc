@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "algorithms/builders.h"
@@ -349,6 +350,10 @@ TEST(TopologyXml, BadInputNamesTheProblemAndTheLine) {
        "line 3: <link> bw=\"fast\" is not a number"},
       {head + "<link kind=\"smp\" from=\"h\" to=\"h\" bw=\"-1\" lat=\"0\"/>\n</topology>",
        "line 3: link bw=\"-1\" is not a positive bandwidth"},
+      {head + "<link kind=\"shm\" from=\"h\" to=\"h\" bw=\"inf\" lat=\"0\"/>\n</topology>",
+       "line 3: link bw=\"inf\" is not a positive bandwidth"},
+      {head + "<link kind=\"shm\" from=\"h\" to=\"h\" bw=\"1\" lat=\"nan\"/>\n</topology>",
+       "line 3: link lat=\"nan\" is not a latency >= 0"},
       {head + "<link kind=\"smp\" from=\"h\" to=\"h\" bw=\"1\" lat=\"0\"/>\n</topology>",
        "line 3: a smp link joins \"h\" to itself"},
       {head + "<node name=\"n\" kind=\"numa\" host=\"0\"/>\n<link kind=\"shm\" from=\"h\" to=\"n\" bw=\"1\" "
@@ -561,6 +566,29 @@ TEST(TopologyRoutes, RouteOfAHandWrittenGraphWithoutHostsStructure) {
   EXPECT_EQ(info.hops, 3);
   EXPECT_EQ(info.bandwidth, 5);
   EXPECT_NEAR(info.latency, 3.2, 1e-9);
+}
+
+TEST(TopologyRoutes, ConcurrentQueriesAgreeWithSerialOnes) {
+  Topology topo = preset("fattree:4");
+  int n = topo.rankCount();
+  std::vector<std::vector<int>> serial;
+  {
+    Topology copy = topo;  // its own index, built here
+    for (int rank = 0; rank < n; ++rank) serial.push_back(copy.route(copy.rankNode(rank), copy.rankNode(n - 1 - rank)));
+  }
+  std::vector<std::vector<std::vector<int>>> found(4, std::vector<std::vector<int>>(n));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {  // the first queries race to build the index
+      for (int i = 0; i < n; ++i) {
+        int rank = (i + t * 7) % n;
+        found[t][rank] = topo.route(topo.rankNode(rank), topo.rankNode(n - 1 - rank));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < 4; ++t)
+    for (int rank = 0; rank < n; ++rank) EXPECT_EQ(found[t][rank], serial[rank]) << "thread " << t << " rank " << rank;
 }
 
 // --- Fusion.
