@@ -32,6 +32,14 @@ RankPlan buildTreeReduce(const CollArgs& args);
 RankPlan buildRabenseifnerAllReduce(const CollArgs& args);
 RankPlan buildBruckAllGather(const CollArgs& args);
 RankPlan buildBruckReduceScatter(const CollArgs& args);
+RankPlan buildTorusAllReduce(const CollArgs& args);
+RankPlan buildTorusReduceScatter(const CollArgs& args);
+RankPlan buildTorusAllGather(const CollArgs& args);
+RankPlan buildHierarchicalAllReduce(const CollArgs& args);
+RankPlan buildHierarchicalReduceScatter(const CollArgs& args);
+RankPlan buildHierarchicalAllGather(const CollArgs& args);
+RankPlan buildHierarchicalBroadcast(const CollArgs& args);
+RankPlan buildHierarchicalAllToAll(const CollArgs& args);
 RankPlan buildPairwiseAllToAll(const CollArgs& args);
 RankPlan buildPairwiseAllToAllv(const CollArgs& args);
 RankPlan buildSendRecv(const CollArgs& args);
@@ -66,6 +74,10 @@ bool parseAlgorithmRules(const std::string& spec, AlgorithmRules* rules, std::st
 // The algorithm for a call: `preferred` ("" = the registry's first) when the rules allow it, else the first they
 // allow.
 std::string_view chooseAlgorithm(const AlgorithmRules& rules, Collective collective, std::string_view preferred);
+
+// LOOM_TORUS_DIMS: sizes separated by 'x' ("4x4x2"), at most kMaxTorusDims, multiplying to nranks. On bad
+// text returns false with *error saying what is wrong.
+bool parseTorusDims(const std::string& text, int nranks, int dims[kMaxTorusDims], int* count, std::string* error);
 
 // Builds the plan of args.rank with `algorithm` ("" = the default). Returns false when the algorithm does not
 // exist for that collective.

@@ -154,6 +154,8 @@ struct P2POp {
 // algorithm with two independent flows per channel (the double binary tree) never shares a FIFO between them.
 constexpr int kChannelSets = 2;
 
+constexpr int kMaxTorusDims = 4;
+
 // A rank's view of one call: what every builder takes.
 struct CollArgs {
   Collective collective;
@@ -166,6 +168,13 @@ struct CollArgs {
   std::span<const size_t> sendCounts, sendDispls, recvCounts, recvDispls;
   // SendRecv: this rank's ops in call order.
   std::span<const P2POp> p2p;
+  // The torus the ranks form (row-major: the last dimension varies fastest), for the torus algorithms; with no
+  // dimensions given they use a near-square 2-D grid of nranks.
+  int torusDims[kMaxTorusDims] = {};
+  int torusDimCount = 0;
+  // The host of every rank (nranks entries, hosts numbered from 0), for the hierarchical algorithms; empty: one
+  // host.
+  std::span<const int> hostOf;
 };
 
 // Element counts of the input and output buffers of a call, as the public API defines them.

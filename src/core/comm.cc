@@ -12,6 +12,7 @@
 #include "src/core/check.h"
 #include "src/core/params.h"
 #include "src/core/siphash.h"
+#include "src/topology/discover.h"
 
 void loomComm::setLastError(const std::string& message) {
   std::lock_guard<std::mutex> lock(errorMutex);
@@ -55,6 +56,9 @@ struct RankSetup {
   int forcedProtocol;
   char algorithm[32];      // LOOM_ALGO (its start, for the message): ranks that pick different algorithms
   uint64_t algorithmHash;  // would exchange mismatched messages; compared whole through its hash
+  char torus[32];          // LOOM_TORUS_DIMS likewise
+  uint64_t torusHash;
+  uint64_t logicalHost;    // the host as the topology and the hierarchical algorithms see it (LOOM_HOSTID)
 };
 
 // Collectives spin long where every rank on this host (these are all the host's ranks the communicator knows
@@ -98,6 +102,10 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
   std::string why;
   if (!parseAlgorithmRules(comm->algorithm, &comm->algorithmRules, &why))
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_ALGO=\"%s\": %s", comm->algorithm.c_str(), why.c_str());
+  comm->torusText = params::torusDims();
+  if (!comm->torusText.empty() &&
+      !parseTorusDims(comm->torusText, nranks, comm->torusDims, &comm->torusDimCount, &why))
+    return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_TORUS_DIMS=\"%s\": %s", comm->torusText.c_str(), why.c_str());
   std::string proto = params::proto();
   if (!proto.empty() && proto != "LL" && proto != "Simple")
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_PROTO=\"%s\" is neither LL nor Simple", proto.c_str());
@@ -140,6 +148,9 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   mine.forcedProtocol = comm->forcedProtocol;
   snprintf(mine.algorithm, sizeof(mine.algorithm), "%s", comm->algorithm.c_str());
   mine.algorithmHash = std::hash<std::string>{}(comm->algorithm);
+  snprintf(mine.torus, sizeof(mine.torus), "%s", comm->torusText.c_str());
+  mine.torusHash = std::hash<std::string>{}(comm->torusText);
+  mine.logicalHost = localHostHash();
   mine.probeAddress = reinterpret_cast<uint64_t>(&kProbeWord);
   LOOM_CHECK(comm->bootstrap->allGather(setups.data(), sizeof(RankSetup), deadline.remainingMs()));
   for (const RankSetup& setup : setups) {
@@ -147,6 +158,10 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
       return LOOM_FAIL(loomInvalidUsage, INIT,
                        "rank %d uses LOOM_ALGO=\"%.32s\", rank %d uses \"%.32s\": LOOM_ALGO must match on every rank",
                        setup.info.rank, setup.algorithm, rank, mine.algorithm);
+    if (setup.torusHash != mine.torusHash)
+      return LOOM_FAIL(loomInvalidUsage, INIT,
+                       "rank %d uses LOOM_TORUS_DIMS=\"%.32s\", rank %d uses \"%.32s\": it must match on every rank",
+                       setup.info.rank, setup.torus, rank, mine.torus);
     if (setup.fifoDepth != mine.fifoDepth || setup.slotBytes != mine.slotBytes ||
         setup.llSlotBytes != mine.llSlotBytes || setup.nChannels != mine.nChannels ||
         setup.llThresholdBytes != mine.llThresholdBytes || setup.forcedProtocol != mine.forcedProtocol)
@@ -163,10 +178,17 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
     if (setup.info.hostHash == mine.info.hostHash && setup.info.rank != rank)
       comm->peerWatch.add(setup.info.rank, setup.info.pid);
   }
+  // Hosts numbered in the order of their first rank.
+  std::vector<uint64_t> hosts;
+  for (const RankSetup& setup : setups) {
+    auto known = std::find(hosts.begin(), hosts.end(), setup.logicalHost);
+    comm->hostOf.push_back(static_cast<int>(known - hosts.begin()));
+    if (known == hosts.end()) hosts.push_back(setup.logicalHost);
+  }
   LOOM_CHECK(exchangeDirectAccess(comm, setups, deadline));
   comm->spinPolls = spinPollsFor(comm);
-  LOOM_INFO(INIT, "comm %s rank %d of %d ready (%d channel(s), FIFO %d x %zu bytes)", comm->name.c_str(), rank, nranks,
-            comm->nChannels, comm->fifoShape.depth, comm->fifoShape.slotBytes);
+  LOOM_INFO(INIT, "comm %s rank %d of %d ready on %zu host(s) (%d channel(s), FIFO %d x %zu bytes)", comm->name.c_str(),
+            rank, nranks, hosts.size(), comm->nChannels, comm->fifoShape.depth, comm->fifoShape.slotBytes);
   return loomSuccess;
 }
 

@@ -111,6 +111,10 @@ struct loomComm {
   // Read once at init (and checked equal on every rank where both ends of a message must agree).
   std::string algorithm;                  // LOOM_ALGO as given
   loom::AlgorithmRules algorithmRules;    // ... parsed
+  std::string torusText;                  // LOOM_TORUS_DIMS as given
+  int torusDims[loom::kMaxTorusDims] = {};  // ... parsed (torusDimCount 0: the builders' default grid)
+  int torusDimCount = 0;
+  std::vector<int> hostOf;                // host index of every rank, by LOOM_HOSTID or the machine's identity
   int forcedProtocol = -1;                // LOOM_PROTO: -1 by size, else a loom::Protocol
   size_t llThresholdBytes = 0;            // LOOM_LL_THRESHOLD
   int64_t peerCheckMs = 50;               // LOOM_PEER_CHECK_MS

@@ -30,6 +30,9 @@ CollArgs argsOf(const Call& call) {
   args.recvCounts = call.recvCounts;
   args.recvDispls = call.recvDispls;
   args.p2p = call.p2p;
+  args.torusDimCount = call.comm->torusDimCount;
+  std::copy(call.comm->torusDims, call.comm->torusDims + args.torusDimCount, args.torusDims);
+  args.hostOf = call.comm->hostOf;
   return args;
 }
 

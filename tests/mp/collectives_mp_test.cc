@@ -27,7 +27,8 @@ std::set<std::string> loomSegments() {
 
 // Runs collective_check with `args` on `nranks` processes; expects success and no segment left behind.
 // Returns what the job printed.
-std::string runCheck(int nranks, const std::string& args) {
+// `hostId`, when given, is a shell expression of $LOOM_RANK that sets each rank's LOOM_HOSTID.
+std::string runCheck(int nranks, const std::string& args, const std::string& hostId = "") {
   const char* loomrun = std::getenv("LOOMRUN");
   const char* check = std::getenv("MP_CHECK");
   if (!loomrun || !check) {
@@ -35,7 +36,9 @@ std::string runCheck(int nranks, const std::string& args) {
     return "";
   }
   std::set<std::string> before = loomSegments();
-  std::string command = std::string(loomrun) + " -n " + std::to_string(nranks) + " --timeout 900 " + check + " " + args;
+  std::string program = std::string(check) + " " + args;
+  if (!hostId.empty()) program = "sh -c 'LOOM_HOSTID=" + hostId + " exec " + program + "'";
+  std::string command = std::string(loomrun) + " -n " + std::to_string(nranks) + " --timeout 900 " + program;
   std::string output;
   FILE* pipe = popen((command + " 2>&1").c_str(), "r");
   if (pipe == nullptr) {
@@ -87,6 +90,21 @@ TEST_P(AlternativeAlgorithmsMp, MatrixUnderLoomrun) {
     setenv("LOOM_ALGO", name.c_str(), 1);
     runCheck(GetParam(), "7,5000 70000 plain");
   }
+  unsetenv("LOOM_ALGO");
+}
+
+// The hierarchical algorithms over hosts emulated with LOOM_HOSTID: 2 hosts of 2 ranks, 3 of 2, 2 hosts whose
+// ranks interleave, and hosts of unequal size (one ring instead).
+TEST(HierarchicalMp, EmulatedHosts) {
+  setenv("LOOM_ALGO", "hierarchical", 1);
+  setenv("LOOM_DEBUG", "INFO", 1);
+  setenv("LOOM_DEBUG_SUBSYS", "INIT", 1);
+  EXPECT_NE(runCheck(4, "7,5000 70000 plain", "host$((LOOM_RANK / 2))").find("ready on 2 host(s)"), std::string::npos);
+  EXPECT_NE(runCheck(6, "7,5000 70000 plain", "host$((LOOM_RANK / 2))").find("ready on 3 host(s)"), std::string::npos);
+  EXPECT_NE(runCheck(6, "7,5000 70000 plain", "host$((LOOM_RANK % 2))").find("ready on 2 host(s)"), std::string::npos);
+  EXPECT_NE(runCheck(5, "7,5000 70000 plain", "host$((LOOM_RANK / 2))").find("ready on 3 host(s)"), std::string::npos);
+  setenv("LOOM_DEBUG", "WARN", 1);
+  unsetenv("LOOM_DEBUG_SUBSYS");
   unsetenv("LOOM_ALGO");
 }
 

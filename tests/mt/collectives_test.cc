@@ -1,4 +1,4 @@
-// Every collective x datatype x op x layout x count {0, 1, 7, 1000, 1M+3} at ranks {1, 2, 3, 4, 5, 8}, as threads
+// Every collective x datatype x op x layout x count {0, 1, 7, 1000, 1M+3} at ranks 1 to 8, as threads
 // of one process over shm; the same matrix at small counts over the loopback transport, with two channels,
 // forced LL and forced Simple, with the alternative algorithms, and with zero-copy buffers; host streams and
 // barriers.
@@ -91,6 +91,31 @@ TEST_P(Collectives, ZeroCopyFromRegisteredAndLoomMemory) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, testing::Range(1, 9),
                          [](const testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "ranks"; });
+
+// The torus algorithms on shapes given with LOOM_TORUS_DIMS: 3-D, and 2-D with the long side first.
+TEST(Collectives, TorusShapesFromTheEnvironment) {
+  loomtest::ScopedEnv algorithm("LOOM_ALGO", "torus");
+  {
+    loomtest::ScopedEnv dims("LOOM_TORUS_DIMS", "2x2x2");
+    runMatrix(8, {7, 5000});
+  }
+  loomtest::ScopedEnv dims("LOOM_TORUS_DIMS", "3X2");
+  runMatrix(6, {7, 5000});
+}
+
+// Bad shapes fail init with a message naming the variable and the problem.
+TEST(Collectives, BadTorusDimsFailInit) {
+  for (const char* bad : {"2x2", "3x", "x3", "0x1", "1x1x1x1x1", "two"}) {
+    loomtest::ScopedEnv dims("LOOM_TORUS_DIMS", bad);
+    loomUniqueId id;
+    ASSERT_EQ(loomGetUniqueId(&id), loomSuccess);
+    loomComm_t comm = nullptr;
+    EXPECT_EQ(loomCommInitRank(&comm, 1, id, 0), loomInvalidArgument) << bad;
+    EXPECT_NE(std::string(loomGetLastError(nullptr)).find("LOOM_TORUS_DIMS"), std::string::npos)
+        << bad << ": " << loomGetLastError(nullptr);
+    if (comm != nullptr) loomCommDestroy(comm);
+  }
+}
 
 TEST(Collectives, StreamsQueueInOrder) {
   loomtest::runRanks(4, [](loomComm_t comm, int rank) {

@@ -244,6 +244,54 @@ std::string verifyBroken(int n, size_t count, const PlanBuilder& build, VerifyOp
   return verifyPlan(argsForAllRanks(uniformArgs(Collective::kAllReduce, n, count, 0, 1)), build, options);
 }
 
+// The torus algorithms on explicit shapes: 2-D, 3-D, with dimensions of size 1, and a ring (1-D).
+TEST(Verifier, TorusShapes) {
+  const std::vector<std::vector<int>> shapes = {{2, 3}, {2, 2, 2}, {3, 1, 4}, {5}, {1, 1, 7}, {2, 2, 3, 2}};
+  for (const std::vector<int>& shape : shapes) {
+    int n = 1;
+    for (int size : shape) n *= size;
+    for (Collective collective : {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather}) {
+      for (size_t count : {size_t{1}, size_t{10}, size_t{1000}}) {
+        for (int channels : {1, 2}) {
+          CollArgs args = uniformArgs(collective, n, count, 0, channels);
+          args.torusDimCount = static_cast<int>(shape.size());
+          std::copy(shape.begin(), shape.end(), args.torusDims);
+          expectProven(args, "torus", {});
+          expectProven(args, "torus", {false, 7, 2});
+          expectProven(args, "torus", {true, 7, 2});
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+// The hierarchical algorithms over several hosts: hosts of consecutive ranks, interleaved hosts, one rank per
+// host, and hosts of unequal size (one ring instead).
+TEST(Verifier, HierarchicalHostLayouts) {
+  const std::vector<std::vector<int>> layouts = {{0, 0, 1, 1},          {0, 1, 0, 1},       {0, 0, 0, 1, 1, 1, 2, 2, 2},
+                                                 {0, 1, 2, 3},          {0, 0, 1},          {1, 1, 0, 0, 2, 2},
+                                                 {0, 0, 0, 0, 1, 1, 1, 1}};
+  for (const std::vector<int>& hostOf : layouts) {
+    int n = static_cast<int>(hostOf.size());
+    for (Collective collective : {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather,
+                                  Collective::kBroadcast, Collective::kAllToAll}) {
+      for (size_t count : {size_t{1}, size_t{10}, size_t{1000}}) {
+        for (int channels : {1, 2}) {
+          for (int root = 0; root < (collective == Collective::kBroadcast ? n : 1); ++root) {
+            CollArgs args = uniformArgs(collective, n, count, root, channels);
+            args.hostOf = hostOf;
+            expectProven(args, "hierarchical", {});
+            expectProven(args, "hierarchical", {false, 7, 2});
+            if (hasInPlace(collective)) expectProven(args, "hierarchical", {true, 7, 2});
+            if (HasFatalFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
 // Recursive halving reads, in each phase, what the phase before wrote at other offsets: sliced without its phase
 // boundaries it reads partial sums too early, which the verifier must see; with them it is proven.
 TEST(Verifier, CatchesMissingPhaseBoundary) {
