@@ -26,6 +26,7 @@ RankPlan buildDirectGather(const CollArgs& args);
 RankPlan buildDirectScatter(const CollArgs& args);
 RankPlan buildDirectBroadcast(const CollArgs& args);
 RankPlan buildDirectAllReduce(const CollArgs& args);
+RankPlan buildTwoShotAllReduce(const CollArgs& args);
 RankPlan buildTreeAllReduce(const CollArgs& args);
 RankPlan buildTreeBroadcast(const CollArgs& args);
 RankPlan buildTreeReduce(const CollArgs& args);

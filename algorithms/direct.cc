@@ -5,10 +5,12 @@
 //   Scatter:   root sends block p to p; every rank receives its block.             1 step per rank.
 //   Broadcast: root sends the whole buffer to every peer.                          root sends (n-1)*count:
 //              for small messages, where one step beats the ring's n-1.
-//   AllReduce: every rank sends its whole buffer to every peer and reduces all n   each rank sends and receives
-//              inputs itself, in rank order, so every rank computes the same       (n-1)*count: for small
-//              bits. One message on the critical path instead of the ring's       messages only.
-//              2(n-1).
+//   AllReduce: one-shot ("direct"): every rank sends its whole buffer to every     each rank sends and receives
+//              peer and reduces all n inputs itself, in rank order, so every      (n-1)*count: for small
+//              rank computes the same bits. One message on the critical path     messages only.
+//              instead of the ring's 2(n-1).
+//              two-shot ("twoshot"): a direct reduce-scatter (chunk p to rank p),  2(n-1)/n * count: mid-sized
+//              then a direct all-gather of the reduced chunks. Two messages.      messages.
 #include "algorithms/builders.h"
 
 namespace loom {
@@ -44,39 +46,72 @@ RankPlan buildStar(const CollArgs& args, const char* name, bool toRoot, Buffer r
   return plan;
 }
 
+// Combines the n operands of one region in rank order, (x0 op x1) op x2 ..., so that every rank computing it
+// gets the same bits: this rank's operand is `in`, the others arrive from their ranks. Partial results go to
+// `partial` (in place, the output is the rank's own input, still needed when its turn comes); the last
+// combination writes `out`. Rank 0's operand starts the sum where it lies, so at 2 ranks rank 0 needs no
+// scratch and each rank has one step: rank 0 combines its input with the message, rank 1 receives, then
+// combines.
+void combineInRankOrder(int n, int rank, Region in, Region partial, Region out, Lane* lane) {
+  Region sum = in;  // where operands 0..p-1 are combined
+  if (rank != 0) {
+    lane->steps.push_back(recv(0, partial));
+    sum = partial;
+  }
+  for (int p = 1; p < n; ++p) {
+    Region to = p == n - 1 ? out : partial;
+    lane->steps.push_back(p == rank ? reduce(sum, in, to) : recvReduce(p, sum, to));
+    sum = to;
+  }
+  if (n == 1) lane->steps.push_back(copy(in, out));
+}
+
 }  // namespace
 
-// One lane per channel: the sends first (in place, the input is sent before the same slice of the buffer is
-// overwritten: a lane runs its steps in order for every slice), then the accumulation in rank order. The partial
-// result lives in scratch (in place, the output is the rank's own input, still needed when its turn comes); the
-// last combination writes the output. Rank 0's partial starts as its input, read where it is, so at 2 ranks
-// rank 0 needs no scratch and each rank has one step after its sends: rank 0 combines its input with the message,
-// rank 1 receives, then combines. Every combination is (partial op next operand), the same on every rank.
+// One-shot: one lane per channel, the sends first (in place, the input is sent before the same slice of the
+// buffer is overwritten: a lane runs its steps in order for every slice), then the combination in rank order.
 RankPlan buildDirectAllReduce(const CollArgs& args) {
   RankPlan plan = planShell(args, "direct");
   int n = args.nranks, rank = args.rank;
   for (int c = 0; c < args.nChannels; ++c) {
     size_t offset = partOffset(args.count, args.nChannels, c), part = partCount(args.count, args.nChannels, c);
     if (part == 0) continue;
-    Region in = input(offset, part), out = output(offset, part), partial = scratch(offset, part);
     Lane lane{c, {}};
     for (int p = 0; p < n; ++p)
       if (p != rank) lane.steps.push_back(send(p, input(offset, part)));
-    Region sum = in;  // where operands 0..p-1 are combined
-    if (rank != 0) {
-      lane.steps.push_back(recv(0, partial));
-      sum = partial;
+    combineInRankOrder(n, rank, input(offset, part), scratch(offset, part), output(offset, part), &lane);
+    plan.lanes.push_back(std::move(lane));
+  }
+  plan.scratchCount = n > 2 || rank != 0 ? args.count : 0;
+  plan.reducedOutput = output(0, args.count);
+  return plan;
+}
+
+// Two-shot: chunk p of every channel's part belongs to rank p. Phase 1 sends chunk p to rank p and combines the
+// n copies of this rank's chunk in rank order (a direct reduce-scatter); phase 2 sends the result to every peer
+// and receives theirs (a direct all-gather). Two messages on the critical path instead of one, but each rank
+// sends 2 (n-1)/n of the data instead of n-1 times it: for messages too large for one-shot and too small for
+// the ring's 2(n-1) steps.
+RankPlan buildTwoShotAllReduce(const CollArgs& args) {
+  RankPlan plan = planShell(args, "twoshot");
+  int n = args.nranks, rank = args.rank;
+  for (int c = 0; c < args.nChannels; ++c) {
+    size_t offset = partOffset(args.count, args.nChannels, c), part = partCount(args.count, args.nChannels, c);
+    if (part == 0) continue;
+    auto chunk = [&](Buffer buffer, int p) {
+      return Region{buffer, offset + partOffset(part, n, p), partCount(part, n, p)};
+    };
+    Lane lane{c, {}};
+    for (int p = 0; p < n; ++p)
+      if (p != rank) lane.steps.push_back(send(p, chunk(Buffer::kInput, p)));
+    combineInRankOrder(n, rank, chunk(Buffer::kInput, rank), chunk(Buffer::kScratch, rank),
+                       chunk(Buffer::kOutput, rank), &lane);
+    lane.startPhase();
+    for (int p = 0; p < n; ++p) {
+      if (p == rank) continue;
+      lane.steps.push_back(send(p, chunk(Buffer::kOutput, rank)));
+      lane.steps.push_back(recv(p, chunk(Buffer::kOutput, p)));
     }
-    for (int p = 1; p < n; ++p) {
-      Region to = p == n - 1 ? out : partial;
-      if (p == rank) {
-        lane.steps.push_back(reduce(sum, in, to));  // its own input
-      } else {
-        lane.steps.push_back(recvReduce(p, sum, to));
-      }
-      sum = to;
-    }
-    if (n == 1) lane.steps.push_back(copy(in, out));
     plan.lanes.push_back(std::move(lane));
   }
   plan.scratchCount = n > 2 || rank != 0 ? args.count : 0;

@@ -85,7 +85,7 @@ struct Lane {
   std::vector<Step> steps;
   std::vector<uint32_t> phaseStarts{};  // indices of the steps that start phases 1, 2, ... (ascending)
 
-  // The steps pushed from now on form a new phase.
+  // The steps pushed from now on form a new phase (an empty one, when none follow, is skipped).
   void startPhase() {
     uint32_t at = static_cast<uint32_t>(steps.size());
     if (at > 0 && (phaseStarts.empty() || phaseStarts.back() != at)) phaseStarts.push_back(at);

@@ -17,6 +17,7 @@ struct Entry {
 constexpr Entry kAlgorithms[] = {
     {Collective::kAllReduce, "ring", buildRingAllReduce},
     {Collective::kAllReduce, "direct", buildDirectAllReduce},
+    {Collective::kAllReduce, "twoshot", buildTwoShotAllReduce},
     {Collective::kAllReduce, "tree", buildTreeAllReduce},
     {Collective::kAllReduce, "rabenseifner", buildRabenseifnerAllReduce},
     {Collective::kAllReduce, "torus", buildTorusAllReduce},

@@ -264,7 +264,7 @@ class Verifier {
     for (size_t l = 0; l < plan.lanes.size(); ++l) {
       const std::vector<uint32_t>& starts = plan.lanes[l].phaseStarts;
       for (size_t p = 0; p < starts.size(); ++p)
-        if (starts[p] == 0 || starts[p] >= plan.lanes[l].steps.size() || (p > 0 && starts[p] <= starts[p - 1]))
+        if (starts[p] == 0 || starts[p] > plan.lanes[l].steps.size() || (p > 0 && starts[p] <= starts[p - 1]))
           return where(rank, l, starts[p]) + ": phase starts must be steps after the first, in ascending order";
       for (size_t s = 0; s < plan.lanes[l].steps.size(); ++s) {
         const Step& step = plan.lanes[l].steps[s];

@@ -13,6 +13,8 @@
 #include "src/core/params.h"
 #include "src/core/siphash.h"
 #include "src/topology/discover.h"
+#include "src/topology/fuse.h"
+#include "src/topology/xml.h"
 
 void loomComm::setLastError(const std::string& message) {
   std::lock_guard<std::mutex> lock(errorMutex);
@@ -126,6 +128,35 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
   return loomSuccess;
 }
 
+namespace {
+
+// Every rank's local view (LOOM_TOPO_FILE or discovery), exchanged as XML and fused into the communicator's.
+loomResult_t buildTopology(loomComm* comm, const std::vector<uint64_t>& hostHashes, const Deadline& deadline) {
+  Topology local;
+  LOOM_CHECK(loadLocalTopology(LocalPlacement{comm->rank, ""}, &local));
+  std::string mine = topologyToXml(local);
+  std::vector<uint64_t> sizes(comm->nranks);
+  sizes[comm->rank] = mine.size();
+  LOOM_CHECK(comm->bootstrap->allGather(sizes.data(), sizeof(uint64_t), deadline.remainingMs()));
+  size_t widest = *std::max_element(sizes.begin(), sizes.end());
+  std::vector<char> all(widest * comm->nranks);
+  std::memcpy(all.data() + widest * comm->rank, mine.data(), mine.size());
+  LOOM_CHECK(comm->bootstrap->allGather(all.data(), widest, deadline.remainingMs()));
+  std::vector<Topology> views(comm->nranks);
+  for (int r = 0; r < comm->nranks; ++r) {
+    std::string error;
+    if (!parseTopologyXml(std::string_view(all.data() + widest * r, sizes[r]), &views[r], &error))
+      return LOOM_FAIL(loomRemoteError, TOPO, "rank %d sent a topology that does not parse: %s", r, error.c_str());
+  }
+  LOOM_CHECK(fuseViews(views, hostHashes, &comm->topology));
+  LOOM_INFO(TOPO, "comm %s: %d host(s), %d nodes, %d links for %d ranks", comm->name.c_str(),
+            comm->topology.hostCount(), comm->topology.nodeCount(), comm->topology.linkCount(),
+            comm->topology.rankCount());
+  return loomSuccess;
+}
+
+}  // namespace
+
 loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   int rank = comm->rank, nranks = comm->nranks;
   ScopedLogRank logRank(rank);
@@ -179,12 +210,14 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
       comm->peerWatch.add(setup.info.rank, setup.info.pid);
   }
   // Hosts numbered in the order of their first rank.
-  std::vector<uint64_t> hosts;
+  std::vector<uint64_t> hosts, hostHashes;
   for (const RankSetup& setup : setups) {
+    hostHashes.push_back(setup.logicalHost);
     auto known = std::find(hosts.begin(), hosts.end(), setup.logicalHost);
     comm->hostOf.push_back(static_cast<int>(known - hosts.begin()));
     if (known == hosts.end()) hosts.push_back(setup.logicalHost);
   }
+  LOOM_CHECK(buildTopology(comm, hostHashes, deadline));
   LOOM_CHECK(exchangeDirectAccess(comm, setups, deadline));
   comm->spinPolls = spinPollsFor(comm);
   LOOM_INFO(INIT, "comm %s rank %d of %d ready on %zu host(s) (%d channel(s), FIFO %d x %zu bytes)", comm->name.c_str(),

@@ -18,6 +18,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -354,12 +356,26 @@ std::string expandDumpPath(const std::string& pattern, int rank) {
 
 bool discoveryUsesHwloc() { return LOOM_HAVE_HWLOC != 0; }
 
+// The machine does not change while the process runs: discovered once, then copied (every communicator of every
+// thread needs it at init).
 loomResult_t discoverLocalTopology(Topology* topo) {
+  static std::mutex mutex;
+  static std::optional<Topology> discovered;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!discovered) {
+    Topology fresh;
 #if LOOM_HAVE_HWLOC
-  if (discoverHwloc(nullptr, topo) == loomSuccess) return loomSuccess;
-  LOOM_WARN(TOPO, "hwloc discovery failed; describing this host as one NUMA node with its online CPUs");
+    if (discoverHwloc(nullptr, &fresh) != loomSuccess) {
+      LOOM_WARN(TOPO, "hwloc discovery failed; describing this host as one NUMA node with its online CPUs");
+      LOOM_CHECK(discoverMinimal(&fresh));
+    }
+#else
+    LOOM_CHECK(discoverMinimal(&fresh));
 #endif
-  return discoverMinimal(topo);
+    discovered = std::move(fresh);
+  }
+  *topo = *discovered;
+  return loomSuccess;
 }
 
 loomResult_t discoverFromHwlocXml(const std::string& path, Topology* topo) {
