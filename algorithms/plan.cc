@@ -1,6 +1,7 @@
 // Plan IR helpers: names, buffer sizes per collective, even splits, step constructors and a plan dump.
 #include "algorithms/plan.h"
 
+#include <cctype>
 #include <cstdio>
 
 namespace loom {
@@ -31,6 +32,20 @@ const char* collectiveName(Collective collective) {
       return "Barrier";
   }
   return "?";
+}
+
+bool parseCollectiveName(std::string_view name, Collective* collective) {
+  for (int c = 0; c <= static_cast<int>(Collective::kBarrier); ++c) {
+    std::string_view known = collectiveName(static_cast<Collective>(c));
+    bool same = known.size() == name.size();
+    for (size_t i = 0; same && i < name.size(); ++i)
+      same = std::tolower(static_cast<unsigned char>(known[i])) == std::tolower(static_cast<unsigned char>(name[i]));
+    if (same) {
+      *collective = static_cast<Collective>(c);
+      return true;
+    }
+  }
+  return false;
 }
 
 const char* actionName(Action action) {

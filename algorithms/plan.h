@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/loom.h"
@@ -39,6 +40,8 @@ enum class Collective : uint8_t {
   kBarrier,
 };
 const char* collectiveName(Collective collective);
+// The collective named `name` ("allreduce", "AllReduce"; not case sensitive). False when there is none.
+bool parseCollectiveName(std::string_view name, Collective* collective);
 
 enum class Buffer : uint8_t { kInput, kOutput, kScratch };
 

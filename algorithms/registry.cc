@@ -116,8 +116,8 @@ bool parseAlgorithmRules(const std::string& spec, AlgorithmRules* rules, std::st
     std::string list = clause;
     if (colon != std::string::npos) {
       std::string name = lower(trim(std::string_view(clause).substr(0, colon)));
-      for (int c = 0; c < kCollectives; ++c)
-        if (lower(collectiveName(static_cast<Collective>(c))) == name) target = c;
+      Collective named;
+      if (parseCollectiveName(name, &named)) target = static_cast<int>(named);
       if (target < 0) {
         *error = "unknown collective \"" + name + "\" in \"" + clause + "\"";
         return false;

@@ -195,6 +195,20 @@ loomResult_t loomGroupStart(void);
 /** Ends a group; the outermost end runs every queued call (blocking calls return when all are done). */
 loomResult_t loomGroupEnd(void);
 
+/** What loomGroupSimulateEnd reports. Start from LOOM_SIM_INFO_INITIALIZER, which sets `size`. */
+typedef struct {
+  size_t size;         /**< sizeof(loomSimInfo_t) as compiled by the caller. */
+  float estimatedTime; /**< Predicted time of the group's calls, in microseconds. */
+} loomSimInfo_t;
+#define LOOM_SIM_INFO_INITIALIZER {sizeof(loomSimInfo_t), 0.0f}
+/**
+ * Ends the outermost group without running it: its calls are dropped and simInfo->estimatedTime receives the
+ * tuner's prediction of how long they would take (each communicator's calls one after another; communicators
+ * at once). Send/Recv calls cannot be estimated (their peers' counts are unknown here): a group holding them is
+ * refused and left open.
+ */
+loomResult_t loomGroupSimulateEnd(loomSimInfo_t* simInfo);
+
 /** Creates a host stream: an in-order queue of calls run by a worker thread. */
 loomResult_t loomStreamCreate(loomStream_t* stream);
 /** Waits until every call queued on stream has finished; returns the first error among them. */

@@ -220,6 +220,18 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   LOOM_CHECK(buildTopology(comm, hostHashes, deadline));
   LOOM_CHECK(exchangeDirectAccess(comm, setups, deadline));
   comm->spinPolls = spinPollsFor(comm);
+  TuneContext tune;
+  tune.topology = &comm->topology;
+  tune.nranks = nranks;
+  tune.hostOf = comm->hostOf;
+  tune.torusDimCount = comm->torusDimCount;
+  std::copy(comm->torusDims, comm->torusDims + comm->torusDimCount, tune.torusDims);
+  tune.nChannels = comm->nChannels;
+  tune.forcedProtocol = comm->forcedProtocol;
+  tune.llThresholdBytes = comm->llThresholdBytes;
+  tune.llSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kLL);
+  tune.simpleSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kSimple);
+  comm->tuner.configure(std::move(tune));
   LOOM_INFO(INIT, "comm %s rank %d of %d ready on %zu host(s) (%d channel(s), FIFO %d x %zu bytes)", comm->name.c_str(),
             rank, nranks, hosts.size(), comm->nChannels, comm->fifoShape.depth, comm->fifoShape.slotBytes);
   return loomSuccess;

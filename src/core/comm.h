@@ -20,6 +20,7 @@
 #include "src/core/wait.h"
 #include "src/exec/host_executor.h"
 #include "src/topology/topology.h"
+#include "src/tuner/tuner.h"
 #include "src/exec/peer_memory.h"
 #include "transports/transport.h"
 
@@ -117,6 +118,7 @@ struct loomComm {
   int torusDimCount = 0;
   std::vector<int> hostOf;                // host index of every rank, by LOOM_HOSTID or the machine's identity
   loom::Topology topology;                // the ranks' local views, fused at init
+  loom::Tuner tuner;                      // algorithm and channels per call (under runMutex)
   int forcedProtocol = -1;                // LOOM_PROTO: -1 by size, else a loom::Protocol
   size_t llThresholdBytes = 0;            // LOOM_LL_THRESHOLD
   int64_t peerCheckMs = 50;               // LOOM_PEER_CHECK_MS

@@ -17,14 +17,14 @@ namespace {
 
 constexpr size_t kMaxCachedPlans = 512;
 
-CollArgs argsOf(const Call& call) {
+CollArgs argsOf(const Call& call, int nChannels) {
   CollArgs args;
   args.collective = call.collective;
   args.nranks = call.comm->nranks;
   args.rank = call.comm->rank;
   args.root = call.root;
   args.count = call.count;
-  args.nChannels = call.comm->nChannels;
+  args.nChannels = nChannels;
   args.sendCounts = call.sendCounts;
   args.sendDispls = call.sendDispls;
   args.recvCounts = call.recvCounts;
@@ -41,43 +41,34 @@ void moveToP2PChannel(RankPlan* plan) {
   for (Lane& lane : plan->lanes) lane.channel += kP2PChannel;
 }
 
-// The algorithm by size, until the cost model chooses: calls small enough to travel as one LL message per
-// peer go in one step (direct) instead of the ring's n-1 or 2(n-1) dependent messages, while the n-1 copies
-// each rank then sends stay cheap.
-constexpr int kDirectMaxRanks = 16;
-const char* defaultAlgorithm(const Call& call) {
-  const loomComm* comm = call.comm;
-  bool small = call.count * dtypeSize(call.datatype) <= comm->llThresholdBytes &&
-               comm->forcedProtocol != static_cast<int>(Protocol::kSimple) && comm->nranks <= kDirectMaxRanks;
-  if (small && (call.collective == Collective::kAllReduce || call.collective == Collective::kBroadcast))
-    return "direct";
-  return "";
-}
-
 // The plan of `call`: from the communicator's cache (*cached set), or built into scratchPlan for the calls
 // whose plans depend on more than their shape (*cached null).
 loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** plan, CachedPlan** cached) {
   loomComm* comm = call.comm;
-  std::string_view algorithm = chooseAlgorithm(comm->algorithmRules, call.collective, defaultAlgorithm(call));
+  // The tuner's choice for the call's size class (within LOOM_ALGO's rules).
+  const TuneEstimate& choice =
+      comm->tuner.choose(call.collective, call.count * dtypeSize(call.datatype), comm->algorithmRules);
+  const std::string& algorithm = choice.algorithm;
+  int nChannels = choice.nChannels;
   *cached = nullptr;
   bool cacheable = call.collective != Collective::kAllToAllv && call.collective != Collective::kSendRecv;
   if (!cacheable) {
-    buildPlan(argsOf(call), std::string(algorithm), scratchPlan);
+    buildPlan(argsOf(call, nChannels), algorithm, scratchPlan);
     if (call.collective == Collective::kSendRecv) moveToP2PChannel(scratchPlan);
     *plan = scratchPlan;
     return loomSuccess;
   }
-  PlanKeyView key{static_cast<int>(call.collective), call.count, call.root, comm->nChannels, algorithm};
+  PlanKeyView key{static_cast<int>(call.collective), call.count, call.root, nChannels, algorithm};
   CachedPlan* found = comm->planCache.find(key);
   if (found == nullptr) {
     RankPlan built;
-    if (!buildPlan(argsOf(call), std::string(algorithm), &built))
+    if (!buildPlan(argsOf(call, nChannels), algorithm, &built))
       return LOOM_FAIL(loomInternalError, COLL, "no algorithm for %s", collectiveName(call.collective));
     if (logEnabled(LogLevel::kTrace, Subsys::COLL))
       logMessage(LogLevel::kTrace, Subsys::COLL, "%s count %zu root %d: %s", collectiveName(call.collective),
                  call.count, call.root, describe(built).c_str());
     found = comm->planCache.insert(
-        PlanKey{static_cast<int>(call.collective), call.count, call.root, comm->nChannels, std::string(algorithm)},
+        PlanKey{static_cast<int>(call.collective), call.count, call.root, nChannels, algorithm},
         std::move(built));
   }
   *plan = &found->plan;

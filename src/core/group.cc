@@ -1,10 +1,13 @@
 // Groups: loomGroupStart/End on the calling thread. Calls made inside a group are collected; the outermost
 // loomGroupEnd merges the Send/Recv calls of each communicator into one SendRecv call (so they progress
 // together, which is what lets pairs of sends and receives complete) and runs everything at once.
+#include <algorithm>
 #include <map>
+#include <mutex>
 
 #include "src/core/check.h"
 #include "src/core/comm.h"
+#include "src/core/dtype.h"
 #include "src/core/enqueue.h"
 #include "src/core/stream.h"
 
@@ -87,4 +90,47 @@ loomResult_t loomGroupEnd(void) {
   loomResult_t result = runCalls(calls);
   for (const Call& call : calls) call.comm->activeCalls.fetch_sub(1);
   return result;
+}
+
+loomResult_t loomGroupSimulateEnd(loomSimInfo_t* simInfo) {
+  using namespace loom;
+  clearThreadLastError();
+  if (simInfo == nullptr) return LOOM_FAIL(loomInvalidArgument, COLL, "loomGroupSimulateEnd: simInfo is NULL");
+  if (simInfo->size != sizeof(loomSimInfo_t))
+    return LOOM_FAIL(loomInvalidArgument, COLL,
+                     "loomGroupSimulateEnd: simInfo->size is %zu, expected %zu (start from LOOM_SIM_INFO_INITIALIZER)",
+                     simInfo->size, sizeof(loomSimInfo_t));
+  if (tGroupDepth == 0)
+    return LOOM_FAIL(loomInvalidUsage, COLL, "loomGroupSimulateEnd without a matching loomGroupStart");
+  if (tGroupDepth > 1)
+    return LOOM_FAIL(loomInvalidUsage, COLL, "loomGroupSimulateEnd inside a nested group: only the outermost group "
+                                             "can be simulated");
+  for (const Call& call : tGroupCalls)
+    if (call.collective == Collective::kSendRecv)
+      return LOOM_FAIL(loomInvalidUsage, COLL, "loomGroupSimulateEnd: the group holds Send/Recv calls, which cannot "
+                                               "be estimated; end it with loomGroupEnd");
+  std::vector<Call> calls = std::move(tGroupCalls);
+  tGroupCalls.clear();
+  tGroupDepth = 0;
+  std::map<loomComm*, double> perComm;
+  for (const Call& call : calls) {
+    loomComm* comm = call.comm;
+    std::lock_guard<std::mutex> lock(comm->runMutex);
+    size_t count = call.count;
+    Collective collective = call.collective;
+    if (collective == Collective::kAllToAllv) {  // estimated as an AllToAll of its average block
+      size_t total = 0;
+      for (size_t c : call.sendCounts) total += c;
+      count = total / std::max(1, comm->nranks);
+      collective = Collective::kAllToAll;
+    }
+    const TuneEstimate& choice = comm->tuner.choose(collective, count * dtypeSize(call.datatype), comm->algorithmRules);
+    double us = estimateCall(comm->tuner.context(), comm->tuner.costs(), collective, count, dtypeSize(call.datatype),
+                             call.root, choice.algorithm, choice.nChannels);
+    perComm[comm] += std::max(0.0, us);
+  }
+  double slowest = 0;
+  for (const auto& [comm, us] : perComm) slowest = std::max(slowest, us);
+  simInfo->estimatedTime = static_cast<float>(slowest);
+  return loomSuccess;
 }

@@ -65,6 +65,48 @@ TEST(ApiGroupTest, GroupEndWithoutGroupStartIsInvalidUsage) {
   EXPECT_EQ(loomGroupEnd(), loomInvalidUsage);
 }
 
+// loomGroupSimulateEnd ends a group without running it and reports the tuner's estimate: more for more bytes,
+// nothing written; bad arguments and groups it cannot estimate are refused and change nothing.
+TEST_P(ApiTest, GroupSimulateEndEstimatesWithoutRunning) {
+  const int nranks = 3;
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  runRanks(
+      nranks,
+      [&](loomComm_t comm, int rank) {
+        std::vector<float> in(1 << 20, 1.0f), out(1 << 20, kSentinel);
+        auto estimate = [&](size_t count) {
+          loomSimInfo_t info = LOOM_SIM_INFO_INITIALIZER;
+          EXPECT_EQ(loomGroupStart(), loomSuccess);
+          EXPECT_EQ(loomAllReduce(in.data(), out.data(), count, loomFloat32, loomSum, comm, nullptr), loomSuccess);
+          EXPECT_EQ(loomGroupSimulateEnd(&info), loomSuccess) << loomGetLastError(nullptr);
+          return info.estimatedTime;
+        };
+        float small = estimate(8), large = estimate(in.size());
+        EXPECT_GT(small, 0.0f);
+        EXPECT_GT(large, 10 * small) << "rank " << rank;
+        EXPECT_EQ(firstDifferent(out, kSentinel), -1) << "a simulated call wrote its output, rank " << rank;
+
+        EXPECT_EQ(loomGroupSimulateEnd(nullptr), loomInvalidArgument);
+        loomSimInfo_t info = LOOM_SIM_INFO_INITIALIZER;
+        EXPECT_EQ(loomGroupSimulateEnd(&info), loomInvalidUsage);  // no group open
+        loomSimInfo_t wrongSize = {3, 0.0f};
+        ASSERT_EQ(loomGroupStart(), loomSuccess);
+        EXPECT_EQ(loomGroupSimulateEnd(&wrongSize), loomInvalidArgument);
+        EXPECT_TRUE(contains(loomGetLastError(nullptr), "LOOM_SIM_INFO_INITIALIZER")) << loomGetLastError(nullptr);
+        // Send/Recv cannot be estimated: refused, and the group stays open for loomGroupEnd to run.
+        int peer = (rank + 1) % nranks, from = (rank + nranks - 1) % nranks;
+        float token = static_cast<float>(rank), got = -1;
+        EXPECT_EQ(loomSend(&token, 1, loomFloat32, peer, comm, nullptr), loomSuccess);
+        EXPECT_EQ(loomRecv(&got, 1, loomFloat32, from, comm, nullptr), loomSuccess);
+        EXPECT_EQ(loomGroupSimulateEnd(&info), loomInvalidUsage);
+        EXPECT_TRUE(contains(loomGetLastError(nullptr), "Send/Recv")) << loomGetLastError(nullptr);
+        ASSERT_EQ(loomGroupEnd(), loomSuccess) << loomGetLastError(comm);
+        EXPECT_EQ(got, static_cast<float>(from));
+        expectCommUsable(comm, rank, nranks, "after simulated groups");
+      },
+      &config);
+}
+
 // A bad call inside a group is rejected at once and not queued; the group's valid calls still run at its end.
 TEST_P(ApiTest, BadCallInsideAGroupIsRejectedAndTheRestRuns) {
   const int nranks = 3;

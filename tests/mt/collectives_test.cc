@@ -1,4 +1,4 @@
-// Every collective x datatype x op x layout x count {0, 1, 7, 1000, 1M+3} at ranks 1 to 8, as threads
+// Every collective x datatype x op x layout x count {0, 1, 7, 1000, 1M+3} at ranks 1 to 8 (1M+3 not at 6, 7), as threads
 // of one process over shm; the same matrix at small counts over the loopback transport, with two channels,
 // forced LL and forced Simple, with the alternative algorithms, and with zero-copy buffers; host streams and
 // barriers.
@@ -47,7 +47,15 @@ uint64_t runMatrix(int nranks, const std::vector<size_t>& counts, loomtest::Memo
 
 class Collectives : public testing::TestWithParam<int> {};
 
-TEST_P(Collectives, FullMatrixOverShm) { runMatrix(GetParam(), {0, 1, 7, 1000, 1000003}); }
+// The largest count at 6 and 7 ranks too would double the suite's time for little: 5 and 8 cover the shapes.
+TEST_P(Collectives, FullMatrixOverShm) {
+  int n = GetParam();
+  if (n == 6 || n == 7) {
+    runMatrix(n, {0, 1, 7, 1000});
+  } else {
+    runMatrix(n, {0, 1, 7, 1000, 1000003});
+  }
+}
 
 TEST_P(Collectives, SmallCountsOverLoopback) {
   loomtest::ScopedEnv transport("LOOM_TRANSPORTS", "loopback");

@@ -1,0 +1,297 @@
+// The tuner's cost model and choice (tuner.h).
+#include "src/tuner/tuner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <optional>
+#include <tuple>
+
+#include "src/core/log.h"
+#include "transports/fifo.h"
+
+namespace loom {
+namespace {
+
+// Bytes each kind of step moves through its rank's memory per byte of payload: a forwarding step copies in and
+// out, a reduction reads two operands and writes one.
+double memoryFactor(Action action) {
+  switch (action) {
+    case Action::kSend:
+    case Action::kRecv:
+    case Action::kCopy:
+      return 1.0;
+    case Action::kRecvReduce:
+    case Action::kRecvReduceSend:
+    case Action::kReduce:
+      return 1.5;
+    case Action::kRecvCopySend:
+      return 2.0;
+    case Action::kRecvReduceCopySend:
+      return 2.5;
+  }
+  return 1.0;
+}
+
+// How a message between two ranks travels.
+struct Hop {
+  bool byCpu = true;      // the executors copy it (shared memory); else a NIC or NVLink moves it
+  double latencyUs = 0;   // per message
+  double bandwidth = 0;   // GB/s available to this rank's flow (shared by the NIC's ranks), when !byCpu
+};
+
+// Times every rank's plan of one call, as tuner.h describes.
+class PlanTimer {
+ public:
+  PlanTimer(const TuneContext& context, const HostCosts& costs, size_t elementBytes)
+      : context_(context), costs_(costs), elementBytes_(elementBytes), n_(context.nranks) {
+    const Topology* topo = context.topology;
+    placed_ = topo != nullptr && topo->rankCount() == n_;
+    for (int r = 0; r < n_; ++r) hostOf_.push_back(static_cast<int>(context.hostOf.size()) == n_ ? context.hostOf[r] : 0);
+    // Ranks beyond their host's cores share them.
+    std::map<int, int> ranksOnHost;
+    for (int host : hostOf_) ranksOnHost[host]++;
+    for (int r = 0; r < n_; ++r) {
+      double cores = 0;
+      if (placed_) cores = static_cast<double>(intAttribute(topo->node(topo->hostNode(topo->rankHost(r))).attrs, "cores", 0));
+      if (cores <= 0 || (placed_ && topo->node(topo->rankNode(r)).kind == NodeKind::kGpu))
+        cores = ranksOnHost[hostOf_[r]];  // GPU ranks do not share the host's cores
+      slowdown_.push_back(std::max(1.0, ranksOnHost[hostOf_[r]] / cores));
+      switchUs_.push_back(costs.switchUs * std::max(0.0, 1.0 - cores / ranksOnHost[hostOf_[r]]));
+      onDevice_.push_back(placed_ && topo->node(topo->rankNode(r)).kind == NodeKind::kGpu);
+    }
+    // Units per step: enough slices to show pipelining, few enough that large jobs stay cheap to time.
+    maxUnits_ = n_ <= 16 ? 64 : n_ <= 128 ? 8 : 2;
+  }
+
+  // The call's buffers on a rank (input, output, scratch), for the copy rate.
+  void setFootprint(double bytes) {
+    copyGBps_ = bytes <= costs_.cacheBytes ? costs_.cachedCopyGBps : costs_.copyGBps;
+  }
+
+  double time(const std::vector<RankPlan>& plans) {
+    struct LaneState {
+      LaneCursor cursor;
+      double ready = 0;
+    };
+    std::vector<std::vector<LaneState>> lanes(n_);
+    std::vector<double> busy(n_, 0.0);
+    for (int r = 0; r < n_; ++r) {
+      for (const Lane& lane : plans[r].lanes) {
+        lanes[r].push_back({});
+        lanes[r].back().cursor.start(lane, slicesOf());
+      }
+    }
+    // Arrival times of the messages in flight, per (sender, receiver, channel).
+    std::map<std::tuple<int, int, int>, std::deque<double>> inFlight;
+    std::deque<int> ready;
+    std::vector<char> queued(n_, 1);
+    for (int r = 0; r < n_; ++r) ready.push_back(r);
+    while (!ready.empty()) {
+      int r = ready.front();
+      ready.pop_front();
+      queued[r] = 0;
+      for (size_t l = 0; l < lanes[r].size(); ++l) {
+        LaneState& state = lanes[r][l];
+        const Lane& lane = plans[r].lanes[l];
+        while (!state.cursor.done()) {
+          const Step& step = lane.steps[state.cursor.step()];
+          double bytes = unitBytes(step, state.cursor.round());
+          if (bytes <= 0) {  // past this step's last slice: nothing moves (as in the executors)
+            state.cursor.next(slicesOf());
+            continue;
+          }
+          double start = std::max(busy[r], state.ready);
+          if (actionReceives(step.action)) {
+            std::deque<double>& in = inFlight[{step.recvPeer, r, lane.channel}];
+            if (in.empty()) break;
+            start = std::max(start, in.front());
+            in.pop_front();
+          }
+          double end = start + unitCost(step, bytes, onDevice_[r]) * slowdown_[r];
+          busy[r] = state.ready = end;
+          if (actionSends(step.action)) {
+            const Hop& hop = hopBetween(r, step.sendPeer);
+            double arrival = end + hop.latencyUs + switchUs_[step.sendPeer] +
+                             (hop.byCpu ? 0.0 : bytes / (hop.bandwidth * 1e3));
+            inFlight[{r, step.sendPeer, lane.channel}].push_back(arrival);
+            if (!queued[step.sendPeer]) queued[step.sendPeer] = 1, ready.push_back(step.sendPeer);
+          }
+          state.cursor.next(slicesOf());
+        }
+      }
+    }
+    double slowest = 0;
+    for (double t : busy) slowest = std::max(slowest, t);
+    return costs_.callUs + slowest;
+  }
+
+ private:
+  bool isLL(const Step& step) const {
+    if (context_.forcedProtocol >= 0) return context_.forcedProtocol == static_cast<int>(Protocol::kLL);
+    return step.count() * elementBytes_ <= context_.llThresholdBytes;
+  }
+
+  size_t realSlices(const Step& step) const {
+    size_t sliceBytes = isLL(step) ? context_.llSliceBytes : context_.simpleSliceBytes;
+    size_t slice = std::max<size_t>(1, sliceBytes / elementBytes_);
+    return (step.count() + slice - 1) / slice;
+  }
+
+  struct SlicesOf {
+    const PlanTimer* timer;
+    size_t operator()(const Step& step) const { return std::min(timer->realSlices(step), timer->maxUnits_); }
+  };
+  SlicesOf slicesOf() const { return SlicesOf{this}; }
+
+  double unitBytes(const Step& step, size_t round) const {
+    size_t units = std::min(realSlices(step), maxUnits_);
+    if (units == 0 || round >= units) return 0;
+    return static_cast<double>(step.count() * elementBytes_) / static_cast<double>(units);
+  }
+
+  double unitCost(const Step& step, double bytes, bool onDevice) const {
+    if (bytes <= 0) return 0;
+    bool communicates = actionSends(step.action) || actionReceives(step.action);
+    double overhead = !communicates ? costs_.localSliceUs : isLL(step) ? costs_.llSliceUs : costs_.simpleSliceUs;
+    double factor = memoryFactor(step.action) * (communicates && isLL(step) ? costs_.llCopyFactor : 1.0);
+    return overhead + bytes * factor / ((onDevice ? costs_.deviceCopyGBps : copyGBps_) * 1e3);
+  }
+
+  const Hop& hopBetween(int from, int to) {
+    auto [it, added] = hops_.try_emplace({from, to});
+    if (!added) return it->second;
+    Hop& hop = it->second;
+    hop.latencyUs = costs_.shmLatencyUs;
+    if (!placed_ || hostOf_[from] == hostOf_[to]) return hop;
+    const Topology& topo = *context_.topology;
+    PathInfo path = topo.path(from, to);
+    if (!path.reachable || path.slowest == LinkKind::kSharedMemory || path.slowest == LinkKind::kSmp) return hop;
+    // The ranks of this host that leave it through the same NIC share its bandwidth.
+    int egress = topo.egressOf(topo.rankNode(from)), sharing = 0;
+    for (int r = 0; r < n_; ++r)
+      if (hostOf_[r] == hostOf_[from] && topo.egressOf(topo.rankNode(r)) == egress) ++sharing;
+    hop.byCpu = false;
+    hop.latencyUs = path.latency;
+    hop.bandwidth = path.bandwidth / std::max(1, sharing);
+    return hop;
+  }
+
+  const TuneContext& context_;
+  const HostCosts& costs_;
+  size_t elementBytes_;
+  int n_;
+  bool placed_ = false;
+  std::vector<int> hostOf_;
+  std::vector<double> slowdown_;
+  std::vector<double> switchUs_;  // per receiver: what a message pays for finding it descheduled
+  std::vector<bool> onDevice_;    // per rank: a GPU rank, whose copies run at the device's rate
+  size_t maxUnits_ = 64;
+  double copyGBps_ = 11.0;
+  std::map<std::pair<int, int>, Hop> hops_;
+};
+
+// Collectives the tuner chooses for: the others have one algorithm, or plans that depend on per-rank counts.
+bool tunable(Collective collective) {
+  return collective != Collective::kAllToAllv && collective != Collective::kSendRecv &&
+         collective != Collective::kBarrier;
+}
+
+std::string sizeText(size_t bytes) {
+  char text[32];
+  if (bytes >= (size_t{1} << 20) && bytes % (size_t{1} << 20) == 0)
+    std::snprintf(text, sizeof(text), "%zu MiB", bytes >> 20);
+  else if (bytes >= 1024 && bytes % 1024 == 0)
+    std::snprintf(text, sizeof(text), "%zu KiB", bytes >> 10);
+  else
+    std::snprintf(text, sizeof(text), "%zu B", bytes);
+  return text;
+}
+
+}  // namespace
+
+double estimateCall(const TuneContext& context, const HostCosts& costs, Collective collective, size_t count,
+                    size_t elementBytes, int root, const std::string& algorithm, int nChannels) {
+  std::vector<RankPlan> plans(context.nranks);
+  for (int r = 0; r < context.nranks; ++r) {
+    CollArgs args;
+    args.collective = collective;
+    args.nranks = context.nranks;
+    args.rank = r;
+    args.root = root;
+    args.count = count;
+    args.nChannels = nChannels;
+    args.torusDimCount = context.torusDimCount;
+    std::copy(context.torusDims, context.torusDims + context.torusDimCount, args.torusDims);
+    args.hostOf = context.hostOf;
+    if (!buildPlan(args, algorithm, &plans[r])) return -1;
+  }
+  PlanTimer timer(context, costs, elementBytes);
+  const RankPlan& first = plans.front();
+  timer.setFootprint(static_cast<double>(first.inputCount + first.outputCount + first.scratchCount) * elementBytes);
+  return timer.time(plans);
+}
+
+void Tuner::configure(TuneContext context, HostCosts costs) {
+  context_ = std::move(context);
+  costs_ = costs;
+  int collectives = static_cast<int>(Collective::kBarrier) + 1;
+  chosen_.assign(collectives, {});
+  known_.assign(collectives, {});
+}
+
+std::vector<TuneEstimate> Tuner::rank(Collective collective, size_t bytes, const AlgorithmRules& rules) const {
+  std::vector<std::string> names = rules.allowed[static_cast<int>(collective)];
+  if (names.empty()) names = algorithmsFor(collective);
+  // Estimated with 4-byte elements (1-byte ones below 4 bytes): plans depend on counts, costs on bytes.
+  size_t elementBytes = bytes >= 4 ? 4 : 1, count = bytes / elementBytes;
+  std::vector<int> channelChoices{1};
+  if (context_.nChannels > 1) channelChoices.push_back(context_.nChannels);
+  std::vector<TuneEstimate> estimates;
+  for (const std::string& name : names) {
+    for (int channels : channelChoices) {
+      double us = estimateCall(context_, costs_, collective, count, elementBytes, 0, name, channels);
+      if (us >= 0) estimates.push_back({name, channels, us});
+    }
+  }
+  std::stable_sort(estimates.begin(), estimates.end(),
+                   [](const TuneEstimate& a, const TuneEstimate& b) { return a.us < b.us; });
+  return estimates;
+}
+
+const TuneEstimate& Tuner::choose(Collective collective, size_t bytes, const AlgorithmRules& rules) {
+  int sizeClass = bytes <= 1 ? 0 : 64 - __builtin_clzll(static_cast<unsigned long long>(bytes - 1));
+  int c = static_cast<int>(collective);
+  TuneEstimate& chosen = chosen_[c][sizeClass];
+  if (known_[c][sizeClass]) return chosen;
+  known_[c][sizeClass] = true;
+  const std::vector<std::string>& allowed = rules.allowed[c];
+  std::vector<std::string> names = allowed.empty() ? algorithmsFor(collective) : allowed;
+  if (!tunable(collective) || names.size() == 1) {
+    chosen = {names.front(), context_.nChannels, 0};
+    return chosen;
+  }
+  size_t classBytes = size_t{1} << sizeClass;
+  std::vector<TuneEstimate> estimates = rank(collective, classBytes, rules);
+  chosen = estimates.empty() ? TuneEstimate{names.front(), context_.nChannels, 0} : estimates.front();
+  if (logEnabled(LogLevel::kInfo, Subsys::TUNE))
+    logMessage(LogLevel::kInfo, Subsys::TUNE, "%s up to %s on %d ranks: %s -> %s", collectiveName(collective),
+               sizeText(classBytes).c_str(), context_.nranks, describeEstimates(estimates).c_str(),
+               chosen.algorithm.c_str());
+  return chosen;
+}
+
+std::string describeEstimates(const std::vector<TuneEstimate>& estimates) {
+  std::string text;
+  for (const TuneEstimate& estimate : estimates) {
+    char item[96];
+    std::snprintf(item, sizeof(item), "%s%s %.2f us%s", text.empty() ? "" : " | ", estimate.algorithm.c_str(),
+                  estimate.us, estimate.nChannels > 1 ? (" (" + std::to_string(estimate.nChannels) + " ch)").c_str() : "");
+    text += item;
+  }
+  return text;
+}
+
+}  // namespace loom

@@ -1,0 +1,94 @@
+// The tuner: predicts how long each algorithm takes for a call and picks the fastest the rules allow, with the
+// number of channels to use.
+//
+// The cost model times the plans themselves rather than per-algorithm formulas: every rank's plan is built and
+// walked as the executors run it (lanes, phases, rounds of slices), each slice costing its rank's executor an
+// overhead per message (by protocol) plus its bytes over the host's copy rate (by action: a forwarding step
+// copies twice, a reduction reads two operands), and each message reaching its receiver after the latency of
+// the route between the two ranks, plus its bytes over the route's bandwidth when a NIC or NVLink moves it
+// rather than the CPUs. Ranks that outnumber their host's cores share them: their executors run
+// ranks/cores times slower. A route's bandwidth is shared by the ranks that leave their host through the same
+// NIC. So the latency terms come from the plan's dependent steps, the bandwidth terms from its bytes per rank,
+// both per hop class of the topology, and the tree's depth, the ring's 2(n-1) steps or recursive halving's
+// log2(n) fall out of the plans. docs/TUNING.md has the constants and the measured check.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "algorithms/builders.h"
+#include "src/topology/topology.h"
+
+namespace loom {
+
+// What the model knows of a communicator.
+struct TuneContext {
+  const Topology* topology = nullptr;  // fused; when it does not place every rank, all share one host
+  int nranks = 1;
+  std::vector<int> hostOf;  // per rank (empty: one host)
+  int torusDims[kMaxTorusDims] = {};
+  int torusDimCount = 0;
+  int nChannels = 1;            // the most a call may use
+  int forcedProtocol = -1;      // -1: LL for messages up to llThresholdBytes, else a Protocol
+  size_t llThresholdBytes = 8192;
+  size_t llSliceBytes = 8192;
+  size_t simpleSliceBytes = 131072;
+};
+
+// The executor's costs on a host, in microseconds and GB/s. The defaults were measured on the reference VM
+// (docs/TUNING.md).
+struct HostCosts {
+  double callUs = 0.15;         // a call's fixed cost: plan lookup, task set-up, completion
+  double llSliceUs = 0.06;      // per LL message handled (poll, flags)
+  double simpleSliceUs = 0.20;  // per Simple message handled (credits, head and tail counters)
+  double localSliceUs = 0.02;   // per local copy or reduce slice
+  double copyGBps = 11.0;       // one core's memcpy rate from and to memory
+  double cachedCopyGBps = 30.0; // ... when the call's buffers fit in the caches
+  double cacheBytes = 1 << 20;  // what "fit" means: a core's share of the caches
+  double deviceCopyGBps = 1000; // a GPU rank's copies and reductions (HBM-class), until the CUDA executor's
+                                // own costs are measured
+  double llCopyFactor = 2.0;    // LL moves flags with the payload
+  double shmLatencyUs = 0.15;   // a message between two cores of one host
+  double switchUs = 20.0;       // a waiting rank descheduled for another: paid per message, in the share of
+                                // waits that find the receiver off its core (1 - cores/ranks on the host)
+};
+
+struct TuneEstimate {
+  std::string algorithm;
+  int nChannels = 1;
+  double us = 0;  // predicted time of the call
+};
+
+// Predicted time of `algorithm` for one call (count elements of elementBytes each; root for rooted
+// collectives) on `nChannels` channels. Negative when the algorithm does not exist for the collective.
+double estimateCall(const TuneContext& context, const HostCosts& costs, Collective collective, size_t count,
+                    size_t elementBytes, int root, const std::string& algorithm, int nChannels);
+
+class Tuner {
+ public:
+  void configure(TuneContext context, HostCosts costs = {});
+  const TuneContext& context() const { return context_; }
+  const HostCosts& costs() const { return costs_; }
+
+  // The algorithm and channels for a call of `bytes` bytes: the cheapest for its size class (bytes rounded up to
+  // a power of two, so every rank decides alike and once per class) among those `rules` allow. Not thread safe.
+  const TuneEstimate& choose(Collective collective, size_t bytes, const AlgorithmRules& rules);
+
+  // Every allowed algorithm's estimate for a call of `bytes`, cheapest first (what LOOM_DEBUG_SUBSYS=TUNE prints).
+  std::vector<TuneEstimate> rank(Collective collective, size_t bytes, const AlgorithmRules& rules) const;
+
+ private:
+  static constexpr int kClasses = 64;
+  TuneContext context_;
+  HostCosts costs_;
+  std::vector<std::array<TuneEstimate, kClasses>> chosen_;  // by collective, then size class
+  std::vector<std::array<bool, kClasses>> known_;
+};
+
+// A table of `estimates` for the logs: "ring 12.3 us | tree 15.0 us (2 channels) | ...".
+std::string describeEstimates(const std::vector<TuneEstimate>& estimates);
+
+}  // namespace loom
