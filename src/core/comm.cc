@@ -218,6 +218,13 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
     if (known == hosts.end()) hosts.push_back(setup.logicalHost);
   }
   LOOM_CHECK(buildTopology(comm, hostHashes, deadline));
+  if (comm->torusDimCount == 0) {  // the torus the topology describes, when it describes one
+    std::vector<int> dims = comm->topology.torusDims();
+    if (dims.size() <= static_cast<size_t>(kMaxTorusDims)) {
+      comm->torusDimCount = static_cast<int>(dims.size());
+      std::copy(dims.begin(), dims.end(), comm->torusDims);
+    }
+  }
   LOOM_CHECK(exchangeDirectAccess(comm, setups, deadline));
   comm->spinPolls = spinPollsFor(comm);
   TuneContext tune;

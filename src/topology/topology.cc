@@ -1,8 +1,10 @@
 // The topology graph's data: kinds, attributes, building, validation and comparison. Routing lives in route.cc.
 #include "src/topology/topology.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 
 namespace loom {
 namespace {
@@ -142,6 +144,35 @@ int Topology::rankNode(int rank) const { return rank >= 0 && rank < rankCount() 
 int Topology::rankHost(int rank) const {
   int node = rankNode(rank);
   return node < 0 ? -1 : nodes_[node].host;
+}
+
+std::vector<int> Topology::torusDims() const {
+  std::vector<std::vector<int>> coords;
+  std::vector<int> sizes;
+  for (int r = 0; r < rankCount(); ++r) {
+    int node = rankNode(r);
+    const std::string* text = node < 0 ? nullptr : findAttribute(nodes_[node].attrs, "coords");
+    if (text == nullptr) return {};
+    std::vector<int> point;
+    for (size_t start = 0; start <= text->size();) {
+      size_t end = std::min(text->find(',', start), text->size());
+      point.push_back(std::atoi(text->substr(start, end - start).c_str()));
+      start = end + 1;
+    }
+    if (r > 0 && point.size() != sizes.size()) return {};
+    sizes.resize(point.size(), 1);
+    for (size_t d = 0; d < point.size(); ++d) sizes[d] = std::max(sizes[d], point[d] + 1);
+    coords.push_back(std::move(point));
+  }
+  long points = 1;
+  for (int size : sizes) points *= size;
+  if (sizes.empty() || points != rankCount()) return {};
+  for (int r = 0; r < rankCount(); ++r) {  // rank r must sit at index r, the first coordinate fastest
+    long index = 0, stride = 1;
+    for (size_t d = 0; d < sizes.size(); stride *= sizes[d], ++d) index += coords[r][d] * stride;
+    if (index != r) return {};
+  }
+  return std::vector<int>(sizes.rbegin(), sizes.rend());
 }
 
 std::vector<int> Topology::linksOf(int node) const {

@@ -125,6 +125,10 @@ class Topology {
   int rankCount() const { return static_cast<int>(rankNodes_.size()); }
   int rankNode(int rank) const;
   int rankHost(int rank) const;
+  // The torus the ranks form, from their nodes' "coords" attributes ("x,y,z", the first coordinate varying
+  // fastest with the rank, as the torus presets lay chips out): sizes listed slowest first, as
+  // LOOM_TORUS_DIMS takes them. Empty when some rank has no coordinates or the ranks are not in that order.
+  std::vector<int> torusDims() const;
   // The links of `node` (a shared-memory link once).
   std::vector<int> linksOf(int node) const;
   // The first problem that makes this graph unusable (names, host numbering, links, rank placement), or "".

@@ -193,6 +193,8 @@ class PlanTimer {
   std::map<std::pair<int, int>, Hop> hops_;
 };
 
+constexpr double kPreferEarlierWithin = 0.10;
+
 // Collectives the tuner chooses for: the others have one algorithm, or plans that depend on per-rank counts.
 bool tunable(Collective collective) {
   return collective != Collective::kAllToAllv && collective != Collective::kSendRecv &&
@@ -276,6 +278,17 @@ const TuneEstimate& Tuner::choose(Collective collective, size_t bytes, const Alg
   size_t classBytes = size_t{1} << sizeClass;
   std::vector<TuneEstimate> estimates = rank(collective, classBytes, rules);
   chosen = estimates.empty() ? TuneEstimate{names.front(), context_.nChannels, 0} : estimates.front();
+  // The model's errors are about this size (docs/TUNING.md): an algorithm earlier in the registry's order (the
+  // ring first) keeps the call unless another is predicted clearly faster.
+  for (const std::string& name : names) {
+    auto near = std::find_if(estimates.begin(), estimates.end(), [&](const TuneEstimate& estimate) {
+      return estimate.algorithm == name && estimate.us <= chosen.us * (1 + kPreferEarlierWithin);
+    });
+    if (near != estimates.end()) {
+      chosen = *near;
+      break;
+    }
+  }
   if (logEnabled(LogLevel::kInfo, Subsys::TUNE))
     logMessage(LogLevel::kInfo, Subsys::TUNE, "%s up to %s on %d ranks: %s -> %s", collectiveName(collective),
                sizeText(classBytes).c_str(), context_.nranks, describeEstimates(estimates).c_str(),

@@ -74,7 +74,9 @@ class Tuner {
   const HostCosts& costs() const { return costs_; }
 
   // The algorithm and channels for a call of `bytes` bytes: the cheapest for its size class (bytes rounded up to
-  // a power of two, so every rank decides alike and once per class) among those `rules` allow. Not thread safe.
+  // a power of two, so every rank decides alike and once per class) among those `rules` allow, except that an
+  // algorithm earlier in the registry's order (the ring first) predicted within 10% of the cheapest is kept.
+  // Not thread safe.
   const TuneEstimate& choose(Collective collective, size_t bytes, const AlgorithmRules& rules);
 
   // Every allowed algorithm's estimate for a call of `bytes`, cheapest first (what LOOM_DEBUG_SUBSYS=TUNE prints).

@@ -90,8 +90,12 @@ TEST(Tuner, ChoosesByCostWithinTheRules) {
   EXPECT_NE(small.algorithm, "ring");
   std::vector<TuneEstimate> ranked = tuner.rank(Collective::kAllReduce, size_t{64} << 20, none);
   ASSERT_FALSE(ranked.empty());
-  EXPECT_EQ(large.algorithm, ranked.front().algorithm);
-  EXPECT_LE(ranked.front().us, host.estimate("ring", size_t{64} << 20) + 1e-9);
+  // The pick is the cheapest, or an algorithm earlier in the registry within 10% of it.
+  double pickUs = -1;
+  for (const TuneEstimate& estimate : ranked)
+    if (estimate.algorithm == large.algorithm && estimate.nChannels == large.nChannels) pickUs = estimate.us;
+  EXPECT_GE(pickUs, ranked.front().us);
+  EXPECT_LE(pickUs, ranked.front().us * 1.1 + 1e-9);
   // Every size in a power-of-two class gets the same decision; every rank's tuner makes the same.
   EXPECT_EQ(tuner.choose(Collective::kAllReduce, 5, none).algorithm, small.algorithm);
   Tuner other;

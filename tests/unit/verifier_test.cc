@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "algorithms/builders.h"
+#include "src/topology/presets.h"
 
 namespace loom {
 namespace {
@@ -287,6 +288,33 @@ TEST(Verifier, HierarchicalHostLayouts) {
             if (HasFatalFailure()) return;
           }
         }
+      }
+    }
+  }
+}
+
+// Every algorithm on the rank layouts of the topology presets: their hosts (hierarchical) and tori (torus).
+TEST(Verifier, EveryAlgorithmOnThePresets) {
+  for (const char* spec : {"dgx-h100", "pcie-8gpu", "torus2d:4x4", "torus3d:4x4x4", "fattree:2", "fullmesh:8"}) {
+    Topology topology;
+    std::string error;
+    ASSERT_TRUE(makePreset(spec, &topology, &error)) << spec << ": " << error;
+    int n = topology.rankCount();
+    std::vector<int> hostOf;
+    for (int r = 0; r < n; ++r) hostOf.push_back(topology.rankHost(r));
+    std::vector<int> dims = topology.torusDims();
+    if (std::string(spec).rfind("torus", 0) == 0) {
+      EXPECT_FALSE(dims.empty()) << spec;
+    }
+    for (Collective collective : kUniform) {
+      for (const std::string& algorithm : algorithmsFor(collective)) {
+        CollArgs args = uniformArgs(collective, n, 100, n - 1, 1);
+        args.hostOf = hostOf;
+        args.torusDimCount = static_cast<int>(dims.size());
+        std::copy(dims.begin(), dims.end(), args.torusDims);
+        SCOPED_TRACE(spec);
+        expectProven(args, algorithm, {false, 7, 2});
+        if (HasFatalFailure()) return;
       }
     }
   }
