@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <string>
 #include <string_view>
@@ -158,6 +159,30 @@ struct P2POp {
 constexpr int kChannelSets = 2;
 
 constexpr int kMaxTorusDims = 4;
+
+// The ranks a walk over all ranks' plans (the verifier, the tuner's timer) should visit next: every rank at
+// first, then those woken because a message was sent to them or taken from them, so that the work grows with
+// the messages rather than with ranks times passes.
+class ReadyRanks {
+ public:
+  explicit ReadyRanks(int n) : queued_(n, 1) {
+    for (int r = 0; r < n; ++r) ready_.push_back(r);
+  }
+  bool pop(int* rank) {
+    if (ready_.empty()) return false;
+    *rank = ready_.front();
+    ready_.pop_front();
+    queued_[*rank] = 0;
+    return true;
+  }
+  void wake(int rank) {
+    if (!queued_[rank]) queued_[rank] = 1, ready_.push_back(rank);
+  }
+
+ private:
+  std::deque<int> ready_;
+  std::vector<char> queued_;
+};
 
 // A rank's view of one call: what every builder takes.
 struct CollArgs {

@@ -422,18 +422,9 @@ class Verifier {
         cursors[r].back().start(lane, slicesOf());
       }
     }
-    // Ranks that may be able to run something: all at first, then those a message was sent to, or taken from
-    // (room in a bounded FIFO), so that the work grows with the messages, not with ranks times passes.
-    std::deque<int> ready;
-    std::vector<char> queued(n_, 1);
-    for (int r = 0; r < n_; ++r) ready.push_back(r);
-    auto wake = [&](int peer) {
-      if (!queued[peer]) queued[peer] = 1, ready.push_back(peer);
-    };
-    while (!ready.empty()) {
-      int r = ready.front();
-      ready.pop_front();
-      queued[r] = 0;
+    // A rank taking a message makes room in a bounded FIFO: its sender is woken too.
+    ReadyRanks ready(n_);
+    for (int r; ready.pop(&r);) {
       for (size_t l = 0; l < cursors[r].size(); ++l) {
         LaneCursor& cursor = cursors[r][l];
         while (!cursor.done()) {
@@ -442,8 +433,8 @@ class Verifier {
           if (!error.empty()) return error;
           if (!ran) break;
           const Step& step = plans_[r].lanes[l].steps[cursor.step()];
-          if (actionSends(step.action)) wake(step.sendPeer);
-          if (actionReceives(step.action)) wake(step.recvPeer);
+          if (actionSends(step.action)) ready.wake(step.sendPeer);
+          if (actionReceives(step.action)) ready.wake(step.recvPeer);
           cursor.next(slicesOf());
         }
       }

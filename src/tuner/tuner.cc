@@ -86,13 +86,8 @@ class PlanTimer {
     }
     // Arrival times of the messages in flight, per (sender, receiver, channel).
     std::map<std::tuple<int, int, int>, std::deque<double>> inFlight;
-    std::deque<int> ready;
-    std::vector<char> queued(n_, 1);
-    for (int r = 0; r < n_; ++r) ready.push_back(r);
-    while (!ready.empty()) {
-      int r = ready.front();
-      ready.pop_front();
-      queued[r] = 0;
+    ReadyRanks ready(n_);
+    for (int r; ready.pop(&r);) {
       for (size_t l = 0; l < lanes[r].size(); ++l) {
         LaneState& state = lanes[r][l];
         const Lane& lane = plans[r].lanes[l];
@@ -117,7 +112,7 @@ class PlanTimer {
             double arrival = end + hop.latencyUs + switchUs_[step.sendPeer] +
                              (hop.byCpu ? 0.0 : bytes / (hop.bandwidth * 1e3));
             inFlight[{r, step.sendPeer, lane.channel}].push_back(arrival);
-            if (!queued[step.sendPeer]) queued[step.sendPeer] = 1, ready.push_back(step.sendPeer);
+            ready.wake(step.sendPeer);
           }
           state.cursor.next(slicesOf());
         }
