@@ -1,0 +1,91 @@
+// Simulator::run and the helpers of sim.h: a call's setup, then one of the two engines.
+#include "tools/sim/sim.h"
+
+#include "algorithms/builders.h"
+#include "src/core/params.h"
+#include "tools/sim/engines.h"
+
+namespace loom::sim {
+
+struct Simulator::State {
+  State(const Topology& topo, const Params& params) : topo(topo), params(params), network(topo, params.efficiency) {}
+  const Topology& topo;
+  Params params;
+  Network network;
+  FairShareCache cache;
+};
+
+Simulator::Simulator(const Topology& topo, const Params& params) : state_(std::make_unique<State>(topo, params)) {}
+Simulator::~Simulator() = default;
+
+Result Simulator::run(const Call& call, Mode mode) {
+  Result result;
+  CallSetup setup;
+  if (!setUpCall(state_->topo, call, state_->params, &setup, &result.error)) return result;
+  if (mode == Mode::kExact) {
+    // Every slice is an event: refuse calls that would take minutes, judged by rank 0's plan.
+    RankPlan first;
+    buildPlan(setup.argsFor(0), setup.algorithm, &first);
+    double slices = 0;
+    for (const Lane& lane : first.lanes)
+      for (const Step& step : lane.steps) slices += static_cast<double>(setup.slicing.slicesOf(step.count()));
+    if (slices * call.nranks > static_cast<double>(state_->params.maxExactSlices)) {
+      result.error = "about " + std::to_string(static_cast<uint64_t>(slices * call.nranks)) +
+                     " slices, more than the exact engine's limit of " + std::to_string(state_->params.maxExactSlices) +
+                     " (use the fast engine)";
+      return result;
+    }
+    return runExact(setup, buildPlans(setup), state_->network, state_->params);
+  }
+  ShapeSet shapes;
+  if (!buildShapes(setup, state_->params, &shapes, &result.error)) return result;
+  return runFast(setup, shapes, state_->network, state_->cache, state_->params);
+}
+
+Params loomParams() {
+  Params params;
+  params.simpleSliceBytes = static_cast<size_t>(std::max<int64_t>(1, params::simpleSlotBytes()));
+  params.llSlotBytes = static_cast<size_t>(std::max<int64_t>(16, params::llSlotBytes()));
+  params.llThresholdBytes = static_cast<size_t>(std::max<int64_t>(0, params::llThreshold()));
+  params.fifoDepth = static_cast<int>(std::max<int64_t>(1, params::fifoDepth()));
+  return params;
+}
+
+namespace {
+
+bool splitsOverRanks(Collective collective) {
+  return collective == Collective::kAllGather || collective == Collective::kGather ||
+         collective == Collective::kReduceScatter || collective == Collective::kScatter ||
+         collective == Collective::kAllToAll;
+}
+
+}  // namespace
+
+size_t callCountFor(Collective collective, size_t bytes, size_t elementBytes, int nranks) {
+  size_t count = bytes / elementBytes;
+  if (!splitsOverRanks(collective)) return count;
+  size_t mask = elementBytes >= 16 ? 0 : 16 / elementBytes - 1;  // blocks rounded down to 16 bytes
+  return (count / static_cast<size_t>(nranks)) & ~mask;
+}
+
+size_t rowBytesFor(Collective collective, size_t count, size_t elementBytes, int nranks) {
+  return count * elementBytes * (splitsOverRanks(collective) ? static_cast<size_t>(nranks) : 1);
+}
+
+double busBandwidthFactor(Collective collective, int nranks) {
+  double n = nranks;
+  switch (collective) {
+    case Collective::kAllReduce:
+      return 2 * (n - 1) / n;
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+    case Collective::kAllToAll:
+    case Collective::kGather:
+    case Collective::kScatter:
+      return (n - 1) / n;
+    default:
+      return 1;
+  }
+}
+
+}  // namespace loom::sim
