@@ -7,11 +7,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 
 #include "src/core/check.h"
 #include "src/core/params.h"
-#include "src/core/siphash.h"
 #include "src/topology/discover.h"
 #include "src/topology/fuse.h"
 #include "src/topology/xml.h"
@@ -23,17 +21,6 @@ void loomComm::setLastError(const std::string& message) {
 
 namespace loom {
 namespace {
-
-uint64_t hostHash() {
-  char host[256] = "";
-  gethostname(host, sizeof(host) - 1);
-  std::string identity = host;
-  std::ifstream bootId("/proc/sys/kernel/random/boot_id");
-  std::string line;
-  if (std::getline(bootId, line)) identity += "/" + line;
-  static const uint8_t kKey[16] = {'l', 'o', 'o', 'm', '-', 'h', 'o', 's', 't'};
-  return sipHash24(kKey, identity.data(), identity.size());
-}
 
 // A word at a known address that peers read to find out whether they can read this process's memory.
 const uint64_t kProbeWord = 0x6c6f6f6d2d636d61;  // "loom-cma"
@@ -170,7 +157,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   std::vector<RankSetup> setups(nranks);
   RankSetup& mine = setups[rank];
   std::memset(&mine, 0, sizeof(mine));
-  mine.info = {rank, static_cast<int>(getpid()), hostHash()};
+  mine.info = {rank, static_cast<int>(getpid()), machineHash()};
   mine.fifoDepth = comm->fifoShape.depth;
   mine.slotBytes = comm->fifoShape.slotBytes;
   mine.llSlotBytes = comm->fifoShape.llSlotBytes;

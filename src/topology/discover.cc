@@ -453,10 +453,11 @@ uint64_t hostHashOf(std::string_view identity) {
   return sipHash24(kKey, identity.data(), identity.size());
 }
 
+uint64_t machineHash() { return hostHashOf(hostName() + "/" + firstLine("/proc/sys/kernel/random/boot_id")); }
+
 uint64_t localHostHash() {
   std::string identity = params::hostId();
-  if (identity.empty()) identity = hostName() + "/" + firstLine("/proc/sys/kernel/random/boot_id");
-  return hostHashOf(identity);
+  return identity.empty() ? machineHash() : hostHashOf(identity);
 }
 
 }  // namespace loom

@@ -38,6 +38,9 @@ loomResult_t placeLocalRank(const LocalPlacement& self, Topology* topo);
 // expand to the host name, the process id and the rank.
 loomResult_t loadLocalTopology(const LocalPlacement& self, Topology* topo);
 
+// The machine's own identity, whatever LOOM_HOSTID says: the hash of the host name and the kernel's boot id.
+// Transports compare it to know which peers share memory with this process.
+uint64_t machineHash();
 // This machine's identity: the hash of LOOM_HOSTID when set, else of the host name and the kernel's boot id
 // (so that containers sharing a host name on different machines differ).
 uint64_t localHostHash();
