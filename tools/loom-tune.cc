@@ -1,6 +1,7 @@
 // loom-tune: prints the tuner's predicted time of every algorithm of a collective across sizes, and the one it
-// picks, for N ranks on this host or on a topology (preset or XML file). It builds and times plans only; it
-// never runs a collective. docs/TUNING.md sets these predictions beside measured times.
+// picks, for N ranks on this host or on a topology (preset or XML file). Each algorithm's time is the tuner's
+// for a call that LOOM_ALGO restricts to it (channels, protocol and chunk chosen as for such a call). It builds
+// and times plans only; it never runs a collective. docs/TUNING.md sets these predictions beside measured times.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -23,7 +24,9 @@ namespace {
   std::fprintf(stderr,
                "usage: loom-tune -n NRANKS [-c COLLECTIVE] [-b MINBYTES] [-e MAXBYTES] [-f FACTOR]\n"
                "                 [--topo PRESET|FILE.xml] [--channels C] [--algo LOOM_ALGO-rules]\n"
-               "  Without --topo the ranks share this host, as discovered.\n");
+               "                 [--costs NAME=VALUE,...] [--show-costs]\n"
+               "  Without --topo the ranks share this host, as discovered. --costs changes the executor's costs\n"
+               "  (docs/TUNING.md names them); --show-costs prints them all.\n");
   std::exit(error.empty() ? 0 : 2);
 }
 
@@ -51,11 +54,16 @@ Topology topologyFor(const std::string& spec, int nranks) {
 int run(int argc, char** argv) {
   int nranks = -1, channels = 1;
   size_t minBytes = 8, maxBytes = size_t{256} << 20, factor = 2;
-  std::string collectiveText = "allreduce", topoSpec, rulesText;
+  std::string collectiveText = "allreduce", topoSpec, rulesText, costsText;
+  bool showCosts = false;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string flag = argv[i];
       if (flag == "-h" || flag == "--help") usage("");
+      if (flag == "--show-costs") {
+        showCosts = true;
+        continue;
+      }
       if (i + 1 >= argc) usage(flag + " needs a value");
       const char* value = argv[++i];
       if (flag == "-n") nranks = perf::parseIntArg(value, "-n", 1, 1 << 20);
@@ -66,10 +74,18 @@ int run(int argc, char** argv) {
       else if (flag == "--topo") topoSpec = value;
       else if (flag == "--channels") channels = perf::parseIntArg(value, "--channels", 1, 32);
       else if (flag == "--algo") rulesText = value;
+      else if (flag == "--costs") costsText = value;
       else usage("unknown flag " + flag);
     }
   } catch (const perf::UsageError& error) {
     usage(error.what());
+  }
+  HostCosts costs;
+  std::string costError;
+  if (!parseHostCosts(costsText, &costs, &costError)) usage("--costs: " + costError);
+  if (showCosts) {
+    std::printf("%s\n", describeHostCosts(costs).c_str());
+    return 0;
   }
   if (nranks < 1) usage("-n NRANKS is required");
   if (minBytes > maxBytes) usage("-b is larger than -e");
@@ -91,23 +107,27 @@ int run(int argc, char** argv) {
   context.llSliceBytes = fifoPayloadBytes(shape, Protocol::kLL);
   context.simpleSliceBytes = fifoPayloadBytes(shape, Protocol::kSimple);
   Tuner tuner;
-  tuner.configure(context);
+  tuner.configure(context, costs);
 
   std::vector<std::string> names = rules.allowed[static_cast<int>(collective)];
   if (names.empty()) names = algorithmsFor(collective);
+  // One tuner per algorithm, restricted to it as LOOM_ALGO=<name> would.
+  std::vector<Tuner> alone(names.size());
+  std::vector<AlgorithmRules> aloneRules(names.size(), rules);
+  for (size_t a = 0; a < names.size(); ++a) {
+    alone[a].configure(context, costs);
+    aloneRules[a].allowed[static_cast<int>(collective)] = {names[a]};
+  }
   std::printf("# loom-tune: %s on %d ranks, %s; predicted time of one call in us\n", collectiveName(collective),
               nranks, topoSpec.empty() ? "this host" : topoSpec.c_str());
   std::printf("%12s", "bytes");
   for (const std::string& name : names) std::printf(" %13s", name.c_str());
   std::printf("  %s\n", "pick");
   for (size_t bytes = minBytes; bytes <= maxBytes; bytes *= factor) {
-    std::vector<TuneEstimate> ranked = tuner.rank(collective, bytes, rules);
     std::printf("%12zu", bytes);
-    for (const std::string& name : names) {
-      double best = -1;
-      for (const TuneEstimate& estimate : ranked)
-        if (estimate.algorithm == name && (best < 0 || estimate.us < best)) best = estimate.us;
-      std::printf(" %13.2f", best);
+    for (size_t a = 0; a < names.size(); ++a) {
+      const TuneEstimate& estimate = alone[a].choose(collective, bytes, aloneRules[a]);
+      std::printf(" %13.2f", estimate.algorithm == names[a] && estimate.us > 0 ? estimate.us : -1.0);
     }
     std::printf("  %s\n", tuner.choose(collective, bytes, rules).algorithm.c_str());
     if (bytes > maxBytes / factor) break;

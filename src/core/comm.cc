@@ -41,6 +41,7 @@ struct RankSetup {
   uint64_t slotBytes;
   uint64_t llSlotBytes;
   uint64_t llThresholdBytes;
+  uint64_t chunkBytes;
   int nChannels;
   int forcedProtocol;
   char algorithm[32];      // LOOM_ALGO (its start, for the message): ranks that pick different algorithms
@@ -100,8 +101,14 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_PROTO=\"%s\" is neither LL nor Simple", proto.c_str());
   comm->forcedProtocol = proto == "LL" ? static_cast<int>(Protocol::kLL) : proto == "Simple" ? 0 : -1;
   comm->llThresholdBytes = static_cast<size_t>(std::max<int64_t>(0, params::llThreshold()));
+  int64_t chunk = params::chunkBytes();
+  if (chunk != 0 && chunk < 1024)
+    return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_CHUNK_BYTES=%lld: 0 lets the tuner choose, else at least 1024",
+                     static_cast<long long>(chunk));
+  comm->chunkBytes = static_cast<size_t>(chunk);
   comm->peerCheckMs = clampParam(params::peerCheckMs(), 1, 60000);
   comm->streamingBytes = static_cast<size_t>(std::max<int64_t>(0, params::streamingBytes()));
+  comm->directForwardBytes = static_cast<size_t>(std::max<int64_t>(0, params::directForwardBytes()));
   if (config != nullptr) {
     if (config->timeoutMs != LOOM_CONFIG_UNDEF_INT && config->timeoutMs > 0) comm->timeoutMs = config->timeoutMs;
     if (config->commName != nullptr) comm->name = config->commName;
@@ -163,6 +170,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   mine.llSlotBytes = comm->fifoShape.llSlotBytes;
   mine.nChannels = comm->nChannels;
   mine.llThresholdBytes = comm->llThresholdBytes;
+  mine.chunkBytes = comm->chunkBytes;
   mine.forcedProtocol = comm->forcedProtocol;
   snprintf(mine.algorithm, sizeof(mine.algorithm), "%s", comm->algorithm.c_str());
   mine.algorithmHash = std::hash<std::string>{}(comm->algorithm);
@@ -182,16 +190,19 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
                        setup.info.rank, setup.torus, rank, mine.torus);
     if (setup.fifoDepth != mine.fifoDepth || setup.slotBytes != mine.slotBytes ||
         setup.llSlotBytes != mine.llSlotBytes || setup.nChannels != mine.nChannels ||
-        setup.llThresholdBytes != mine.llThresholdBytes || setup.forcedProtocol != mine.forcedProtocol)
+        setup.llThresholdBytes != mine.llThresholdBytes || setup.forcedProtocol != mine.forcedProtocol ||
+        setup.chunkBytes != mine.chunkBytes)
       return LOOM_FAIL(loomInvalidUsage, INIT,
                        "rank %d uses FIFO depth %d, slots of %llu/%llu bytes, %d channels, LL up to %llu bytes, "
-                       "protocol %d; rank %d uses %d, %llu/%llu, %d, %llu, %d: LOOM_FIFO_DEPTH, LOOM_*_SLOT_BYTES, "
-                       "LOOM_NCHANNELS, LOOM_LL_THRESHOLD and LOOM_PROTO must match on every rank",
+                       "protocol %d, chunks of %llu bytes; rank %d uses %d, %llu/%llu, %d, %llu, %d, %llu: "
+                       "LOOM_FIFO_DEPTH, LOOM_*_SLOT_BYTES, LOOM_NCHANNELS, LOOM_LL_THRESHOLD, LOOM_PROTO and "
+                       "LOOM_CHUNK_BYTES must match on every rank",
                        setup.info.rank, setup.fifoDepth, (unsigned long long)setup.slotBytes,
                        (unsigned long long)setup.llSlotBytes, setup.nChannels,
-                       (unsigned long long)setup.llThresholdBytes, setup.forcedProtocol, rank, mine.fifoDepth,
-                       (unsigned long long)mine.slotBytes, (unsigned long long)mine.llSlotBytes, mine.nChannels,
-                       (unsigned long long)mine.llThresholdBytes, mine.forcedProtocol);
+                       (unsigned long long)setup.llThresholdBytes, setup.forcedProtocol,
+                       (unsigned long long)setup.chunkBytes, rank, mine.fifoDepth, (unsigned long long)mine.slotBytes,
+                       (unsigned long long)mine.llSlotBytes, mine.nChannels, (unsigned long long)mine.llThresholdBytes,
+                       mine.forcedProtocol, (unsigned long long)mine.chunkBytes);
     comm->peers.push_back(setup.info);
     if (setup.info.hostHash == mine.info.hostHash && setup.info.rank != rank)
       comm->peerWatch.add(setup.info.rank, setup.info.pid);
@@ -223,6 +234,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   tune.nChannels = comm->nChannels;
   tune.forcedProtocol = comm->forcedProtocol;
   tune.llThresholdBytes = comm->llThresholdBytes;
+  tune.forcedChunkBytes = comm->chunkBytes;
   tune.llSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kLL);
   tune.simpleSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kSimple);
   comm->tuner.configure(std::move(tune));

@@ -121,8 +121,10 @@ struct loomComm {
   loom::Tuner tuner;                      // algorithm and channels per call (under runMutex)
   int forcedProtocol = -1;                // LOOM_PROTO: -1 by size, else a loom::Protocol
   size_t llThresholdBytes = 0;            // LOOM_LL_THRESHOLD
+  size_t chunkBytes = 0;                  // LOOM_CHUNK_BYTES (0: the tuner chooses)
   int64_t peerCheckMs = 50;               // LOOM_PEER_CHECK_MS
   loom::Clock::time_point nextPeerCheck;  // when a wait next checks peer processes (calls share it: under runMutex)
+  size_t directForwardBytes = 0;  // LOOM_DIRECT_FORWARD_BYTES
   size_t streamingBytes = 0;  // outputs of at least this many bytes are written with streaming stores (0: never)
   int64_t spinPolls = loom::kSpinPollsShared;  // polls a collective spins before yielding (see Backoff)
   loom::Connections connections;

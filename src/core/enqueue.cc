@@ -43,11 +43,13 @@ void moveToP2PChannel(RankPlan* plan) {
 
 // The plan of `call`: from the communicator's cache (*cached set), or built into scratchPlan for the calls
 // whose plans depend on more than their shape (*cached null).
-loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** plan, CachedPlan** cached) {
+loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** plan, CachedPlan** cached,
+                     const TuneEstimate** tuned) {
   loomComm* comm = call.comm;
   // The tuner's choice for the call's size class (within LOOM_ALGO's rules).
   const TuneEstimate& choice =
       comm->tuner.choose(call.collective, call.count * dtypeSize(call.datatype), comm->algorithmRules);
+  *tuned = &choice;
   const std::string& algorithm = choice.algorithm;
   int nChannels = choice.nChannels;
   *cached = nullptr;
@@ -111,7 +113,7 @@ void markDirectBuffers(const Call& call, const RankPlan* plan, ExecTask* task) {
   }
 }
 
-ExecTask taskFor(const Call& call, const RankPlan* plan) {
+ExecTask taskFor(const Call& call, const RankPlan* plan, const TuneEstimate& choice) {
   loomComm* comm = call.comm;
   ExecTask task;
   task.plan = plan;
@@ -121,8 +123,8 @@ ExecTask taskFor(const Call& call, const RankPlan* plan) {
   task.op = call.op;
   task.nranks = comm->nranks;
   task.forcedProtocol = comm->forcedProtocol;
-  task.llThresholdBytes = comm->llThresholdBytes;
-  task.simpleSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kSimple);
+  task.llThresholdBytes = choice.slicing.llThresholdBytes;
+  task.simpleSliceBytes = std::min(choice.slicing.simpleSliceBytes, fifoPayloadBytes(comm->fifoShape, Protocol::kSimple));
   task.llSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kLL);
   task.links = &comm->connections;
   task.what = collectiveName(call.collective);
@@ -137,6 +139,10 @@ ExecTask taskFor(const Call& call, const RankPlan* plan) {
   if (task.forcedProtocol == static_cast<int>(Protocol::kSimple) || largest > task.llThresholdBytes)
     markDirectBuffers(call, plan, &task);
   task.streamOutputs = comm->streamingBytes > 0 && outputBytes >= comm->streamingBytes;
+  // Below LOOM_DIRECT_FORWARD_BYTES of output a step that forwards what it just wrote (a ring's reduce and pass
+  // on) copies it into the FIFO slot: the lines are still in the forwarding core's cache, and the peer pulling
+  // them from there is slower than that core's own copy (docs/PERFORMANCE.md).
+  task.directForwards = outputBytes >= comm->directForwardBytes;
   task.directMessages = &comm->directMessages;
   return task;
 }
@@ -166,6 +172,7 @@ struct RunWorkspace {
   std::vector<RankPlan> uncached;  // plans not cached (kept, with their capacity, until overwritten)
   std::vector<const RankPlan*> plans;
   std::vector<CachedPlan*> cached;
+  std::vector<const TuneEstimate*> choices;  // the tuner's, per call
   std::vector<std::vector<ExecTask>> queues;
   HostExecutor executor;
 };
@@ -183,6 +190,7 @@ class WorkspaceLease {
     ws_.watches.clear();
     ws_.plans.clear();
     ws_.cached.clear();
+    ws_.choices.clear();
     for (auto& queue : ws_.queues) queue.clear();
     ws_.busy = false;
   }
@@ -238,6 +246,8 @@ loomResult_t runCalls(std::span<Call> calls) {
   plans.assign(calls.size(), nullptr);
   std::vector<CachedPlan*>& cached = ws.cached;
   cached.assign(calls.size(), nullptr);
+  std::vector<const TuneEstimate*>& choices = ws.choices;
+  choices.assign(calls.size(), nullptr);
   auto connected = [&](size_t i) { return cached[i] != nullptr && cached[i]->connected; };
   if (ws.queues.size() < comms.size()) ws.queues.resize(comms.size());
   std::vector<std::vector<ExecTask>>& queues = ws.queues;
@@ -249,7 +259,7 @@ loomResult_t runCalls(std::span<Call> calls) {
   // Plan every call and create every receiver, then attach every sender (see Connections).
   for (size_t i = 0; i < calls.size(); ++i) {
     ScopedLogRank logRank(calls[i].comm->rank);
-    loomResult_t result = planFor(calls[i], &uncached[i], &plans[i], &cached[i]);
+    loomResult_t result = planFor(calls[i], &uncached[i], &plans[i], &cached[i], &choices[i]);
     if (result == loomSuccess && !connected(i))
       result = calls[i].comm->connections.createReceivers(calls[i].comm, *plans[i]);
     if (result != loomSuccess) return fail(result);
@@ -265,7 +275,7 @@ loomResult_t runCalls(std::span<Call> calls) {
     }
     size_t scratchBytes = plans[i]->scratchCount * dtypeSize(calls[i].datatype);
     if (comm->scratch.size() < scratchBytes) comm->scratch.resize(scratchBytes);
-    queues[q].push_back(taskFor(calls[i], plans[i]));
+    queues[q].push_back(taskFor(calls[i], plans[i], *choices[i]));
   }
   for (size_t q = 0; q < comms.size(); ++q)
     for (ExecTask& task : queues[q]) task.scratch = comms[q]->scratch.data();

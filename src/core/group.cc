@@ -126,7 +126,7 @@ loomResult_t loomGroupSimulateEnd(loomSimInfo_t* simInfo) {
     }
     const TuneEstimate& choice = comm->tuner.choose(collective, count * dtypeSize(call.datatype), comm->algorithmRules);
     double us = estimateCall(comm->tuner.context(), comm->tuner.costs(), collective, count, dtypeSize(call.datatype),
-                             call.root, choice.algorithm, choice.nChannels);
+                             call.root, choice.algorithm, choice.nChannels, &choice.slicing);
     perComm[comm] += std::max(0.0, us);
   }
   double slowest = 0;

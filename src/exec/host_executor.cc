@@ -297,7 +297,8 @@ class TaskRun {
         marked(task_->directInputs, step.src.bufferIndex))
       return &step.src;
     bool forwards = step.action == Action::kRecvCopySend || step.action == Action::kRecvReduceCopySend;
-    if (forwards && step.dst.buffer == Buffer::kOutput && marked(task_->directOutputs, step.dst.bufferIndex))
+    if (forwards && task_->directForwards && step.dst.buffer == Buffer::kOutput &&
+        marked(task_->directOutputs, step.dst.bufferIndex))
       return &step.dst;
     return nullptr;
   }

@@ -58,6 +58,7 @@ struct ExecTask {
   std::vector<DirectBuffer> directOutputs;
   uint64_t* directMessages = nullptr;  // counts the DirectDescriptors sent (for statistics and tests)
   bool streamOutputs = false;          // write the outputs with non-temporal stores (larger than the caches)
+  bool directForwards = false;         // forwarding steps may pass their output to the peer in place
 };
 
 // Called after every pass over the lanes, with whether anything moved: loomSuccess to go on, or the error that

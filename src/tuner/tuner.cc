@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <optional>
@@ -45,8 +46,8 @@ struct Hop {
 // Times every rank's plan of one call, as tuner.h describes.
 class PlanTimer {
  public:
-  PlanTimer(const TuneContext& context, const HostCosts& costs, size_t elementBytes)
-      : context_(context), costs_(costs), elementBytes_(elementBytes), n_(context.nranks) {
+  PlanTimer(const TuneContext& context, const HostCosts& costs, const Slicing& slicing, size_t elementBytes)
+      : context_(context), costs_(costs), slicing_(slicing), elementBytes_(elementBytes), n_(context.nranks) {
     const Topology* topo = context.topology;
     placed_ = topo != nullptr && topo->rankCount() == n_;
     for (int r = 0; r < n_; ++r) hostOf_.push_back(static_cast<int>(context.hostOf.size()) == n_ ? context.hostOf[r] : 0);
@@ -59,7 +60,7 @@ class PlanTimer {
       if (cores <= 0 || (placed_ && topo->node(topo->rankNode(r)).kind == NodeKind::kGpu))
         cores = ranksOnHost[hostOf_[r]];  // GPU ranks do not share the host's cores
       slowdown_.push_back(std::max(1.0, ranksOnHost[hostOf_[r]] / cores));
-      switchUs_.push_back(costs.switchUs * std::max(0.0, 1.0 - cores / ranksOnHost[hostOf_[r]]));
+      offCore_.push_back(std::max(0.0, 1.0 - cores / ranksOnHost[hostOf_[r]]));
       onDevice_.push_back(placed_ && topo->node(topo->rankNode(r)).kind == NodeKind::kGpu);
     }
     // Units per step: enough slices to show pipelining, few enough that large jobs stay cheap to time.
@@ -102,15 +103,20 @@ class PlanTimer {
           if (actionReceives(step.action)) {
             std::deque<double>& in = inFlight[{step.recvPeer, r, lane.channel}];
             if (in.empty()) break;
-            start = std::max(start, in.front());
+            // Where a host has more ranks than cores, a wait finds the sender off its core in the share of waits
+            // 1 - cores/ranks, and then costs a switch unless another lane of this rank, whose peer may be on a
+            // core, has work: the chance that every active lane waits falls with their number.
+            int active = 0;
+            for (const LaneState& other : lanes[r]) active += !other.cursor.done();
+            double waits = std::pow(offCore_[r], active) * slicesIn(step, state.cursor.round());
+            start = std::max(start, in.front() + costs_.switchUs * waits);
             in.pop_front();
           }
-          double end = start + unitCost(step, bytes, onDevice_[r]) * slowdown_[r];
+          double end = start + unitCost(step, bytes, state.cursor.round(), onDevice_[r]) * slowdown_[r];
           busy[r] = state.ready = end;
           if (actionSends(step.action)) {
             const Hop& hop = hopBetween(r, step.sendPeer);
-            double arrival = end + hop.latencyUs + switchUs_[step.sendPeer] +
-                             (hop.byCpu ? 0.0 : bytes / (hop.bandwidth * 1e3));
+            double arrival = end + hop.latencyUs + (hop.byCpu ? 0.0 : bytes / (hop.bandwidth * 1e3));
             inFlight[{r, step.sendPeer, lane.channel}].push_back(arrival);
             ready.wake(step.sendPeer);
           }
@@ -126,11 +132,11 @@ class PlanTimer {
  private:
   bool isLL(const Step& step) const {
     if (context_.forcedProtocol >= 0) return context_.forcedProtocol == static_cast<int>(Protocol::kLL);
-    return step.count() * elementBytes_ <= context_.llThresholdBytes;
+    return step.count() * elementBytes_ <= slicing_.llThresholdBytes;
   }
 
   size_t realSlices(const Step& step) const {
-    size_t sliceBytes = isLL(step) ? context_.llSliceBytes : context_.simpleSliceBytes;
+    size_t sliceBytes = isLL(step) ? context_.llSliceBytes : slicing_.simpleSliceBytes;
     size_t slice = std::max<size_t>(1, sliceBytes / elementBytes_);
     return (step.count() + slice - 1) / slice;
   }
@@ -147,10 +153,19 @@ class PlanTimer {
     return static_cast<double>(step.count() * elementBytes_) / static_cast<double>(units);
   }
 
-  double unitCost(const Step& step, double bytes, bool onDevice) const {
+  // How many slices unit `round` of a step stands for.
+  double slicesIn(const Step& step, size_t round) const {
+    size_t slices = realSlices(step), units = std::min(slices, maxUnits_);
+    return units == 0 ? 0.0 : static_cast<double>((round + 1) * slices / units - round * slices / units);
+  }
+
+  // A unit stands for one slice or more (at most maxUnits_ per step): it pays the overhead of each.
+  double unitCost(const Step& step, double bytes, size_t round, bool onDevice) const {
     if (bytes <= 0) return 0;
+    double slicesInUnit = slicesIn(step, round);
     bool communicates = actionSends(step.action) || actionReceives(step.action);
-    double overhead = !communicates ? costs_.localSliceUs : isLL(step) ? costs_.llSliceUs : costs_.simpleSliceUs;
+    double overhead = slicesInUnit *
+                      (!communicates ? costs_.localSliceUs : isLL(step) ? costs_.llSliceUs : costs_.simpleSliceUs);
     double factor = memoryFactor(step.action) * (communicates && isLL(step) ? costs_.llCopyFactor : 1.0);
     return overhead + bytes * factor / ((onDevice ? costs_.deviceCopyGBps : copyGBps_) * 1e3);
   }
@@ -176,12 +191,13 @@ class PlanTimer {
 
   const TuneContext& context_;
   const HostCosts& costs_;
+  Slicing slicing_;
   size_t elementBytes_;
   int n_;
   bool placed_ = false;
   std::vector<int> hostOf_;
   std::vector<double> slowdown_;
-  std::vector<double> switchUs_;  // per receiver: what a message pays for finding it descheduled
+  std::vector<double> offCore_;  // per rank: the share of waits that find a peer of its host off its core
   std::vector<bool> onDevice_;    // per rank: a GPU rank, whose copies run at the device's rate
   size_t maxUnits_ = 64;
   double copyGBps_ = 11.0;
@@ -189,12 +205,17 @@ class PlanTimer {
 };
 
 constexpr double kPreferEarlierWithin = 0.10;
+constexpr size_t kMinChunkBytes = 16384;  // smaller Simple chunks cost more in overhead than they pipeline
 
 // Collectives the tuner chooses for: the others have one algorithm, or plans that depend on per-rank counts.
 bool tunable(Collective collective) {
   return collective != Collective::kAllToAllv && collective != Collective::kSendRecv &&
          collective != Collective::kBarrier;
 }
+
+// The element size a call of `bytes` is estimated with: plans depend on counts, costs on bytes, so 4-byte
+// elements (1-byte ones below 4 bytes).
+size_t estimateElementBytes(size_t bytes) { return bytes >= 4 ? 4 : 1; }
 
 std::string sizeText(size_t bytes) {
   char text[32];
@@ -209,8 +230,15 @@ std::string sizeText(size_t bytes) {
 
 }  // namespace
 
+Slicing defaultSlicing(const TuneContext& context) {
+  Slicing slicing{context.llThresholdBytes, context.simpleSliceBytes};
+  if (context.forcedChunkBytes > 0) slicing.simpleSliceBytes = std::min(context.forcedChunkBytes, context.simpleSliceBytes);
+  return slicing;
+}
+
 double estimateCall(const TuneContext& context, const HostCosts& costs, Collective collective, size_t count,
-                    size_t elementBytes, int root, const std::string& algorithm, int nChannels) {
+                    size_t elementBytes, int root, const std::string& algorithm, int nChannels,
+                    const Slicing* slicing) {
   std::vector<RankPlan> plans(context.nranks);
   for (int r = 0; r < context.nranks; ++r) {
     CollArgs args;
@@ -225,7 +253,7 @@ double estimateCall(const TuneContext& context, const HostCosts& costs, Collecti
     args.hostOf = context.hostOf;
     if (!buildPlan(args, algorithm, &plans[r])) return -1;
   }
-  PlanTimer timer(context, costs, elementBytes);
+  PlanTimer timer(context, costs, slicing ? *slicing : defaultSlicing(context), elementBytes);
   const RankPlan& first = plans.front();
   timer.setFootprint(static_cast<double>(first.inputCount + first.outputCount + first.scratchCount) * elementBytes);
   return timer.time(plans);
@@ -242,15 +270,14 @@ void Tuner::configure(TuneContext context, HostCosts costs) {
 std::vector<TuneEstimate> Tuner::rank(Collective collective, size_t bytes, const AlgorithmRules& rules) const {
   std::vector<std::string> names = rules.allowed[static_cast<int>(collective)];
   if (names.empty()) names = algorithmsFor(collective);
-  // Estimated with 4-byte elements (1-byte ones below 4 bytes): plans depend on counts, costs on bytes.
-  size_t elementBytes = bytes >= 4 ? 4 : 1, count = bytes / elementBytes;
+  size_t elementBytes = estimateElementBytes(bytes), count = bytes / elementBytes;
   std::vector<int> channelChoices{1};
   if (context_.nChannels > 1) channelChoices.push_back(context_.nChannels);
   std::vector<TuneEstimate> estimates;
   for (const std::string& name : names) {
     for (int channels : channelChoices) {
       double us = estimateCall(context_, costs_, collective, count, elementBytes, 0, name, channels);
-      if (us >= 0) estimates.push_back({name, channels, us});
+      if (us >= 0) estimates.push_back({name, channels, us, defaultSlicing(context_)});
     }
   }
   std::stable_sort(estimates.begin(), estimates.end(),
@@ -266,13 +293,14 @@ const TuneEstimate& Tuner::choose(Collective collective, size_t bytes, const Alg
   known_[c][sizeClass] = true;
   const std::vector<std::string>& allowed = rules.allowed[c];
   std::vector<std::string> names = allowed.empty() ? algorithmsFor(collective) : allowed;
-  if (!tunable(collective) || names.size() == 1) {
-    chosen = {names.front(), context_.nChannels, 0};
+  if (!tunable(collective)) {
+    chosen = {names.front(), context_.nChannels, 0, defaultSlicing(context_)};
     return chosen;
   }
   size_t classBytes = size_t{1} << sizeClass;
   std::vector<TuneEstimate> estimates = rank(collective, classBytes, rules);
-  chosen = estimates.empty() ? TuneEstimate{names.front(), context_.nChannels, 0} : estimates.front();
+  chosen = estimates.empty() ? TuneEstimate{names.front(), context_.nChannels, 0, defaultSlicing(context_)}
+                             : estimates.front();
   // The model's errors are about this size (docs/TUNING.md): an algorithm earlier in the registry's order (the
   // ring first) keeps the call unless another is predicted clearly faster.
   for (const std::string& name : names) {
@@ -284,11 +312,35 @@ const TuneEstimate& Tuner::choose(Collective collective, size_t bytes, const Alg
       break;
     }
   }
+  if (!estimates.empty()) refineSlicing(collective, classBytes, &chosen);
   if (logEnabled(LogLevel::kInfo, Subsys::TUNE))
-    logMessage(LogLevel::kInfo, Subsys::TUNE, "%s up to %s on %d ranks: %s -> %s", collectiveName(collective),
-               sizeText(classBytes).c_str(), context_.nranks, describeEstimates(estimates).c_str(),
-               chosen.algorithm.c_str());
+    logMessage(LogLevel::kInfo, Subsys::TUNE, "%s up to %s on %d ranks: %s -> %s%s, %s (%.2f us)",
+               collectiveName(collective), sizeText(classBytes).c_str(), context_.nranks,
+               describeEstimates(estimates).c_str(), chosen.algorithm.c_str(),
+               chosen.nChannels > 1 ? (" on " + std::to_string(chosen.nChannels) + " channels").c_str() : "",
+               describeSlicing(chosen.slicing, context_.forcedProtocol).c_str(), chosen.us);
   return chosen;
+}
+
+void Tuner::refineSlicing(Collective collective, size_t bytes, TuneEstimate* chosen) const {
+  size_t elementBytes = estimateElementBytes(bytes), count = bytes / elementBytes;
+  auto tryOut = [&](Slicing slicing) {
+    double us = estimateCall(context_, costs_, collective, count, elementBytes, 0, chosen->algorithm,
+                             chosen->nChannels, &slicing);
+    if (us >= 0 && us < chosen->us * (1 - kPreferEarlierWithin)) {
+      chosen->us = us;
+      chosen->slicing = slicing;
+    }
+  };
+  // The protocol: LL's flags double the bytes but spare the Simple protocol's counters per message.
+  if (context_.forcedProtocol < 0 && chosen->slicing.llThresholdBytes > 0)
+    tryOut(Slicing{0, chosen->slicing.simpleSliceBytes});
+  // The chunk: smaller ones fill a pipeline (a tree's depth, a ring's neighbours) sooner, at more overhead each.
+  if (context_.forcedChunkBytes == 0) {
+    Slicing base = chosen->slicing;
+    for (size_t divisor = 2; divisor <= 8 && base.simpleSliceBytes / divisor >= kMinChunkBytes; divisor *= 2)
+      tryOut(Slicing{base.llThresholdBytes, base.simpleSliceBytes / divisor});
+  }
 }
 
 std::string describeEstimates(const std::vector<TuneEstimate>& estimates) {
@@ -300,6 +352,73 @@ std::string describeEstimates(const std::vector<TuneEstimate>& estimates) {
     text += item;
   }
   return text;
+}
+
+namespace {
+
+struct CostField {
+  const char* name;
+  double HostCosts::*field;
+};
+constexpr CostField kCostFields[] = {
+    {"callUs", &HostCosts::callUs},           {"llSliceUs", &HostCosts::llSliceUs},
+    {"simpleSliceUs", &HostCosts::simpleSliceUs}, {"localSliceUs", &HostCosts::localSliceUs},
+    {"copyGBps", &HostCosts::copyGBps},       {"cachedCopyGBps", &HostCosts::cachedCopyGBps},
+    {"cacheBytes", &HostCosts::cacheBytes},   {"deviceCopyGBps", &HostCosts::deviceCopyGBps},
+    {"llCopyFactor", &HostCosts::llCopyFactor}, {"shmLatencyUs", &HostCosts::shmLatencyUs},
+    {"switchUs", &HostCosts::switchUs},
+};
+
+}  // namespace
+
+bool parseHostCosts(const std::string& text, HostCosts* costs, std::string* error) {
+  HostCosts parsed = *costs;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find(',', begin);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(begin, end - begin);
+    begin = end + 1;
+    if (item.empty()) continue;
+    size_t equals = item.find('=');
+    std::string name = item.substr(0, equals);
+    const CostField* field = nullptr;
+    for (const CostField& candidate : kCostFields)
+      if (name == candidate.name) field = &candidate;
+    if (field == nullptr || equals == std::string::npos) {
+      *error = "\"" + item + "\" is not NAME=VALUE with a cost's name (callUs, llSliceUs, ...)";
+      return false;
+    }
+    char* rest = nullptr;
+    double value = std::strtod(item.c_str() + equals + 1, &rest);
+    bool rate = name.find("GBps") != std::string::npos || name == "cacheBytes";
+    if (rest == item.c_str() + equals + 1 || *rest != '\0' || !std::isfinite(value) || value < 0 ||
+        (rate && value == 0)) {
+      *error = "\"" + item + "\": the value must be a number of at least 0 (more than 0 for a rate or size)";
+      return false;
+    }
+    parsed.*(field->field) = value;
+  }
+  *costs = parsed;
+  return true;
+}
+
+std::string describeHostCosts(const HostCosts& costs) {
+  std::string text;
+  for (const CostField& field : kCostFields) {
+    char item[64];
+    std::snprintf(item, sizeof(item), "%s%s=%.10g", text.empty() ? "" : ",", field.name, costs.*(field.field));
+    text += item;
+  }
+  return text;
+}
+
+std::string describeSlicing(const Slicing& slicing, int forcedProtocol) {
+  std::string text = forcedProtocol == static_cast<int>(Protocol::kLL)       ? "LL (LOOM_PROTO)"
+                     : forcedProtocol == static_cast<int>(Protocol::kSimple) ? "Simple (LOOM_PROTO)"
+                     : slicing.llThresholdBytes > 0 ? "LL up to " + sizeText(slicing.llThresholdBytes)
+                                                    : "Simple only";
+  return text + ", " + sizeText(slicing.simpleSliceBytes) + " chunks";
 }
 
 }  // namespace loom

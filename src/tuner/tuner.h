@@ -1,5 +1,5 @@
 // The tuner: predicts how long each algorithm takes for a call and picks the fastest the rules allow, with the
-// number of channels to use.
+// number of channels, the protocol and the chunk size to use.
 //
 // The cost model times the plans themselves rather than per-algorithm formulas: every rank's plan is built and
 // walked as the executors run it (lanes, phases, rounds of slices), each slice costing its rank's executor an
@@ -32,40 +32,62 @@ struct TuneContext {
   int torusDims[kMaxTorusDims] = {};
   int torusDimCount = 0;
   int nChannels = 1;            // the most a call may use
-  int forcedProtocol = -1;      // -1: LL for messages up to llThresholdBytes, else a Protocol
-  size_t llThresholdBytes = 8192;
-  size_t llSliceBytes = 8192;
-  size_t simpleSliceBytes = 131072;
+  int forcedProtocol = -1;      // LOOM_PROTO: -1 lets the tuner choose, else a Protocol
+  size_t llThresholdBytes = 8192;  // LOOM_LL_THRESHOLD: the largest message that may use LL
+  size_t llSliceBytes = 8192;      // an LL slot's payload
+  size_t simpleSliceBytes = 131072;  // a Simple slot's payload: the largest chunk
+  size_t forcedChunkBytes = 0;     // LOOM_CHUNK_BYTES: 0 lets the tuner choose
 };
+
+// How a call's messages are cut into FIFO slots: decided per call with the algorithm, alike on every rank, since
+// both ends of a message must agree on its protocol and slices without talking.
+struct Slicing {
+  size_t llThresholdBytes = 8192;    // messages of at most this many bytes use LL; 0: Simple only
+  size_t simpleSliceBytes = 131072;  // the chunk: a Simple message carries at most this much
+};
+
+// The slicing a call gets when nothing is tuned: LL up to the threshold (or as LOOM_PROTO forces), whole slots.
+Slicing defaultSlicing(const TuneContext& context);
 
 // The executor's costs on a host, in microseconds and GB/s. The defaults were measured on the reference VM
 // (docs/TUNING.md).
 struct HostCosts {
   double callUs = 0.15;         // a call's fixed cost: plan lookup, task set-up, completion
-  double llSliceUs = 0.06;      // per LL message handled (poll, flags)
-  double simpleSliceUs = 0.20;  // per Simple message handled (credits, head and tail counters)
-  double localSliceUs = 0.02;   // per local copy or reduce slice
-  double copyGBps = 11.0;       // one core's memcpy rate from and to memory
+  double llSliceUs = 0.13;      // per LL message handled (poll, flags)
+  double simpleSliceUs = 0.60;  // per Simple message handled (credits, head and tail counters)
+  double localSliceUs = 0.20;   // per local copy or reduce slice
+  double copyGBps = 19.4;       // one core's memcpy rate from and to memory
   double cachedCopyGBps = 30.0; // ... when the call's buffers fit in the caches
   double cacheBytes = 1 << 20;  // what "fit" means: a core's share of the caches
   double deviceCopyGBps = 1000; // a GPU rank's copies and reductions (HBM-class), until the CUDA executor's
                                 // own costs are measured
-  double llCopyFactor = 2.0;    // LL moves flags with the payload
-  double shmLatencyUs = 0.15;   // a message between two cores of one host
-  double switchUs = 20.0;       // a waiting rank descheduled for another: paid per message, in the share of
-                                // waits that find the receiver off its core (1 - cores/ranks on the host)
+  double llCopyFactor = 4.3;    // LL moves flags with the payload
+  double shmLatencyUs = 0.59;   // a message between two cores of one host
+  double switchUs = 20.0;       // a wait that finds the sender off its core, on a host with more ranks than
+                                // cores: paid per message received, times (1 - cores/ranks) to the power of
+                                // the receiver's active lanes (one of them with work spares the switch)
 };
+
+// Sets the costs named in `text` ("copyGBps=12,switchUs=30"; names as in HostCosts), leaving the others. On a
+// bad name or value returns false with *error set and changes nothing.
+bool parseHostCosts(const std::string& text, HostCosts* costs, std::string* error);
+
+// Every cost as parseHostCosts reads them.
+std::string describeHostCosts(const HostCosts& costs);
 
 struct TuneEstimate {
   std::string algorithm;
   int nChannels = 1;
   double us = 0;  // predicted time of the call
+  Slicing slicing;
 };
 
 // Predicted time of `algorithm` for one call (count elements of elementBytes each; root for rooted
-// collectives) on `nChannels` channels. Negative when the algorithm does not exist for the collective.
+// collectives) on `nChannels` channels, cut as `slicing` says (null: defaultSlicing). Negative when the
+// algorithm does not exist for the collective.
 double estimateCall(const TuneContext& context, const HostCosts& costs, Collective collective, size_t count,
-                    size_t elementBytes, int root, const std::string& algorithm, int nChannels);
+                    size_t elementBytes, int root, const std::string& algorithm, int nChannels,
+                    const Slicing* slicing = nullptr);
 
 class Tuner {
  public:
@@ -73,16 +95,23 @@ class Tuner {
   const TuneContext& context() const { return context_; }
   const HostCosts& costs() const { return costs_; }
 
-  // The algorithm and channels for a call of `bytes` bytes: the cheapest for its size class (bytes rounded up to
-  // a power of two, so every rank decides alike and once per class) among those `rules` allow, except that an
-  // algorithm earlier in the registry's order (the ring first) predicted within 10% of the cheapest is kept.
+  // The algorithm, channels and slicing for a call of `bytes` bytes, decided once per size class (bytes rounded
+  // up to a power of two, so every rank decides alike):
+  //  1. the cheapest algorithm and channel count that `rules` allow, with the default slicing, except that an
+  //     algorithm earlier in the registry's order (the ring first) predicted within 10% of the cheapest is kept;
+  //  2. for it, Simple instead of LL for the small messages (unless LOOM_PROTO forces a protocol), then chunks
+  //     of a half, a quarter or an eighth of a slot (unless LOOM_CHUNK_BYTES fixes them), each kept only when
+  //     predicted more than 10% faster.
   // Not thread safe.
   const TuneEstimate& choose(Collective collective, size_t bytes, const AlgorithmRules& rules);
 
-  // Every allowed algorithm's estimate for a call of `bytes`, cheapest first (what LOOM_DEBUG_SUBSYS=TUNE prints).
+  // Every allowed algorithm's estimate for a call of `bytes` with the default slicing, cheapest first (what
+  // LOOM_DEBUG_SUBSYS=TUNE prints).
   std::vector<TuneEstimate> rank(Collective collective, size_t bytes, const AlgorithmRules& rules) const;
 
  private:
+  void refineSlicing(Collective collective, size_t bytes, TuneEstimate* chosen) const;
+
   static constexpr int kClasses = 64;
   TuneContext context_;
   HostCosts costs_;
@@ -90,7 +119,10 @@ class Tuner {
   std::vector<std::array<bool, kClasses>> known_;
 };
 
-// A table of `estimates` for the logs: "ring 12.3 us | tree 15.0 us (2 channels) | ...".
+// A table of `estimates` for the logs: "ring 12.3 us | tree 15.0 us (2 ch) | ...".
 std::string describeEstimates(const std::vector<TuneEstimate>& estimates);
+
+// How a call is cut, for the logs: "LL up to 8 KiB, 128 KiB chunks".
+std::string describeSlicing(const Slicing& slicing, int forcedProtocol);
 
 }  // namespace loom

@@ -87,11 +87,15 @@ TEST_P(Collectives, EveryAlternativeAlgorithm) {
 }
 
 TEST_P(Collectives, ZeroCopyFromRegisteredAndLoomMemory) {
-  // Large enough for Simple messages; every collective, type and op with buffers peers read in place.
-  for (loomtest::Memory memory : {loomtest::Memory::kLoomAlloc, loomtest::Memory::kRegistered}) {
-    uint64_t direct = runMatrix(GetParam(), {70000}, memory);
-    if (GetParam() > 1) {
-      EXPECT_GT(direct, 0u) << "no message went out as a direct read";
+  // Large enough for Simple messages; every collective, type and op with buffers peers read in place: what a
+  // step forwards in place too (LOOM_DIRECT_FORWARD_BYTES=0), and through the slots (the default at this size).
+  for (const char* forward : {"0", "4194304"}) {
+    loomtest::ScopedEnv forwardBytes("LOOM_DIRECT_FORWARD_BYTES", forward);
+    for (loomtest::Memory memory : {loomtest::Memory::kLoomAlloc, loomtest::Memory::kRegistered}) {
+      uint64_t direct = runMatrix(GetParam(), {70000}, memory);
+      if (GetParam() > 1) {
+        EXPECT_GT(direct, 0u) << "no message went out as a direct read";
+      }
     }
   }
   EXPECT_EQ(runMatrix(GetParam(), {20000}), 0u) << "plain memory must never be read in place";
@@ -120,6 +124,35 @@ TEST(Collectives, BadTorusDimsFailInit) {
     loomComm_t comm = nullptr;
     EXPECT_EQ(loomCommInitRank(&comm, 1, id, 0), loomInvalidArgument) << bad;
     EXPECT_NE(std::string(loomGetLastError(nullptr)).find("LOOM_TORUS_DIMS"), std::string::npos)
+        << bad << ": " << loomGetLastError(nullptr);
+    if (comm != nullptr) loomCommDestroy(comm);
+  }
+}
+
+// Chunks smaller than a slot, as the tuner may choose them, under every algorithm: LOOM_CHUNK_BYTES fixes them.
+TEST(Collectives, SmallChunksUnderEveryAlgorithm) {
+  std::set<std::string> names;
+  for (int c = 0; c <= static_cast<int>(loom::Collective::kBarrier); ++c) {
+    std::vector<std::string> some = loom::algorithmsFor(static_cast<loom::Collective>(c));
+    names.insert(some.begin(), some.end());
+  }
+  loomtest::ScopedEnv simple("LOOM_PROTO", "Simple");
+  loomtest::ScopedEnv chunk("LOOM_CHUNK_BYTES", "1024");
+  for (const std::string& name : names) {
+    SCOPED_TRACE("LOOM_ALGO=" + name);
+    loomtest::ScopedEnv algorithm("LOOM_ALGO", name.c_str());
+    runMatrix(5, {5000});
+  }
+}
+
+TEST(Collectives, BadChunkBytesFailInit) {
+  for (const char* bad : {"100", "-1", "1023"}) {
+    loomtest::ScopedEnv chunk("LOOM_CHUNK_BYTES", bad);
+    loomUniqueId id;
+    ASSERT_EQ(loomGetUniqueId(&id), loomSuccess);
+    loomComm_t comm = nullptr;
+    EXPECT_NE(loomCommInitRank(&comm, 1, id, 0), loomSuccess) << bad;
+    EXPECT_NE(std::string(loomGetLastError(nullptr)).find("LOOM_CHUNK_BYTES"), std::string::npos)
         << bad << ": " << loomGetLastError(nullptr);
     if (comm != nullptr) loomCommDestroy(comm);
   }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "src/topology/presets.h"
+#include "transports/fifo.h"
 
 namespace loom {
 namespace {
@@ -116,6 +117,81 @@ TEST(Tuner, ChoosesByCostWithinTheRules) {
   EXPECT_NE(chosen, "twoshot");
   // Collectives with one algorithm, or per-rank counts, are not timed.
   EXPECT_EQ(tuner.choose(Collective::kAllToAllv, 1000, none).algorithm, "pairwise");
+}
+
+TEST(Tuner, ChoosesProtocolAndChunkPerCall) {
+  OneHost host(4, 4);
+  AlgorithmRules none;
+  Tuner tuner;
+  tuner.configure(host.context);
+  Slicing defaults = defaultSlicing(host.context);
+  for (size_t bytes = 8; bytes <= (size_t{256} << 20); bytes *= 4) {
+    SCOPED_TRACE(bytes);
+    const TuneEstimate& chosen = tuner.choose(Collective::kAllReduce, bytes, none);
+    // LL where the default allows it, or Simple only; a slot, or a half, quarter or eighth of one, never below
+    // 16 KiB.
+    EXPECT_TRUE(chosen.slicing.llThresholdBytes == defaults.llThresholdBytes || chosen.slicing.llThresholdBytes == 0);
+    size_t chunk = chosen.slicing.simpleSliceBytes;
+    EXPECT_TRUE(chunk == defaults.simpleSliceBytes || chunk == defaults.simpleSliceBytes / 2 ||
+                chunk == defaults.simpleSliceBytes / 4 || chunk == defaults.simpleSliceBytes / 8)
+        << chunk;
+    EXPECT_GE(chunk, size_t{16384});
+    // A changed slicing is one the model predicts clearly faster than the default for the same algorithm.
+    double plain = estimateCall(host.context, HostCosts{}, Collective::kAllReduce, bytes / 4, 4, 0, chosen.algorithm,
+                                chosen.nChannels);
+    double tuned = estimateCall(host.context, HostCosts{}, Collective::kAllReduce, bytes / 4, 4, 0, chosen.algorithm,
+                                chosen.nChannels, &chosen.slicing);
+    EXPECT_DOUBLE_EQ(tuned, chosen.us);
+    if (chosen.slicing.llThresholdBytes != defaults.llThresholdBytes ||
+        chosen.slicing.simpleSliceBytes != defaults.simpleSliceBytes) {
+      EXPECT_LT(tuned, plain * 0.9);
+    }
+  }
+  // LOOM_PROTO and LOOM_CHUNK_BYTES fix what they name.
+  TuneContext fixed = host.context;
+  fixed.forcedProtocol = static_cast<int>(Protocol::kSimple);
+  fixed.forcedChunkBytes = 4096;
+  Tuner forced;
+  forced.configure(fixed);
+  for (size_t bytes = 8; bytes <= (size_t{64} << 20); bytes *= 16) {
+    const TuneEstimate& chosen = forced.choose(Collective::kAllReduce, bytes, none);
+    EXPECT_EQ(chosen.slicing.simpleSliceBytes, 4096u);
+    EXPECT_EQ(chosen.slicing.llThresholdBytes, defaults.llThresholdBytes);
+  }
+  // A chunk larger than a slot is a slot.
+  fixed.forcedChunkBytes = size_t{1} << 30;
+  EXPECT_EQ(defaultSlicing(fixed).simpleSliceBytes, host.context.simpleSliceBytes);
+}
+
+TEST(Tuner, HostCostsFromText) {
+  HostCosts costs;
+  std::string error;
+  ASSERT_TRUE(parseHostCosts("copyGBps=12.5,switchUs=0", &costs, &error)) << error;
+  EXPECT_EQ(costs.copyGBps, 12.5);
+  EXPECT_EQ(costs.switchUs, 0.0);
+  EXPECT_EQ(costs.callUs, HostCosts{}.callUs);
+  // What describeHostCosts prints reads back the same.
+  HostCosts again;
+  ASSERT_TRUE(parseHostCosts(describeHostCosts(costs), &again, &error)) << error;
+  EXPECT_EQ(describeHostCosts(again), describeHostCosts(costs));
+  // Bad text names what is wrong and changes nothing.
+  for (const char* bad : {"copyGBps", "speed=3", "copyGBps=fast", "copyGBps=-1", "copyGBps=1,llSliceUs=x"}) {
+    HostCosts unchanged = costs;
+    EXPECT_FALSE(parseHostCosts(bad, &unchanged, &error)) << bad;
+    EXPECT_NE(error.find('"'), std::string::npos) << error;
+    EXPECT_EQ(describeHostCosts(unchanged), describeHostCosts(costs)) << bad;
+  }
+}
+
+TEST(Tuner, LanesSpareSwitchesWhenRanksOutnumberCores) {
+  // Four ranks on two cores: a wait finds the sender descheduled half the time. The torus's bidirectional lanes
+  // (two per rank on a 2 x 2 grid) have work for the rank where the ring's one lane waits, so at 64 MiB the
+  // torus is predicted faster though it moves the ring's bytes; with a core per rank it is not.
+  OneHost shared(4, 2), dedicated(4, 4);
+  double sharedRatio = shared.estimate("torus", 64 << 20) / shared.estimate("ring", 64 << 20);
+  double dedicatedRatio = dedicated.estimate("torus", 64 << 20) / dedicated.estimate("ring", 64 << 20);
+  EXPECT_LT(sharedRatio, 0.95);
+  EXPECT_GT(dedicatedRatio, 1.0);
 }
 
 TEST(Tuner, UnknownAlgorithmHasNoEstimate) {
