@@ -72,19 +72,28 @@ class PlanTimer {
     copyGBps_ = bytes <= costs_.cacheBytes ? costs_.cachedCopyGBps : costs_.copyGBps;
   }
 
-  double time(const std::vector<RankPlan>& plans) {
+  // The time of a call, or with calls > 1 the time per call of that many issued back to back (every rank
+  // starts its next call when it has finished the one before, as its executor does): so a call that does not
+  // need every rank to finish together, like a chain's Broadcast, overlaps the next one.
+  double time(const std::vector<RankPlan>& plans, int calls) {
     struct LaneState {
       LaneCursor cursor;
       double ready = 0;
     };
     std::vector<std::vector<LaneState>> lanes(n_);
     std::vector<double> busy(n_, 0.0);
-    for (int r = 0; r < n_; ++r) {
+    std::vector<int> callOf(n_, 0);
+    std::vector<double> firstDone(n_, 0.0);  // when each rank finished its first call
+    auto startCall = [&](int r) {
+      busy[r] += costs_.callUs;
+      lanes[r].clear();
       for (const Lane& lane : plans[r].lanes) {
         lanes[r].push_back({});
         lanes[r].back().cursor.start(lane, slicesOf());
+        lanes[r].back().ready = busy[r];
       }
-    }
+    };
+    for (int r = 0; r < n_; ++r) startCall(r);
     // Arrival times of the messages in flight, per (sender, receiver, channel).
     std::map<std::tuple<int, int, int>, std::deque<double>> inFlight;
     ReadyRanks ready(n_);
@@ -123,10 +132,19 @@ class PlanTimer {
           state.cursor.next(slicesOf());
         }
       }
+      bool finished = std::all_of(lanes[r].begin(), lanes[r].end(), [](const LaneState& l) { return l.cursor.done(); });
+      if (finished && callOf[r] + 1 < calls) {
+        if (callOf[r]++ == 0) firstDone[r] = busy[r];
+        startCall(r);
+        ready.wake(r);
+      }
     }
-    double slowest = 0;
-    for (double t : busy) slowest = std::max(slowest, t);
-    return costs_.callUs + slowest;
+    double first = 0, last = 0;
+    for (int r = 0; r < n_; ++r) {
+      first = std::max(first, calls > 1 ? firstDone[r] : busy[r]);
+      last = std::max(last, busy[r]);
+    }
+    return calls > 1 ? (last - first) / (calls - 1) : last;
   }
 
  private:
@@ -166,7 +184,9 @@ class PlanTimer {
     bool communicates = actionSends(step.action) || actionReceives(step.action);
     double overhead = slicesInUnit *
                       (!communicates ? costs_.localSliceUs : isLL(step) ? costs_.llSliceUs : costs_.simpleSliceUs);
-    double factor = memoryFactor(step.action) * (communicates && isLL(step) ? costs_.llCopyFactor : 1.0);
+    double factor = communicates && isLL(step) ? memoryFactor(step.action) * costs_.llCopyFactor
+                    : step.action == Action::kSend && step.src.buffer == Buffer::kInput ? costs_.inputSendFactor
+                                                                                         : memoryFactor(step.action);
     return overhead + bytes * factor / ((onDevice ? costs_.deviceCopyGBps : copyGBps_) * 1e3);
   }
 
@@ -238,7 +258,7 @@ Slicing defaultSlicing(const TuneContext& context) {
 
 double estimateCall(const TuneContext& context, const HostCosts& costs, Collective collective, size_t count,
                     size_t elementBytes, int root, const std::string& algorithm, int nChannels,
-                    const Slicing* slicing) {
+                    const Slicing* slicing, int calls) {
   std::vector<RankPlan> plans(context.nranks);
   for (int r = 0; r < context.nranks; ++r) {
     CollArgs args;
@@ -256,7 +276,7 @@ double estimateCall(const TuneContext& context, const HostCosts& costs, Collecti
   PlanTimer timer(context, costs, slicing ? *slicing : defaultSlicing(context), elementBytes);
   const RankPlan& first = plans.front();
   timer.setFootprint(static_cast<double>(first.inputCount + first.outputCount + first.scratchCount) * elementBytes);
-  return timer.time(plans);
+  return timer.time(plans, std::max(1, calls));
 }
 
 void Tuner::configure(TuneContext context, HostCosts costs) {
@@ -276,7 +296,8 @@ std::vector<TuneEstimate> Tuner::rank(Collective collective, size_t bytes, const
   std::vector<TuneEstimate> estimates;
   for (const std::string& name : names) {
     for (int channels : channelChoices) {
-      double us = estimateCall(context_, costs_, collective, count, elementBytes, 0, name, channels);
+      double us = estimateCall(context_, costs_, collective, count, elementBytes, 0, name, channels, nullptr,
+                               kTunedCalls);
       if (us >= 0) estimates.push_back({name, channels, us, defaultSlicing(context_)});
     }
   }
@@ -326,7 +347,7 @@ void Tuner::refineSlicing(Collective collective, size_t bytes, TuneEstimate* cho
   size_t elementBytes = estimateElementBytes(bytes), count = bytes / elementBytes;
   auto tryOut = [&](Slicing slicing) {
     double us = estimateCall(context_, costs_, collective, count, elementBytes, 0, chosen->algorithm,
-                             chosen->nChannels, &slicing);
+                             chosen->nChannels, &slicing, kTunedCalls);
     if (us >= 0 && us < chosen->us * (1 - kPreferEarlierWithin)) {
       chosen->us = us;
       chosen->slicing = slicing;
@@ -366,7 +387,7 @@ constexpr CostField kCostFields[] = {
     {"copyGBps", &HostCosts::copyGBps},       {"cachedCopyGBps", &HostCosts::cachedCopyGBps},
     {"cacheBytes", &HostCosts::cacheBytes},   {"deviceCopyGBps", &HostCosts::deviceCopyGBps},
     {"llCopyFactor", &HostCosts::llCopyFactor}, {"shmLatencyUs", &HostCosts::shmLatencyUs},
-    {"switchUs", &HostCosts::switchUs},
+    {"switchUs", &HostCosts::switchUs},       {"inputSendFactor", &HostCosts::inputSendFactor},
 };
 
 }  // namespace

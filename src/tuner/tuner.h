@@ -53,15 +53,19 @@ Slicing defaultSlicing(const TuneContext& context);
 // (docs/TUNING.md).
 struct HostCosts {
   double callUs = 0.15;         // a call's fixed cost: plan lookup, task set-up, completion
-  double llSliceUs = 0.13;      // per LL message handled (poll, flags)
-  double simpleSliceUs = 0.60;  // per Simple message handled (credits, head and tail counters)
-  double localSliceUs = 0.20;   // per local copy or reduce slice
+  double llSliceUs = 0.09;      // per LL message handled (poll, flags)
+  double simpleSliceUs = 0.78;  // per Simple message handled (credits, head and tail counters)
+  double localSliceUs = 0.17;   // per local copy or reduce slice
   double copyGBps = 19.4;       // one core's memcpy rate from and to memory
-  double cachedCopyGBps = 30.0; // ... when the call's buffers fit in the caches
+  double cachedCopyGBps = 58.8; // ... when the call's buffers fit in the caches
   double cacheBytes = 1 << 20;  // what "fit" means: a core's share of the caches
   double deviceCopyGBps = 1000; // a GPU rank's copies and reductions (HBM-class), until the CUDA executor's
                                 // own costs are measured
-  double llCopyFactor = 4.3;    // LL moves flags with the payload
+  double llCopyFactor = 8.4;    // LL moves flags with the payload
+  double inputSendFactor = 0.28; // a Simple send of the call's input, per byte: 1 copies it into the slot; 0 is
+                                // a peer reading it in place (LOOM_DIRECT with loomMemAlloc or registered
+                                // buffers). Fitted between the two: the tuner cannot know a call's buffers
+                                // alike on every rank, so it prices the measured mix
   double shmLatencyUs = 0.59;   // a message between two cores of one host
   double switchUs = 20.0;       // a wait that finds the sender off its core, on a host with more ranks than
                                 // cores: paid per message received, times (1 - cores/ranks) to the power of
@@ -83,11 +87,17 @@ struct TuneEstimate {
 };
 
 // Predicted time of `algorithm` for one call (count elements of elementBytes each; root for rooted
-// collectives) on `nChannels` channels, cut as `slicing` says (null: defaultSlicing). Negative when the
+// collectives) on `nChannels` channels, cut as `slicing` says (null: defaultSlicing). With calls > 1, the time
+// per call of that many identical calls issued back to back: a rank starts the next when it has finished the
+// one before, so calls that do not end on every rank at once (a Broadcast's chain) overlap. Negative when the
 // algorithm does not exist for the collective.
 double estimateCall(const TuneContext& context, const HostCosts& costs, Collective collective, size_t count,
                     size_t elementBytes, int root, const std::string& algorithm, int nChannels,
-                    const Slicing* slicing = nullptr);
+                    const Slicing* slicing = nullptr, int calls = 1);
+
+// The tuner prices a call as one of a stream of this many: training steps and benchmarks issue calls back to
+// back, and a call's cost then includes how well it overlaps its neighbours.
+constexpr int kTunedCalls = 3;
 
 class Tuner {
  public:

@@ -138,9 +138,9 @@ TEST(Tuner, ChoosesProtocolAndChunkPerCall) {
     EXPECT_GE(chunk, size_t{16384});
     // A changed slicing is one the model predicts clearly faster than the default for the same algorithm.
     double plain = estimateCall(host.context, HostCosts{}, Collective::kAllReduce, bytes / 4, 4, 0, chosen.algorithm,
-                                chosen.nChannels);
+                                chosen.nChannels, nullptr, kTunedCalls);
     double tuned = estimateCall(host.context, HostCosts{}, Collective::kAllReduce, bytes / 4, 4, 0, chosen.algorithm,
-                                chosen.nChannels, &chosen.slicing);
+                                chosen.nChannels, &chosen.slicing, kTunedCalls);
     EXPECT_DOUBLE_EQ(tuned, chosen.us);
     if (chosen.slicing.llThresholdBytes != defaults.llThresholdBytes ||
         chosen.slicing.simpleSliceBytes != defaults.simpleSliceBytes) {
