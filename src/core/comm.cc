@@ -351,7 +351,7 @@ void Connections::abortAll() {
 
 CommWatch::CommWatch(loomComm* comm, const char* what) : comm_(comm), what_(what), deadline_(-1) {}
 
-loomResult_t CommWatch::operator()(bool progressed) {
+loomResult_t CommWatch::operator()(bool progressed, const std::function<bool(int)>& needsPeer) {
   if (comm_->abortFlag.load(std::memory_order_relaxed))
     return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: communicator aborted", what_, comm_->rank);
   if (progressed) {
@@ -365,7 +365,7 @@ loomResult_t CommWatch::operator()(bool progressed) {
   Clock::time_point now = Clock::now();
   if (now >= comm_->nextPeerCheck) {
     comm_->nextPeerCheck = now + std::chrono::milliseconds(comm_->peerCheckMs);
-    int dead = comm_->peerWatch.firstDead();
+    int dead = comm_->peerWatch.firstDead(needsPeer);
     if (dead >= 0)
       return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: rank %d (pid %d) has exited", what_, comm_->rank, dead,
                        comm_->peers[dead].pid);

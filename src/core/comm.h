@@ -159,7 +159,9 @@ class CommWatch {
   CommWatch(loomComm* comm, const char* what);
   // After progress only the abort flag is checked, and the deadline restarts: it bounds a wait, not a call.
   // The clock starts at the first check that finds nothing moved, so a call that never waits never reads it.
-  loomResult_t operator()(bool progressed);
+  // A peer that has exited is an error only when `needsPeer` says the operation still waits on it (none: every
+  // peer counts, as while connecting); one that left after its part in the operation was done is not.
+  loomResult_t operator()(bool progressed, const std::function<bool(int)>& needsPeer = nullptr);
 
  private:
   loomComm* comm_;

@@ -285,8 +285,9 @@ loomResult_t runCalls(std::span<Call> calls) {
   for (loomComm* comm : comms) spinPolls = std::min(spinPolls, comm->spinPolls);
   loomResult_t result = ws.executor.run(
       queues,
-      [&](bool progressed) {
-        for (CommWatch& watch : watches) LOOM_CHECK(watch(progressed));
+      [&](bool progressed, const NeedsPeerFn& needsPeer) {
+        for (size_t q = 0; q < watches.size(); ++q)
+          LOOM_CHECK(watches[q](progressed, [&](int peer) { return needsPeer(q, peer); }));
         return loomSuccess;
       },
       spinPolls);

@@ -45,8 +45,9 @@ void PeerWatch::add(int rank, int pid) {
   watched_.push_back({rank, pid, openPidfd(pid)});
 }
 
-int PeerWatch::firstDead() const {
+int PeerWatch::firstDead(const std::function<bool(int)>& among) const {
   for (const Watched& w : watched_) {
+    if (among && !among(w.rank)) continue;
     if (w.pidfd >= 0) {
       pollfd fd{w.pidfd, POLLIN, 0};
       if (poll(&fd, 1, 0) > 0) return w.rank;

@@ -3,6 +3,7 @@
 // (readable once the process has exited, zombie or not) and falls back to kill(pid, 0) plus /proc state.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 namespace loom {
@@ -15,8 +16,9 @@ class PeerWatch {
   PeerWatch& operator=(const PeerWatch&) = delete;
   // Starts watching `pid` as `rank`. Ranks in this very process are never watched (they cannot die alone).
   void add(int rank, int pid);
-  // The rank of a watched process that has exited, or -1 when all are alive.
-  int firstDead() const;
+  // The rank of a watched process that has exited, or -1 when all are alive; with `among`, only the ranks for
+  // which it returns true are looked at.
+  int firstDead(const std::function<bool(int)>& among = nullptr) const;
 
  private:
   struct Watched {

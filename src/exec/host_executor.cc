@@ -147,6 +147,20 @@ class TaskRun {
 
   const ExecTask& task() const { return *task_; }
 
+  // Whether a lane still to finish waits on `peer` now, or `peer` has yet to read a direct message of this task.
+  // Later steps need no look: a peer this rank waits on that needs `peer` finds it gone and aborts its links.
+  bool waitsOn(int peer) const {
+    for (const LaneRun& lane : lanes_) {
+      if (lane.done()) continue;
+      const Step& step = lane.step();
+      if ((actionReceives(step.action) && step.recvPeer == peer) || (actionSends(step.action) && step.sendPeer == peer))
+        return true;
+    }
+    for (const auto& [sender, rank] : directSenders_)
+      if (rank == peer && !sender->drained()) return true;
+    return false;
+  }
+
   // What the first unfinished lane waits for, for error messages: "a message from rank 3 on channel 0".
   std::string waitingFor() const {
     for (const LaneRun& lane : lanes_) {
@@ -322,6 +336,9 @@ loomResult_t HostExecutor::run(std::vector<std::vector<ExecTask>>& queues, const
   while (runs_.size() < queues.size()) runs_.push_back(std::make_unique<TaskRun>());
   std::span<std::unique_ptr<TaskRun>> current(runs_.data(), queues.size());
   Backoff backoff(spinPolls);
+  NeedsPeerFn needsPeer = [&](size_t queue, int peer) {
+    return queue < current.size() && current[queue]->active() && current[queue]->waitsOn(peer);
+  };
   auto stopAll = [&](loomResult_t result) {
     for (auto& run : current) {
       if (run->active()) run->abortLinks();
@@ -346,7 +363,7 @@ loomResult_t HostExecutor::run(std::vector<std::vector<ExecTask>>& queues, const
     if (allDone) return loomSuccess;
     if (progress) {
       backoff.reset();
-      if (loomResult_t result = watch(true); result != loomSuccess) return stopAll(result);  // abort while moving
+      if (loomResult_t result = watch(true, needsPeer); result != loomSuccess) return stopAll(result);  // abort
       continue;
     }
     // While spinning, poll tight and look at aborts, deadline and peers every 64th pass only (a clock read and a
@@ -362,7 +379,7 @@ loomResult_t HostExecutor::run(std::vector<std::vector<ExecTask>>& queues, const
                                  "%s: rank %d gave up on the operation (it failed or was aborted)", run->task().what,
                                  peer));
     }
-    loomResult_t result = watch(false);
+    loomResult_t result = watch(false, needsPeer);
     if (result != loomSuccess) {
       // Name what this rank was waiting for: the peer at fault, most of the time.
       std::string message = threadLastError();

@@ -61,9 +61,13 @@ struct ExecTask {
   bool directForwards = false;         // forwarding steps may pass their output to the peer in place
 };
 
+// Whether the task in progress on queue `queue` still waits on rank `peer` (a message from it, room in its FIFO,
+// or its read of a direct message): a peer that has exited fails only the operations that still need it.
+using NeedsPeerFn = std::function<bool(size_t queue, int peer)>;
+
 // Called after every pass over the lanes, with whether anything moved: loomSuccess to go on, or the error that
 // ends the run (its message recorded with fail()). A deadline is on waiting, so progress restarts it.
-using WatchFn = std::function<loomResult_t(bool progressed)>;
+using WatchFn = std::function<loomResult_t(bool progressed, const NeedsPeerFn& needsPeer)>;
 
 class TaskRun;
 
