@@ -286,8 +286,10 @@ loomResult_t runCalls(std::span<Call> calls) {
   loomResult_t result = ws.executor.run(
       queues,
       [&](bool progressed, const NeedsPeerFn& needsPeer) {
+        // After progress a watch looks at the abort flag only: the peer query is built for idle checks alone.
         for (size_t q = 0; q < watches.size(); ++q)
-          LOOM_CHECK(watches[q](progressed, [&](int peer) { return needsPeer(q, peer); }));
+          LOOM_CHECK(progressed ? watches[q](true)
+                                : watches[q](false, [&](int peer) { return needsPeer(q, peer); }));
         return loomSuccess;
       },
       spinPolls);
