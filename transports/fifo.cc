@@ -136,6 +136,14 @@ const void* FifoReceiver::poll(Protocol protocol, size_t* bytes, bool* direct) {
   return staging_.data();
 }
 
+const void* FifoReceiver::pollAny(size_t* bytes, Protocol* protocol, bool* direct) {
+  // The head is stored after an LL message's words (fifo.h), so once it counts the message its flag is visible.
+  if (memory_.header->head.load(std::memory_order_acquire) <= consumed_) return nullptr;
+  uint64_t first = llWords(llSlot(memory_, slot_))[0].load(std::memory_order_relaxed);
+  *protocol = static_cast<uint32_t>(first >> 32) == llFlag(consumed_) ? Protocol::kLL : Protocol::kSimple;
+  return poll(*protocol, bytes, direct);
+}
+
 void FifoReceiver::release() {
   slot_ = nextSlot(slot_, depth_);
   memory_.header->tail.store(++consumed_, std::memory_order_release);

@@ -32,6 +32,12 @@ struct FifoShape {
   size_t llSlotBytes;
 };
 
+// Why a FIFO was marked aborted (0: it was not).
+enum AbortCode : uint32_t {
+  kAbortedByPeer = 1,   // an executor at either end gave up on the operation
+  kConnectionLost = 2,  // a network transport lost the connection: the peer died or the network failed
+};
+
 struct alignas(64) FifoHeader {
   std::atomic<uint32_t> magic;  // stored last by the receiver, with release: the FIFO is ready
   uint32_t depth;
@@ -40,7 +46,7 @@ struct alignas(64) FifoHeader {
   alignas(64) std::atomic<uint64_t> head;  // messages posted by the sender
   alignas(64) std::atomic<uint64_t> tail;  // messages released by the receiver
   alignas(64) std::atomic<uint32_t> senderAttached;
-  std::atomic<uint32_t> aborted;                           // set by either side when it gives up on the connection
+  std::atomic<uint32_t> aborted;  // an AbortCode, set by either side when it gives up on the connection
   alignas(64) std::atomic<uint64_t> sizes[kMaxFifoDepth];  // bytes of each posted Simple message
 };
 
@@ -90,7 +96,8 @@ class FifoSender {
   // Whether the receiver has released every message posted so far.
   bool drained() const { return memory_.header->tail.load(std::memory_order_acquire) >= posted_; }
   bool aborted() const { return memory_.header->aborted.load(std::memory_order_relaxed) != 0; }
-  void abort() { memory_.header->aborted.store(1, std::memory_order_relaxed); }
+  uint32_t abortCode() const { return memory_.header->aborted.load(std::memory_order_relaxed); }
+  void abort() { memory_.header->aborted.store(kAbortedByPeer, std::memory_order_relaxed); }
 
  private:
   FifoMemory memory_;
@@ -107,10 +114,14 @@ class FifoReceiver {
   // The next message, or nullptr when it has not fully arrived. *bytes receives its payload size; *direct
   // whether the message is a DirectDescriptor rather than the payload.
   const void* poll(Protocol protocol, size_t* bytes, bool* direct);
+  // For a proxy that forwards whatever was posted (tcp): the next message as poll() gives it, with its protocol,
+  // which an LL message's flag in its slot tells apart (a Simple message leaves that slot's older flags).
+  const void* pollAny(size_t* bytes, Protocol* protocol, bool* direct);
   // Gives the slot of the message poll() returned back to the sender.
   void release();
   bool aborted() const { return memory_.header->aborted.load(std::memory_order_relaxed) != 0; }
-  void abort() { memory_.header->aborted.store(1, std::memory_order_relaxed); }
+  uint32_t abortCode() const { return memory_.header->aborted.load(std::memory_order_relaxed); }
+  void abort() { memory_.header->aborted.store(kAbortedByPeer, std::memory_order_relaxed); }
 
  private:
   FifoMemory memory_;

@@ -11,6 +11,7 @@ namespace loom {
 
 Transport* shmTransport();
 Transport* loopbackTransport();
+Transport* tcpTransport();
 
 std::string ConnectionKey::name() const {
   char text[96];
@@ -19,10 +20,11 @@ std::string ConnectionKey::name() const {
 }
 
 std::vector<Transport*> transportsInPriorityOrder() {
-  // shm first: it works between processes and threads alike. loopback only when asked for (tests).
-  std::vector<Transport*> all = {shmTransport(), loopbackTransport()};
+  // shm first: it works between processes and threads alike, on one host. loopback only when asked for (tests).
+  // tcp reaches every rank.
+  std::vector<Transport*> all = {shmTransport(), loopbackTransport(), tcpTransport()};
   std::string allowed = params::transports();
-  if (allowed.empty()) return {shmTransport()};
+  if (allowed.empty()) return {shmTransport(), tcpTransport()};
   std::vector<Transport*> chosen;
   for (Transport* transport : all) {
     std::stringstream list(allowed);

@@ -1,9 +1,9 @@
-// The one interface every transport implements (shm, loopback; tcp, ucx, ibverbs and cuda_ipc later).
+// The one interface every transport implements (shm, loopback, tcp; ucx, ibverbs and cuda_ipc later).
 //
 // A connection carries messages from one rank to another on one channel through a FIFO of slots (fifo.h).
 // The receiver owns the FIFO memory and creates it; the sender attaches to it. How the memory is shared is the
-// transport's business: a file in LOOM_SHM_DIR for shm, a process-local table for loopback, a proxy thread
-// moving slots over a socket for network transports. The executor sees only the FIFO.
+// transport's business: a file in LOOM_SHM_DIR for shm, a process-local table for loopback, a FIFO at each end
+// with a proxy thread moving messages between them over sockets for tcp. The executor sees only the FIFO.
 #pragma once
 
 #include <atomic>
@@ -22,7 +22,26 @@ namespace loom {
 struct PeerInfo {
   int rank;
   int pid;
-  uint64_t hostHash;  // hash of the host name and boot id: equal means "same machine, same kernel"
+  uint64_t hostHash;     // the host as loom treats it: LOOM_HOSTID's when set (emulated hosts), else machineHash
+  uint64_t machineHash;  // hash of the host name and boot id: equal means "same machine, same kernel"
+};
+
+class Bootstrap;
+
+// What a transport keeps per communicator, if anything (tcp: its connections and proxy thread).
+class TransportComm {
+ public:
+  virtual ~TransportComm() = default;
+};
+
+// A communicator as its transports see it at init.
+struct TransportCommContext {
+  uint64_t commHash;
+  int rank;
+  int nranks;
+  Bootstrap* bootstrap;  // out-of-band connections to peers; outlives every TransportComm made with it
+  const std::atomic<bool>* abortFlag;
+  int64_t timeoutMs;
 };
 
 // Names one connection: messages from `sender` to `receiver` on `channel` of the communicator `commHash`.
@@ -47,13 +66,25 @@ class Transport {
   virtual const char* name() const = 0;
   // Whether this transport can connect `self` to `peer`; when not, *why says why (for the error message).
   virtual bool canConnect(const PeerInfo& self, const PeerInfo& peer, std::string* why) const = 0;
+  // Whether a Simple message may be a DirectDescriptor: the receiver reads the payload from the sender's
+  // memory itself (same machine; shm and loopback).
+  virtual bool carriesDirect() const { return false; }
+  // Whether a thread of the transport's own moves the messages (tcp's proxy), which then needs a core too.
+  virtual bool movesByProxy() const { return false; }
+  // Made once per communicator at init, before any connection; passed back to createReceiver and attachSender.
+  // Transports that keep nothing per communicator leave *out empty.
+  virtual loomResult_t openComm(const TransportCommContext& context, std::unique_ptr<TransportComm>* out) {
+    (void)context;
+    out->reset();
+    return loomSuccess;
+  }
   // Receiver side: creates the FIFO for `key` with `shape`. Never waits for the sender.
-  virtual loomResult_t createReceiver(const ConnectionKey& key, const FifoShape& shape,
+  virtual loomResult_t createReceiver(TransportComm* comm, const ConnectionKey& key, const FifoShape& shape,
                                       std::unique_ptr<Endpoint>* out) = 0;
   // Sender side: attaches to the FIFO the receiver created, waiting for it while `check` allows (the caller's
   // deadline, abort flag and peer liveness).
-  virtual loomResult_t attachSender(const ConnectionKey& key, const FifoShape& shape, const WaitCheck& check,
-                                    std::unique_ptr<Endpoint>* out) = 0;
+  virtual loomResult_t attachSender(TransportComm* comm, const ConnectionKey& key, const FifoShape& shape,
+                                    const WaitCheck& check, std::unique_ptr<Endpoint>* out) = 0;
 };
 
 // The transports in priority order, filtered by LOOM_TRANSPORTS. Only transports/registry.cc names them.

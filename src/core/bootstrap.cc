@@ -4,8 +4,9 @@
 //   rank -> root   u32 length, then u32 kRegister, i32 rank, i32 nranks, listener address bytes
 //   root -> rank   u32 length, then u32 kTable, u32 nranks, nranks x (u16 length, address bytes)
 //                  or u32 length, then u32 kReject, reason text
-//   rank -> rank   u32 kRingConn or kP2pConn, i32 from-rank; then on a ring connection raw allGather blocks,
-//                  on a p2p connection frames of i32 tag, u32 0, u64 length, payload
+//   rank -> rank   u32 kRingConn, kP2pConn or kHandoffConn, i32 from-rank; then on a ring connection raw
+//                  allGather blocks, on a p2p connection frames of i32 tag, u32 0, u64 length, payload, on a
+//                  handoff connection kHandoffHelloBytes for its new owner, after which it belongs to that owner
 // Not here: retrying a failed rank, re-forming a ring, or encrypting anything (the secret authenticates only).
 #include "src/core/bootstrap.h"
 
@@ -41,7 +42,7 @@ constexpr size_t kIdAddressOffset = kIdSecretOffset + kSecretBytes;
 constexpr size_t kMaxAddressBytes = LOOM_UNIQUE_ID_BYTES - kIdAddressOffset - 1;  // 103, without the NUL
 
 enum MessageKind : uint32_t { kRegister = 1, kTable = 2, kReject = 3 };
-enum ConnKind : uint32_t { kRingConn = 1, kP2pConn = 2 };
+enum ConnKind : uint32_t { kRingConn = 1, kP2pConn = 2, kHandoffConn = 3 };
 constexpr size_t kRegisterHeaderBytes = 12;
 constexpr size_t kMaxRegisterBytes = kRegisterHeaderBytes + kMaxAddressBytes;
 constexpr size_t kMaxRejectBytes = 400;
@@ -285,6 +286,14 @@ struct Inbox {
   std::map<std::pair<int, int>, std::deque<std::vector<uint8_t>>> messages;  // by (peer, tag), FIFO
   std::vector<char> peerGone;  // its p2p connection to us ended: nothing more will come from it
   UniqueFd ringPrev;           // handed over once rank-1 has connected
+  // Handoff connections: kept here until a handler is set, then given to it as they come.
+  struct Handoff {
+    int peer;
+    uint8_t hello[kHandoffHelloBytes];
+    UniqueFd fd;
+  };
+  std::vector<Handoff> handoffs;
+  Bootstrap::HandoffFn handoffHandler;
 };
 
 // A rank's listener: accepts the ring connection from rank-1 and p2p connections from any rank, and reads p2p
@@ -306,7 +315,7 @@ class PeerServer : public AuthServer {
   }
 
  private:
-  enum Stage { kHello = 1, kFrameHeader, kFramePayload };
+  enum Stage { kHello = 1, kFrameHeader, kFramePayload, kHandoffHello };
 
   void onAuthenticated(Conn& conn) override {
     conn.stage = kHello;
@@ -314,7 +323,7 @@ class PeerServer : public AuthServer {
   }
 
   const char* describeStage(const Conn& conn) const override {
-    return conn.stage == kHello ? "its hello" : AuthServer::describeStage(conn);
+    return conn.stage == kHello || conn.stage == kHandoffHello ? "its hello" : AuthServer::describeStage(conn);
   }
 
   void onMessage(Conn& conn) override {
@@ -325,6 +334,11 @@ class PeerServer : public AuthServer {
       int peer = static_cast<int>(from);
       if (peer < 0 || peer >= nranks_ || peer == rank_) return drop(conn, "hello from invalid rank %d", peer);
       if (kind == kRingConn) return takeRing(conn, peer);
+      if (kind == kHandoffConn) {
+        conn.rank = peer;
+        conn.stage = kHandoffHello;
+        return expectInput(conn, kHandoffHelloBytes);
+      }
       if (kind != kP2pConn) return drop(conn, "hello of unknown kind %u from rank %d", kind, peer);
       if (p2pConnected_[peer]) return drop(conn, "a second p2p connection from rank %d", peer);
       // A sender whose write failed starts over on a new connection once the old one has closed.
@@ -335,6 +349,7 @@ class PeerServer : public AuthServer {
       conn.stage = kFrameHeader;
       return expectInput(conn, kFrameHeaderBytes);
     }
+    if (conn.stage == kHandoffHello) return handOff(conn);
     if (conn.stage == kFrameHeader) {
       uint32_t tag = 0, zero = 0;
       uint64_t bytes = 0;
@@ -361,6 +376,17 @@ class PeerServer : public AuthServer {
     inbox_->ringPrev = conn.io.releaseFd();
     conn.dead = true;  // the connection now belongs to the Bootstrap's caller
     inbox_->changed.notify_all();
+  }
+
+  void handOff(Conn& conn) {
+    Inbox::Handoff handoff{conn.rank, {}, conn.io.releaseFd()};
+    std::memcpy(handoff.hello, conn.io.input().data(), kHandoffHelloBytes);
+    conn.dead = true;  // the connection now belongs to the handler
+    std::lock_guard<std::mutex> lock(inbox_->mutex);
+    if (inbox_->handoffHandler)
+      inbox_->handoffHandler(handoff.peer, handoff.hello, std::move(handoff.fd));
+    else
+      inbox_->handoffs.push_back(std::move(handoff));
   }
 
   void setPeerGone(int peer, bool gone) {
@@ -742,6 +768,30 @@ loomResult_t Bootstrap::send(int peer, int tag, const void* data, size_t bytes, 
   // A frame cut short leaves the stream out of step: the next send starts over on a new connection.
   if (result != loomSuccess) conn.reset();
   return result;
+}
+
+loomResult_t Bootstrap::connectHandoff(int peer, const uint8_t hello[kHandoffHelloBytes], int64_t timeoutMs,
+                                       UniqueFd* out) {
+  Impl& self = *impl_;
+  if (peer < 0 || peer >= self.nranks || peer == self.rank) {
+    return LOOM_FAIL(loomInvalidArgument, BOOT, "bootstrap handoff connection of rank %d: peer %d is not another of %d ranks",
+                     self.rank, peer, self.nranks);
+  }
+  const IoWait wait = self.waitFor("handoff connection", timeoutMs);
+  UniqueFd fd;
+  LOOM_CHECK(self.connectPeer(peer, kHandoffConn, wait, &fd));
+  LOOM_CHECK(writeExact(fd.get(), hello, kHandoffHelloBytes, Impl::peerName(peer), wait));
+  *out = std::move(fd);
+  return loomSuccess;
+}
+
+void Bootstrap::setHandoffHandler(HandoffFn handler) {
+  std::lock_guard<std::mutex> lock(impl_->inbox.mutex);
+  impl_->inbox.handoffHandler = std::move(handler);
+  if (!impl_->inbox.handoffHandler) return;
+  for (Inbox::Handoff& handoff : impl_->inbox.handoffs)
+    impl_->inbox.handoffHandler(handoff.peer, handoff.hello, std::move(handoff.fd));
+  impl_->inbox.handoffs.clear();
 }
 
 loomResult_t Bootstrap::recv(int peer, int tag, void* data, size_t bytes, int64_t timeoutMs) {

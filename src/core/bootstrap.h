@@ -5,22 +5,27 @@
 // root, proves it knows the secret (challenge-response with SipHash keyed by the secret) and sends its rank and
 // listener address; the root answers every rank with the table of all addresses and exits. Ranks then keep a
 // ring of authenticated TCP connections (to rank+1, from rank-1) for allGather/barrier, and open authenticated
-// point-to-point connections on demand for send/recv. Every read has the caller's deadline and abort flag.
+// point-to-point connections on demand for send/recv. A handoff connection is authenticated the same way and
+// then given, socket and all, to whoever asked for it (the tcp transport's data connections). Every read has the caller's deadline and abort flag.
 // Nothing here knows about transports or collectives.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "loom/loom.h"
+#include "src/core/socket.h"
 #include "src/core/wait.h"
 
 namespace loom {
 
 constexpr size_t kSecretBytes = 16;
+// What the opener of a handoff connection tells its new owner on the accepting side.
+constexpr size_t kHandoffHelloBytes = 16;
 
 // What a loomUniqueId holds (it is packed into loomUniqueId::internal).
 struct UniqueIdInfo {
@@ -59,6 +64,14 @@ class Bootstrap {
   // size fails with loomInternalError.
   loomResult_t send(int peer, int tag, const void* data, size_t bytes, int64_t timeoutMs);
   loomResult_t recv(int peer, int tag, void* data, size_t bytes, int64_t timeoutMs);
+
+  // Opens a new authenticated connection to `peer`'s listener and sends `hello`; the socket is then the caller's.
+  loomResult_t connectHandoff(int peer, const uint8_t hello[kHandoffHelloBytes], int64_t timeoutMs, UniqueFd* out);
+  // Handoff connections that reach this rank go to `handler` (called on the listener's thread; it must not
+  // block), those that came before it was set first. An empty handler keeps later ones waiting for the next.
+  // Once this returns, the handler it replaced is no longer running.
+  using HandoffFn = std::function<void(int peer, const uint8_t* hello, UniqueFd fd)>;
+  void setHandoffHandler(HandoffFn handler);
 
  private:
   struct Impl;

@@ -48,32 +48,53 @@ struct RankSetup {
   uint64_t algorithmHash;  // would exchange mismatched messages; compared whole through its hash
   char torus[32];          // LOOM_TORUS_DIMS likewise
   uint64_t torusHash;
-  uint64_t logicalHost;    // the host as the topology and the hierarchical algorithms see it (LOOM_HOSTID)
 };
 
-// Collectives spin long where every rank on this host (these are all the host's ranks the communicator knows
-// of) can have a core to itself, and yield early where they outnumber the cores this process may run on.
+// The transport that connects this rank to `peer`: the first in priority order that can (null: none can).
+Transport* firstTransportTo(const loomComm* comm, int peer, std::string* reasons) {
+  for (Transport* candidate : transportsInPriorityOrder()) {
+    std::string why;
+    if (candidate->canConnect(comm->peers[comm->rank], comm->peers[peer], &why)) return candidate;
+    if (reasons != nullptr) *reasons += std::string(reasons->empty() ? "" : "; ") + candidate->name() + ": " + why;
+  }
+  return nullptr;
+}
+
+// Collectives spin long where every thread that moves this host's data (these are all the host's ranks the
+// communicator knows of, and their proxy threads where a transport has one) can have a core to itself, and yield
+// early where they outnumber the cores this process may run on: a spinning executor would starve the proxy
+// that brings its data.
 int64_t spinPollsFor(const loomComm* comm) {
   if (params::spinCount() >= 0) return params::spinCount();
   cpu_set_t cpus;
   int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  uint64_t host = comm->peers[comm->rank].hostHash;
-  long ranksHere = std::count_if(comm->peers.begin(), comm->peers.end(),
-                                 [&](const PeerInfo& peer) { return peer.hostHash == host; });
-  return ranksHere <= cores ? kSpinPollsDedicated : kSpinPollsShared;
+  uint64_t machine = comm->peers[comm->rank].machineHash;
+  long threadsHere = std::count_if(comm->peers.begin(), comm->peers.end(),
+                                   [&](const PeerInfo& peer) { return peer.machineHash == machine; });
+  for (int peer = 0; peer < comm->nranks; ++peer) {
+    Transport* transport = peer == comm->rank ? nullptr : firstTransportTo(comm, peer, nullptr);
+    if (transport != nullptr && transport->movesByProxy()) {
+      threadsHere *= 2;
+      break;
+    }
+  }
+  return threadsHere <= cores ? kSpinPollsDedicated : kSpinPollsShared;
 }
 
 int64_t clampParam(int64_t value, int64_t lo, int64_t hi) { return value < lo ? lo : value > hi ? hi : value; }
 
-// Each rank probes which same-host peers' memory it can read; the rows are exchanged so that every rank knows
-// which peers may be sent DirectDescriptors.
+// Each rank probes which same-host peers' memory it can read, over transports that carry DirectDescriptors;
+// the rows are exchanged so that every rank knows which peers may be sent them.
 loomResult_t exchangeDirectAccess(loomComm* comm, const std::vector<RankSetup>& setups, const Deadline& deadline) {
   int n = comm->nranks;
   std::vector<uint8_t> canRead(static_cast<size_t>(n) * n, 0);
   bool enabled = params::direct() != 0;
-  for (int p = 0; p < n && enabled; ++p)
-    canRead[comm->rank * n + p] = setups[p].info.hostHash == setups[comm->rank].info.hostHash &&
+  for (int p = 0; p < n && enabled; ++p) {
+    Transport* transport = p == comm->rank ? nullptr : firstTransportTo(comm, p, nullptr);
+    canRead[comm->rank * n + p] = transport != nullptr && transport->carriesDirect() &&
+                                  setups[p].info.hostHash == setups[comm->rank].info.hostHash &&
                                   canReadProcess(setups[p].info.pid, setups[p].probeAddress);
+  }
   LOOM_CHECK(comm->bootstrap->allGather(canRead.data(), n, deadline.remainingMs()));
   std::vector<bool> directTo(n);
   for (int p = 0; p < n; ++p) directTo[p] = p != comm->rank && canRead[p * n + comm->rank];
@@ -164,7 +185,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   std::vector<RankSetup> setups(nranks);
   RankSetup& mine = setups[rank];
   std::memset(&mine, 0, sizeof(mine));
-  mine.info = {rank, static_cast<int>(getpid()), machineHash()};
+  mine.info = {rank, static_cast<int>(getpid()), localHostHash(), machineHash()};
   mine.fifoDepth = comm->fifoShape.depth;
   mine.slotBytes = comm->fifoShape.slotBytes;
   mine.llSlotBytes = comm->fifoShape.llSlotBytes;
@@ -176,7 +197,6 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   mine.algorithmHash = std::hash<std::string>{}(comm->algorithm);
   snprintf(mine.torus, sizeof(mine.torus), "%s", comm->torusText.c_str());
   mine.torusHash = std::hash<std::string>{}(comm->torusText);
-  mine.logicalHost = localHostHash();
   mine.probeAddress = reinterpret_cast<uint64_t>(&kProbeWord);
   LOOM_CHECK(comm->bootstrap->allGather(setups.data(), sizeof(RankSetup), deadline.remainingMs()));
   for (const RankSetup& setup : setups) {
@@ -204,16 +224,16 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
                        (unsigned long long)mine.llSlotBytes, mine.nChannels, (unsigned long long)mine.llThresholdBytes,
                        mine.forcedProtocol, (unsigned long long)mine.chunkBytes);
     comm->peers.push_back(setup.info);
-    if (setup.info.hostHash == mine.info.hostHash && setup.info.rank != rank)
+    if (setup.info.machineHash == mine.info.machineHash && setup.info.rank != rank)
       comm->peerWatch.add(setup.info.rank, setup.info.pid);
   }
   // Hosts numbered in the order of their first rank.
   std::vector<uint64_t> hosts, hostHashes;
   for (const RankSetup& setup : setups) {
-    hostHashes.push_back(setup.logicalHost);
-    auto known = std::find(hosts.begin(), hosts.end(), setup.logicalHost);
+    hostHashes.push_back(setup.info.hostHash);
+    auto known = std::find(hosts.begin(), hosts.end(), setup.info.hostHash);
     comm->hostOf.push_back(static_cast<int>(known - hosts.begin()));
-    if (known == hosts.end()) hosts.push_back(setup.logicalHost);
+    if (known == hosts.end()) hosts.push_back(setup.info.hostHash);
   }
   LOOM_CHECK(buildTopology(comm, hostHashes, deadline));
   if (comm->torusDimCount == 0) {  // the torus the topology describes, when it describes one
@@ -224,6 +244,12 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
     }
   }
   LOOM_CHECK(exchangeDirectAccess(comm, setups, deadline));
+  TransportCommContext context{comm->commHash, rank, nranks, comm->bootstrap.get(), &comm->abortFlag, comm->timeoutMs};
+  for (Transport* transport : transportsInPriorityOrder()) {
+    std::unique_ptr<TransportComm> state;
+    LOOM_CHECK(transport->openComm(context, &state));
+    comm->transportComms.emplace_back(transport, std::move(state));
+  }
   comm->spinPolls = spinPollsFor(comm);
   TuneContext tune;
   tune.topology = &comm->topology;
@@ -252,17 +278,17 @@ void waitForIdle(loomComm* comm) {
 
 loomResult_t Connections::pickTransport(loomComm* comm, int peer, Transport** transport) {
   std::string reasons;
-  for (Transport* candidate : transportsInPriorityOrder()) {
-    std::string why;
-    if (candidate->canConnect(comm->peers[comm->rank], comm->peers[peer], &why)) {
-      *transport = candidate;
-      return loomSuccess;
-    }
-    reasons += std::string(reasons.empty() ? "" : "; ") + candidate->name() + ": " + why;
-  }
+  *transport = firstTransportTo(comm, peer, &reasons);
+  if (*transport != nullptr) return loomSuccess;
   if (reasons.empty()) reasons = "LOOM_TRANSPORTS=\"" + params::transports() + "\" allows no known transport";
   return LOOM_FAIL(loomSystemError, INIT, "no transport can connect rank %d to rank %d (%s)", comm->rank, peer,
                    reasons.c_str());
+}
+
+static TransportComm* transportCommOf(const loomComm* comm, const Transport* transport) {
+  for (const auto& [candidate, state] : comm->transportComms)
+    if (candidate == transport) return state.get();
+  return nullptr;
 }
 
 loomResult_t Connections::createReceivers(loomComm* comm, const RankPlan& plan) {
@@ -273,7 +299,7 @@ loomResult_t Connections::createReceivers(loomComm* comm, const RankPlan& plan) 
       LOOM_CHECK(pickTransport(comm, step.recvPeer, &transport));
       Link<FifoReceiver> link;
       ConnectionKey key{comm->commHash, step.recvPeer, comm->rank, lane.channel};
-      LOOM_CHECK(transport->createReceiver(key, comm->fifoShape, &link.endpoint));
+      LOOM_CHECK(transport->createReceiver(transportCommOf(comm, transport), key, comm->fifoShape, &link.endpoint));
       link.end = std::make_unique<FifoReceiver>(link.endpoint->fifo());
       nranks_ = comm->nranks;
       remember(receiverTable_, tableIndex(step.recvPeer, lane.channel), link.end.get());
@@ -291,7 +317,8 @@ loomResult_t Connections::attachSenders(loomComm* comm, const RankPlan& plan, co
       LOOM_CHECK(pickTransport(comm, step.sendPeer, &transport));
       Link<FifoSender> link;
       ConnectionKey key{comm->commHash, comm->rank, step.sendPeer, lane.channel};
-      loomResult_t result = transport->attachSender(key, comm->fifoShape, check, &link.endpoint);
+      loomResult_t result =
+          transport->attachSender(transportCommOf(comm, transport), key, comm->fifoShape, check, &link.endpoint);
       if (result != loomSuccess) {
         std::string why = threadLastError();
         return LOOM_FAIL(result, INIT, "%s; waiting for rank %d to set up its end of channel %d (%s)", why.c_str(),

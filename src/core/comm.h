@@ -127,6 +127,9 @@ struct loomComm {
   size_t directForwardBytes = 0;  // LOOM_DIRECT_FORWARD_BYTES
   size_t streamingBytes = 0;  // outputs of at least this many bytes are written with streaming stores (0: never)
   int64_t spinPolls = loom::kSpinPollsShared;  // polls a collective spins before yielding (see Backoff)
+  // Each transport's state for this communicator (null for those that keep none), made at init. Declared before
+  // `connections`, whose endpoints may refer to it, so that it is destroyed after them.
+  std::vector<std::pair<loom::Transport*, std::unique_ptr<loom::TransportComm>>> transportComms;
   loom::Connections connections;
   loom::PlanCache planCache;
   std::vector<std::byte> scratch;

@@ -122,27 +122,31 @@ class TaskRun {
     }
   }
 
-  // Whether a peer marked a connection of a lane that is waiting as aborted.
-  bool peerAborted(int* peer) {
+  // Why a connection of a lane that is waiting was marked aborted (an AbortCode; 0: none was), and whose.
+  uint32_t peerAborted(int* peer) {
     for (const LaneRun& lane : lanes_) {
       if (lane.done()) continue;
       const Step& step = lane.step();
-      if (actionReceives(step.action) && task_->links->receiver(step.recvPeer, lane.lane->channel)->aborted()) {
-        *peer = step.recvPeer;
-        return true;
+      if (actionReceives(step.action)) {
+        if (uint32_t code = task_->links->receiver(step.recvPeer, lane.lane->channel)->abortCode()) {
+          *peer = step.recvPeer;
+          return code;
+        }
       }
-      if (actionSends(step.action) && task_->links->sender(step.sendPeer, lane.lane->channel)->aborted()) {
-        *peer = step.sendPeer;
-        return true;
+      if (actionSends(step.action)) {
+        if (uint32_t code = task_->links->sender(step.sendPeer, lane.lane->channel)->abortCode()) {
+          *peer = step.sendPeer;
+          return code;
+        }
       }
     }
     for (const auto& [sender, rank] : directSenders_) {
       if (!sender->drained() && sender->aborted()) {
         *peer = rank;
-        return true;
+        return sender->abortCode();
       }
     }
-    return false;
+    return 0;
   }
 
   const ExecTask& task() const { return *task_; }
@@ -374,7 +378,13 @@ loomResult_t HostExecutor::run(std::vector<std::vector<ExecTask>>& queues, const
     }
     for (auto& run : current) {
       int peer = -1;
-      if (run->active() && run->peerAborted(&peer))
+      uint32_t code = run->active() ? run->peerAborted(&peer) : 0;
+      if (code == kConnectionLost)
+        return stopAll(LOOM_FAIL(loomRemoteError, COLL,
+                                 "%s: the connection to rank %d was lost (it exited, closed its communicator, or the "
+                                 "network failed)",
+                                 run->task().what, peer));
+      if (code != 0)
         return stopAll(LOOM_FAIL(loomRemoteError, COLL,
                                  "%s: rank %d gave up on the operation (it failed or was aborted)", run->task().what,
                                  peer));

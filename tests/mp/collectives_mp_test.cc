@@ -61,6 +61,13 @@ long directMessages(const std::string& output) {
   return std::atol(output.c_str() + at + std::strlen("INFO SHM rank 0: "));
 }
 
+// The first number in the "N messages sent and M received over tcp" line that rank 0 logs at INFO (NET).
+long tcpMessages(const std::string& output) {
+  size_t at = output.find("INFO NET rank 0: ");
+  if (at == std::string::npos) return -1;
+  return std::atol(output.c_str() + at + std::strlen("INFO NET rank 0: "));
+}
+
 class CollectivesMp : public testing::TestWithParam<int> {};
 
 TEST_P(CollectivesMp, MatrixUnderLoomrun) { runCheck(GetParam(), ""); }
@@ -73,6 +80,20 @@ TEST(CollectivesMpZeroCopy, LoomMemAllocAndRegistered) {
   EXPECT_GT(directMessages(runCheck(3, "7,70000 1000003 registered")), 0);
   EXPECT_EQ(directMessages(runCheck(2, "70000 0 plain")), 0) << "plain memory is never read in place";
   setenv("LOOM_DEBUG", "WARN", 1);
+}
+
+// Processes connected by tcp only, at 3 and 4 ranks, with buffers that shm peers would read in place.
+TEST(CollectivesMpTcp, MatrixUnderLoomrun) {
+  setenv("LOOM_TRANSPORTS", "tcp", 1);
+  setenv("LOOM_DEBUG", "INFO", 1);
+  setenv("LOOM_DEBUG_SUBSYS", "NET,SHM", 1);
+  std::string output = runCheck(4, "7,70000 1000003 alloc");
+  EXPECT_GT(tcpMessages(output), 0) << output;
+  EXPECT_EQ(directMessages(output), 0) << output;
+  runCheck(3, "7,5000 70000 plain");
+  setenv("LOOM_DEBUG", "WARN", 1);
+  unsetenv("LOOM_DEBUG_SUBSYS");
+  unsetenv("LOOM_TRANSPORTS");
 }
 
 // Every algorithm that is not some collective's default, forced with LOOM_ALGO (the environment loomrun passes
@@ -94,12 +115,15 @@ TEST_P(AlternativeAlgorithmsMp, MatrixUnderLoomrun) {
 }
 
 // The hierarchical algorithms over hosts emulated with LOOM_HOSTID: 2 hosts of 2 ranks, 3 of 2, 2 hosts whose
-// ranks interleave, and hosts of unequal size (one ring instead).
+// ranks interleave, and hosts of unequal size (one ring instead). Ranks on one emulated host talk over shm,
+// across hosts over tcp.
 TEST(HierarchicalMp, EmulatedHosts) {
   setenv("LOOM_ALGO", "hierarchical", 1);
   setenv("LOOM_DEBUG", "INFO", 1);
-  setenv("LOOM_DEBUG_SUBSYS", "INIT", 1);
-  EXPECT_NE(runCheck(4, "7,5000 70000 plain", "host$((LOOM_RANK / 2))").find("ready on 2 host(s)"), std::string::npos);
+  setenv("LOOM_DEBUG_SUBSYS", "INIT,NET", 1);
+  std::string output = runCheck(4, "7,5000 70000 plain", "host$((LOOM_RANK / 2))");
+  EXPECT_NE(output.find("ready on 2 host(s)"), std::string::npos);
+  EXPECT_GT(tcpMessages(output), 0) << output;
   EXPECT_NE(runCheck(6, "7,5000 70000 plain", "host$((LOOM_RANK / 2))").find("ready on 3 host(s)"), std::string::npos);
   EXPECT_NE(runCheck(6, "7,5000 70000 plain", "host$((LOOM_RANK % 2))").find("ready on 2 host(s)"), std::string::npos);
   EXPECT_NE(runCheck(5, "7,5000 70000 plain", "host$((LOOM_RANK / 2))").find("ready on 3 host(s)"), std::string::npos);

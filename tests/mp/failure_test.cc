@@ -301,9 +301,12 @@ bool receiveId(int fromParent, loomUniqueId* id) {
 
 // A rank of a failure test: joins `id` with a 10 s deadline and calls AllReduce on 4M floats (16 MB, 16 FIFOs'
 // worth) until one fails; says "R" after the first, whose result it checks. Returns the failing call's result.
-int allReduceUntilError(const ChildPipes& pipes, int rank, int nranks, const std::string& shmDir) {
+// With `transports`, the rank uses only those (LOOM_TRANSPORTS).
+int allReduceUntilError(const ChildPipes& pipes, int rank, int nranks, const std::string& shmDir,
+                        const char* transports = nullptr) {
   const int toParent = pipes.toParent;
   setenv("LOOM_SHM_DIR", shmDir.c_str(), 1);
+  if (transports != nullptr) setenv("LOOM_TRANSPORTS", transports, 1);
   loomUniqueId id;
   if (!receiveId(pipes.fromParent, &id)) {
     tell(toParent, "no unique id from the parent");
@@ -339,9 +342,10 @@ int allReduceUntilError(const ChildPipes& pipes, int rank, int nranks, const std
 // ---- A rank killed with SIGKILL in the middle of AllReduce calls ----
 
 // 4 ranks loop 16 MB AllReduce calls; rank 2 is killed with SIGKILL about 1 s into the loop. Every survivor
-// must end with loomRemoteError (the watch of peer processes, or a neighbour's aborted FIFO) well within the
-// 10 s deadline, or with loomTimeout; none may hang. No segment is left in the shared-memory directory.
-TEST(FailureTest, SigkillInTheMiddleOfAllReduce) {
+// must end with loomRemoteError (the watch of peer processes, a neighbour's aborted FIFO, or a socket that
+// closed) well within the 10 s deadline, or with loomTimeout; none may hang. No segment is left in the
+// shared-memory directory. `transports`: LOOM_TRANSPORTS for the ranks (null: the default).
+void sigkillMidAllReduce(const char* transports) {
   const int nranks = 4, victim = 2;
   ShmDir shm;
   ASSERT_FALSE(shm.path().empty()) << "mkdtemp in /dev/shm: " << strerror(errno);
@@ -349,7 +353,7 @@ TEST(FailureTest, SigkillInTheMiddleOfAllReduce) {
     Children children;
     for (int rank = 0; rank < nranks; ++rank)
       ASSERT_TRUE(children.spawn([&, rank](const ChildPipes& pipes) {
-        return allReduceUntilError(pipes, rank, nranks, shm.path());
+        return allReduceUntilError(pipes, rank, nranks, shm.path(), transports);
       })) << "fork: "
           << strerror(errno);
     loomUniqueId id;
@@ -380,6 +384,16 @@ TEST(FailureTest, SigkillInTheMiddleOfAllReduce) {
   }
   EXPECT_TRUE(shm.entries().empty()) << "left in " << shm.path() << ":" << joined(shm.entries());
   expectNoChildrenLeft("SigkillInTheMiddleOfAllReduce");
+}
+
+TEST(FailureTest, SigkillInTheMiddleOfAllReduce) { sigkillMidAllReduce(nullptr); }
+
+// The same over tcp, with the watch of peer processes looking only once a minute: the survivors learn of the
+// death from their sockets alone, as they would across hosts.
+TEST(FailureTest, SigkillInTheMiddleOfAllReduceOverTcp) {
+  setenv("LOOM_PEER_CHECK_MS", "60000", 1);  // children inherit it
+  sigkillMidAllReduce("tcp");
+  unsetenv("LOOM_PEER_CHECK_MS");
 }
 
 // ---- A rank that leaves right after init ----

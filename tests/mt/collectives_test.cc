@@ -1,7 +1,7 @@
 // Every collective x datatype x op x layout x count {0, 1, 7, 1000, 1M+3} at ranks 1 to 8 (1M+3 not at 6, 7), as threads
-// of one process over shm; the same matrix at small counts over the loopback transport, with two channels,
-// forced LL and forced Simple, with the alternative algorithms, and with zero-copy buffers; host streams and
-// barriers.
+// of one process over shm; the same matrix at small counts over the loopback transport, over tcp, with two
+// channels, forced LL and forced Simple, with the alternative algorithms, and with zero-copy buffers; host streams
+// and barriers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -61,6 +61,19 @@ TEST_P(Collectives, FullMatrixOverShm) {
 TEST_P(Collectives, SmallCountsOverLoopback) {
   loomtest::ScopedEnv transport("LOOM_TRANSPORTS", "loopback");
   runMatrix(GetParam(), {1, 7, 1000});
+}
+
+// Every rank a thread, every connection a TCP socket through the proxy threads: both protocols, two channels,
+// messages of one slot and of many. Memory peers could read in place still travels as messages.
+TEST_P(Collectives, MatrixOverTcp) {
+  loomtest::ScopedEnv transport("LOOM_TRANSPORTS", "tcp");
+  EXPECT_EQ(runMatrix(GetParam(), {1, 7, 1000, 70000}, loomtest::Memory::kLoomAlloc), 0u)
+      << "tcp cannot carry direct reads";
+  loomtest::ScopedEnv channels("LOOM_NCHANNELS", "2");
+  for (const char* proto : {"LL", "Simple"}) {
+    loomtest::ScopedEnv force("LOOM_PROTO", proto);
+    runMatrix(GetParam(), {7, 5000});
+  }
 }
 
 TEST_P(Collectives, TwoChannelsForcedProtocols) {

@@ -52,6 +52,8 @@ class LoopbackTransport : public Transport {
  public:
   const char* name() const override { return "loopback"; }
 
+  bool carriesDirect() const override { return true; }
+
   bool canConnect(const PeerInfo& self, const PeerInfo& peer, std::string* why) const override {
     if (self.hostHash != peer.hostHash || self.pid != peer.pid) {
       *why = "ranks " + std::to_string(self.rank) + " and " + std::to_string(peer.rank) + " are in different processes";
@@ -60,7 +62,7 @@ class LoopbackTransport : public Transport {
     return true;
   }
 
-  loomResult_t createReceiver(const ConnectionKey& key, const FifoShape& shape,
+  loomResult_t createReceiver(TransportComm*, const ConnectionKey& key, const FifoShape& shape,
                               std::unique_ptr<Endpoint>* out) override {
     auto segment = std::make_shared<Segment>(fifoBytes(shape));
     if (segment->base == nullptr)
@@ -75,7 +77,7 @@ class LoopbackTransport : public Transport {
     return loomSuccess;
   }
 
-  loomResult_t attachSender(const ConnectionKey& key, const FifoShape&, const WaitCheck& check,
+  loomResult_t attachSender(TransportComm*, const ConnectionKey& key, const FifoShape&, const WaitCheck& check,
                             std::unique_ptr<Endpoint>* out) override {
     Backoff backoff;
     for (;;) {

@@ -43,6 +43,8 @@ class ShmTransport : public Transport {
  public:
   const char* name() const override { return "shm"; }
 
+  bool carriesDirect() const override { return true; }
+
   bool canConnect(const PeerInfo& self, const PeerInfo& peer, std::string* why) const override {
     if (self.hostHash != peer.hostHash) {
       *why = "ranks " + std::to_string(self.rank) + " and " + std::to_string(peer.rank) + " are on different hosts";
@@ -51,7 +53,7 @@ class ShmTransport : public Transport {
     return true;
   }
 
-  loomResult_t createReceiver(const ConnectionKey& key, const FifoShape& shape,
+  loomResult_t createReceiver(TransportComm*, const ConnectionKey& key, const FifoShape& shape,
                               std::unique_ptr<Endpoint>* out) override {
     std::string path = segmentPath(key);
     size_t bytes = fifoBytes(shape);
@@ -78,7 +80,7 @@ class ShmTransport : public Transport {
     return loomSuccess;
   }
 
-  loomResult_t attachSender(const ConnectionKey& key, const FifoShape& shape, const WaitCheck& check,
+  loomResult_t attachSender(TransportComm*, const ConnectionKey& key, const FifoShape& shape, const WaitCheck& check,
                             std::unique_ptr<Endpoint>* out) override {
     std::string path = segmentPath(key);
     size_t bytes = fifoBytes(shape);
