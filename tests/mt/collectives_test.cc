@@ -64,15 +64,17 @@ TEST_P(Collectives, SmallCountsOverLoopback) {
 }
 
 // Every rank a thread, every connection a TCP socket through the proxy threads: both protocols, two channels,
-// messages of one slot and of many. Memory peers could read in place still travels as messages.
+// messages of one slot and of many, striped over three sockets. Memory peers could read in place still travels
+// as messages.
 TEST_P(Collectives, MatrixOverTcp) {
   loomtest::ScopedEnv transport("LOOM_TRANSPORTS", "tcp");
   EXPECT_EQ(runMatrix(GetParam(), {1, 7, 1000, 70000}, loomtest::Memory::kLoomAlloc), 0u)
       << "tcp cannot carry direct reads";
   loomtest::ScopedEnv channels("LOOM_NCHANNELS", "2");
+  loomtest::ScopedEnv sockets("LOOM_NSOCKS", "3");
   for (const char* proto : {"LL", "Simple"}) {
     loomtest::ScopedEnv force("LOOM_PROTO", proto);
-    runMatrix(GetParam(), {7, 5000});
+    runMatrix(GetParam(), {7, 70000});
   }
 }
 

@@ -7,11 +7,15 @@
 // the proxy reads a frame's payload only once a slot is free for it, and TCP's window holds the sender back
 // meanwhile.
 //
-// Connections open through the bootstrap's listener (Bootstrap::connectHandoff), which authenticates them with
-// the communicator's secret; the opener's hello names the channel. Wire format per message: u32 payload bytes,
-// u32 protocol (0 Simple, 1 LL), then the payload. LL messages travel as their payload and get the receiving
-// FIFO's flags on arrival. A DirectDescriptor cannot travel: comm.cc sends none over a transport that does not
-// carry them.
+// A connection is LOOM_NSOCKS sockets (the sender's setting; the receiver learns it from the hellos), each opened
+// through the bootstrap's listener (Bootstrap::connectHandoff), which authenticates it with the communicator's
+// secret; the opener's hello names the channel, the socket's index and the count. Wire format per message, on
+// socket 0: u32 payload bytes, u32 protocol (0 Simple, 1 LL), then the payload's first part. A Simple payload of
+// kStripeMinBytes or more is cut into one part per socket (stripe() decides, from the size alone, so the
+// receiver cuts it the same way), and socket j carries part j with nothing around it; anything smaller travels
+// whole on socket 0. Several sockets help where a network caps each flow, as clouds do. LL messages travel as
+// their payload and get the receiving FIFO's flags on arrival. A DirectDescriptor cannot travel: comm.cc sends
+// none over a transport that does not carry them.
 //
 // Failure: a connection that fails or ends while its FIFO is in use marks the FIFO aborted (kConnectionLost),
 // which the executor reports as loomRemoteError naming the peer; the proxy logs why (WARN). An executor that
@@ -28,6 +32,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -50,6 +55,8 @@ namespace {
 constexpr uint32_t kHelloMagic = 0x6c746370;  // "pctl": a tcp data connection
 constexpr size_t kFrameHeaderBytes = 8;
 constexpr uint32_t kAbortNotice = 0xab0f;  // in a frame header's protocol field: the sender's executor gave up
+constexpr size_t kStripeMinBytes = 65536;
+constexpr int kMaxSockets = 16;
 // Idle proxy: after LOOM_YIELD_US of yielding, it sleeps in poll() for up to this long between looks at the FIFOs
 // its executors post into (sockets wake it at once).
 constexpr int64_t kMaxNapUs = 200;
@@ -73,12 +80,34 @@ class LocalFifo {
   void* base_;
 };
 
+// Part `index` of `sockets` of a message, as [*begin, *end) of its payload.
+void stripe(size_t bytes, Protocol protocol, int sockets, int index, size_t* begin, size_t* end) {
+  if (protocol != Protocol::kSimple || bytes < kStripeMinBytes || sockets == 1) {
+    *begin = 0;
+    *end = index == 0 ? bytes : 0;
+    return;
+  }
+  size_t part = (bytes / sockets + 63) / 64 * 64;
+  *begin = std::min(bytes, part * index);
+  *end = index == sockets - 1 ? bytes : std::min(bytes, part * (index + 1));
+}
+
+// One socket of a connection, and its share of the message in flight.
+struct TcpSocket {
+  UniqueFd fd;
+  size_t begin = 0;  // the part of the payload this socket carries
+  size_t end = 0;
+  size_t done = 0;  // bytes of it moved so far
+  bool wantWrite = false;  // its buffer is full
+  bool finished() const { return begin + done == end; }
+};
+
 // One direction of one channel between this rank and `peer`.
 struct TcpConn {
-  TcpConn(bool sends, int peer, int channel, const FifoShape& shape)
-      : sends(sends), peer(peer), channel(channel), shape(shape), fifo(shape) {}
+  TcpConn(bool sends, int peer, int channel, const FifoShape& shape, int sockets)
+      : sends(sends), peer(peer), channel(channel), shape(shape), fifo(shape), socks(sockets) {}
 
-  const bool sends;  // this rank sends: the proxy drains `fifo` into the socket; else it fills `fifo`
+  const bool sends;  // this rank sends: the proxy drains `fifo` into the sockets; else it fills `fifo`
   const int peer;
   const int channel;
   const FifoShape shape;
@@ -86,7 +115,8 @@ struct TcpConn {
   std::atomic<bool> released{false};  // the executor's endpoint is gone
 
   // The proxy thread's alone from here on.
-  UniqueFd fd;                          // receiving side: invalid until the sender's connection arrives
+  std::vector<TcpSocket> socks;         // receiving side: empty until the sender's first socket arrives
+  bool connected = false;               // every socket is there
   std::unique_ptr<FifoReceiver> drain;  // sending side
   std::unique_ptr<FifoSender> fill;     // receiving side
   uint8_t frame[kFrameHeaderBytes] = {};
@@ -95,10 +125,19 @@ struct TcpConn {
   Protocol protocol = Protocol::kSimple;
   std::byte* payload = nullptr;  // where the payload comes from (sending) or goes (receiving; null: no slot yet)
   size_t payloadBytes = 0;
-  size_t payloadDone = 0;
-  bool wantWrite = false;  // the socket's buffer is full
-  bool wantSlot = false;   // a frame waits for the executor to free a slot
-  bool closed = false;     // the socket is shut: nothing more moves
+  bool wantSlot = false;  // a frame waits for the executor to free a slot
+  bool closed = false;    // the sockets are shut: nothing more moves
+
+  void startParts() {
+    for (size_t j = 0; j < socks.size(); ++j) {
+      stripe(payloadBytes, protocol, static_cast<int>(socks.size()), static_cast<int>(j), &socks[j].begin,
+             &socks[j].end);
+      socks[j].done = 0;
+    }
+  }
+  bool partsFinished() const {
+    return std::all_of(socks.begin(), socks.end(), [](const TcpSocket& sock) { return sock.finished(); });
+  }
 
   std::string name() const {
     return std::string(sends ? "to" : "from") + " rank " + std::to_string(peer) + " on channel " +
@@ -173,24 +212,31 @@ class TcpComm : public TransportComm {
   }
 
  private:
-  // On the bootstrap listener's thread: a sender's connection to this rank.
-  void arrive(int peer, const uint8_t* hello, UniqueFd socket) {
-    uint32_t magic = getU32(hello), channel = getU32(hello + 4), receiver = getU32(hello + 8);
-    if (magic != kHelloMagic || receiver != static_cast<uint32_t>(context_.rank)) {
-      LOOM_WARN(NET, "tcp: dropped a connection from rank %d: its hello (magic %08x, for rank %u) is not a tcp data "
-                "connection to this rank", peer, magic, receiver);
-      return;
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    arrived_.push_back({peer, static_cast<int>(channel), std::move(socket)});
-    wake();
-  }
-
   struct Arrival {
     int peer;
     int channel;
+    int index;
+    int count;
     UniqueFd fd;
   };
+
+  // On the bootstrap listener's thread: one of a sender's sockets to this rank.
+  void arrive(int peer, const uint8_t* hello, UniqueFd socket) {
+    uint32_t magic = getU32(hello), channel = getU32(hello + 4), receiver = getU32(hello + 8);
+    uint32_t index = hello[12], count = hello[13];
+    if (magic != kHelloMagic || receiver != static_cast<uint32_t>(context_.rank) || count < 1 ||
+        count > kMaxSockets || index >= count) {
+      LOOM_WARN(NET,
+                "tcp: dropped a connection from rank %d: its hello (magic %08x, for rank %u, socket %u of %u) is not "
+                "a tcp data connection to this rank",
+                peer, magic, receiver, index, count);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    arrived_.push_back({peer, static_cast<int>(channel), static_cast<int>(index), static_cast<int>(count),
+                        std::move(socket)});
+    wake();
+  }
 
   void run();
   bool adopt();
@@ -198,6 +244,7 @@ class TcpComm : public TransportComm {
   bool pumpIn(TcpConn& conn);
   bool watchLocal(TcpConn& conn);
   void peerClosed(TcpConn& conn);
+  void peerGaveUp(TcpConn& conn);
   void fail(TcpConn& conn, const char* what, int error);
   void shut(TcpConn& conn);
   bool finished(const TcpConn& conn) const;
@@ -213,12 +260,13 @@ class TcpComm : public TransportComm {
 
   // The proxy thread's.
   std::vector<std::shared_ptr<TcpConn>> conns_;
-  std::map<std::pair<int, int>, UniqueFd> waiting_;  // arrived sockets whose receiving end is not there yet
+  // Sockets that arrived before their receiving end was there, or before the rest of their connection.
+  std::map<std::pair<int, int>, std::vector<UniqueFd>> waiting_;
   uint64_t sent_ = 0;
   uint64_t received_ = 0;
 };
 
-// Takes what other threads handed over; pairs receiving connections with the sockets that arrived for them.
+// Takes what other threads handed over; gives receiving connections their sockets once all have arrived.
 bool TcpComm::adopt() {
   std::vector<std::shared_ptr<TcpConn>> added;
   std::vector<Arrival> arrived;
@@ -234,32 +282,39 @@ bool TcpComm::adopt() {
   for (auto& conn : added) {
     if (conn->sends) {
       conn->drain = std::make_unique<FifoReceiver>(conn->fifo.view());
+      conn->connected = true;
     } else {
       conn->fill = std::make_unique<FifoSender>(conn->fifo.view());
     }
     conns_.push_back(std::move(conn));
   }
   for (Arrival& arrival : arrived) {
-    auto key = std::make_pair(arrival.peer, arrival.channel);
-    if (waiting_.count(key) != 0) {
-      LOOM_WARN(NET, "tcp: dropped a second connection from rank %d on channel %d", arrival.peer, arrival.channel);
+    std::vector<UniqueFd>& sockets = waiting_[{arrival.peer, arrival.channel}];
+    if (sockets.empty()) sockets.resize(arrival.count);
+    if (static_cast<int>(sockets.size()) != arrival.count || sockets[arrival.index].valid()) {
+      LOOM_WARN(NET, "tcp: dropped socket %d of %d from rank %d on channel %d: it does not fit the %zu before it",
+                arrival.index, arrival.count, arrival.peer, arrival.channel, sockets.size());
       continue;
     }
-    waiting_[key] = std::move(arrival.fd);
+    sockets[arrival.index] = std::move(arrival.fd);
   }
-  bool any = !added.empty() || !arrived.empty();
   for (auto& conn : conns_) {
-    if (conn->sends || conn->fd.valid() || conn->closed) continue;
+    if (conn->connected || conn->closed) continue;
     auto found = waiting_.find({conn->peer, conn->channel});
     if (found == waiting_.end()) continue;
-    conn->fd = std::move(found->second);
+    std::vector<UniqueFd>& sockets = found->second;
+    if (!std::all_of(sockets.begin(), sockets.end(), [](const UniqueFd& fd) { return fd.valid(); })) continue;
+    conn->socks.clear();
+    conn->socks.resize(sockets.size());
+    for (size_t j = 0; j < sockets.size(); ++j) conn->socks[j].fd = std::move(sockets[j]);
+    conn->connected = true;
     waiting_.erase(found);
-    LOOM_TRACE(NET, "tcp: connected %s", conn->name().c_str());
+    LOOM_TRACE(NET, "tcp: connected %s over %zu socket(s)", conn->name().c_str(), conn->socks.size());
   }
-  return any;
+  return !added.empty() || !arrived.empty();
 }
 
-// Sending side: whatever the executor posted goes out, frame by frame, as far as the socket takes it.
+// Sending side: whatever the executor posted goes out, message by message, as far as the sockets take it.
 bool TcpComm::pumpOut(TcpConn& conn) {
   bool progressed = false;
   for (;;) {
@@ -277,50 +332,54 @@ bool TcpComm::pumpOut(TcpConn& conn) {
       conn.frameDone = 0;
       conn.payload = static_cast<std::byte*>(const_cast<void*>(data));
       conn.payloadBytes = bytes;
-      conn.payloadDone = 0;
+      conn.startParts();
       conn.inFrame = true;
     }
-    iovec parts[2];
-    int count = 0;
-    if (conn.frameDone < kFrameHeaderBytes)
-      parts[count++] = {conn.frame + conn.frameDone, kFrameHeaderBytes - conn.frameDone};
-    if (conn.payloadDone < conn.payloadBytes)
-      parts[count++] = {conn.payload + conn.payloadDone, conn.payloadBytes - conn.payloadDone};
-    size_t sent = 0;
-    if (count > 0) {
-      msghdr message{};
-      message.msg_iov = parts;
-      message.msg_iovlen = count;
-      ssize_t n = sendmsg(conn.fd.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0) {
-        if (wouldBlock(errno)) {
-          conn.wantWrite = true;
-          return progressed;
+    for (size_t j = 0; j < conn.socks.size(); ++j) {
+      TcpSocket& sock = conn.socks[j];
+      while (!sock.finished() || (j == 0 && conn.frameDone < kFrameHeaderBytes)) {
+        iovec parts[2];
+        int count = 0;
+        if (j == 0 && conn.frameDone < kFrameHeaderBytes)
+          parts[count++] = {conn.frame + conn.frameDone, kFrameHeaderBytes - conn.frameDone};
+        if (!sock.finished()) parts[count++] = {conn.payload + sock.begin + sock.done, sock.end - sock.begin - sock.done};
+        msghdr message{};
+        message.msg_iov = parts;
+        message.msg_iovlen = count;
+        ssize_t n = sendmsg(sock.fd.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+          if (wouldBlock(errno)) {
+            sock.wantWrite = true;
+            break;
+          }
+          fail(conn, "could not send", errno);
+          return true;
         }
-        fail(conn, "could not send", errno);
-        return true;
+        sock.wantWrite = false;
+        progressed = true;
+        size_t sent = static_cast<size_t>(n);
+        if (j == 0) {
+          size_t toHeader = std::min(sent, kFrameHeaderBytes - conn.frameDone);
+          conn.frameDone += toHeader;
+          sent -= toHeader;
+        }
+        sock.done += sent;
       }
-      sent = static_cast<size_t>(n);
     }
-    conn.wantWrite = false;
-    progressed = true;
-    size_t toHeader = std::min(sent, kFrameHeaderBytes - conn.frameDone);
-    conn.frameDone += toHeader;
-    conn.payloadDone += sent - toHeader;
-    if (conn.frameDone == kFrameHeaderBytes && conn.payloadDone == conn.payloadBytes) {
-      conn.drain->release();
-      conn.inFrame = false;
-      ++sent_;
-    }
+    if (conn.frameDone < kFrameHeaderBytes || !conn.partsFinished()) return progressed;
+    conn.drain->release();
+    conn.inFrame = false;
+    ++sent_;
   }
 }
 
-// Receiving side: frames from the socket go into the executor's FIFO, each once a slot is free for it.
+// Receiving side: frames from the sockets go into the executor's FIFO, each once a slot is free for it.
 bool TcpComm::pumpIn(TcpConn& conn) {
   bool progressed = false;
   for (;;) {
     if (!conn.inFrame) {
-      ssize_t n = recv(conn.fd.get(), conn.frame + conn.frameDone, kFrameHeaderBytes - conn.frameDone, MSG_DONTWAIT);
+      TcpSocket& first = conn.socks[0];
+      ssize_t n = recv(first.fd.get(), conn.frame + conn.frameDone, kFrameHeaderBytes - conn.frameDone, MSG_DONTWAIT);
       if (n == 0) {
         if (conn.frameDone == 0) {
           peerClosed(conn);
@@ -339,9 +398,7 @@ bool TcpComm::pumpIn(TcpConn& conn) {
       if (conn.frameDone < kFrameHeaderBytes) continue;
       uint32_t bytes = getU32(conn.frame), protocol = getU32(conn.frame + 4);
       if (protocol == kAbortNotice) {
-        LOOM_INFO(NET, "tcp: connection %s: the peer gave up on it", conn.name().c_str());
-        conn.fifo.view().header->aborted.store(kAbortedByPeer, std::memory_order_relaxed);
-        shut(conn);
+        peerGaveUp(conn);
         return true;
       }
       if (protocol > static_cast<uint32_t>(Protocol::kLL) ||
@@ -354,8 +411,8 @@ bool TcpComm::pumpIn(TcpConn& conn) {
       }
       conn.protocol = static_cast<Protocol>(protocol);
       conn.payloadBytes = bytes;
-      conn.payloadDone = 0;
       conn.payload = nullptr;
+      conn.startParts();
       conn.inFrame = true;
     }
     if (conn.payload == nullptr) {
@@ -363,21 +420,24 @@ bool TcpComm::pumpIn(TcpConn& conn) {
       conn.wantSlot = conn.payload == nullptr;
       if (conn.wantSlot) return progressed;
     }
-    while (conn.payloadDone < conn.payloadBytes) {
-      ssize_t n = recv(conn.fd.get(), conn.payload + conn.payloadDone, conn.payloadBytes - conn.payloadDone,
-                       MSG_DONTWAIT);
-      if (n == 0) {
-        fail(conn, "was closed by the peer in the middle of a message", 0);
-        return true;
+    for (TcpSocket& sock : conn.socks) {
+      while (!sock.finished()) {
+        ssize_t n = recv(sock.fd.get(), conn.payload + sock.begin + sock.done, sock.end - sock.begin - sock.done,
+                         MSG_DONTWAIT);
+        if (n == 0) {
+          fail(conn, "was closed by the peer in the middle of a message", 0);
+          return true;
+        }
+        if (n < 0) {
+          if (wouldBlock(errno)) break;
+          fail(conn, "could not receive", errno);
+          return true;
+        }
+        progressed = true;
+        sock.done += static_cast<size_t>(n);
       }
-      if (n < 0) {
-        if (wouldBlock(errno)) return progressed;
-        fail(conn, "could not receive", errno);
-        return true;
-      }
-      progressed = true;
-      conn.payloadDone += static_cast<size_t>(n);
     }
+    if (!conn.partsFinished()) return progressed;
     conn.fill->post(conn.protocol, conn.payloadBytes);
     ++received_;
     conn.inFrame = false;
@@ -386,16 +446,18 @@ bool TcpComm::pumpIn(TcpConn& conn) {
   }
 }
 
-// An executor that gave up marked its FIFO aborted: the peer hears of it through the socket closing.
+// An executor that gave up marked its FIFO aborted: the peer hears of it through an abort notice, or through the
+// sockets closing.
 bool TcpComm::watchLocal(TcpConn& conn) {
   if (conn.closed || conn.fifo.view().header->aborted.load(std::memory_order_relaxed) == 0) return false;
   LOOM_INFO(NET, "tcp: connection %s: this rank gave up on it; closing", conn.name().c_str());
-  // Best effort: a sending end may be in the middle of a frame, and then the peer sees the connection lost.
-  if (conn.fd.valid() && (!conn.sends || !conn.inFrame)) {
+  // Best effort: socket 0 of a sending end may be in the middle of a frame, and then the peer sees the connection
+  // lost instead.
+  if (!conn.socks.empty() && conn.socks[0].fd.valid() && (!conn.sends || !conn.inFrame)) {
     uint8_t notice[kFrameHeaderBytes];
     putU32(notice, 0);
     putU32(notice + 4, kAbortNotice);
-    if (send(conn.fd.get(), notice, sizeof(notice), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+    if (send(conn.socks[0].fd.get(), notice, sizeof(notice), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
       // The peer learns of it from the socket closing instead.
     }
   }
@@ -411,6 +473,12 @@ void TcpComm::peerClosed(TcpConn& conn) {
   shut(conn);
 }
 
+void TcpComm::peerGaveUp(TcpConn& conn) {
+  LOOM_INFO(NET, "tcp: connection %s: the peer gave up on it", conn.name().c_str());
+  conn.fifo.view().header->aborted.store(kAbortedByPeer, std::memory_order_relaxed);
+  shut(conn);
+}
+
 void TcpComm::fail(TcpConn& conn, const char* what, int error) {
   if (error != 0) {
     LOOM_WARN(NET, "tcp: connection %s %s: %s", conn.name().c_str(), what, std::strerror(error));
@@ -422,8 +490,10 @@ void TcpComm::fail(TcpConn& conn, const char* what, int error) {
 }
 
 void TcpComm::shut(TcpConn& conn) {
-  if (conn.fd.valid()) shutdown(conn.fd.get(), SHUT_RDWR);
-  conn.fd.reset();
+  for (TcpSocket& sock : conn.socks) {
+    if (sock.fd.valid()) shutdown(sock.fd.get(), SHUT_RDWR);
+    sock.fd.reset();
+  }
   conn.closed = true;
 }
 
@@ -443,29 +513,34 @@ void TcpComm::nap(int64_t micros) {
   fds.push_back({wake_.get(), POLLIN, 0});
   std::vector<TcpConn*> polled;
   for (auto& conn : conns_) {
-    if (!conn->fd.valid()) continue;
-    // A sending socket is readable only when its peer closed it or broke it.
-    short events = conn->sends ? static_cast<short>(POLLIN | (conn->wantWrite ? POLLOUT : 0))
-                               : static_cast<short>(conn->wantSlot ? 0 : POLLIN);
-    fds.push_back({conn->fd.get(), events, 0});
-    polled.push_back(conn.get());
+    if (!conn->connected || conn->closed) continue;
+    for (size_t j = 0; j < conn->socks.size(); ++j) {
+      const TcpSocket& sock = conn->socks[j];
+      short events = 0;
+      if (conn->sends) {
+        // A sending socket turns readable only when the peer gave up, closed it or broke it.
+        events = static_cast<short>(POLLIN | (sock.wantWrite ? POLLOUT : 0));
+      } else if (!conn->wantSlot && (j == 0 ? !conn->inFrame || !sock.finished() : conn->inFrame && !sock.finished())) {
+        events = POLLIN;  // data is expected on it
+      }
+      fds.push_back({sock.fd.get(), events, 0});
+      polled.push_back(conn.get());
+    }
   }
   timespec timeout{0, static_cast<long>(micros * 1000)};
   if (ppoll(fds.data(), fds.size(), &timeout, nullptr) <= 0) return;
   for (size_t i = 1; i < fds.size(); ++i) {
     TcpConn& conn = *polled[i - 1];
-    if (!conn.sends || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+    if (!conn.sends || conn.closed || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
     // The receiving end only ever sends an abort notice.
     uint8_t notice[kFrameHeaderBytes];
-    ssize_t n = recv(conn.fd.get(), notice, sizeof(notice), MSG_DONTWAIT);
+    ssize_t n = recv(fds[i].fd, notice, sizeof(notice), MSG_DONTWAIT);
     if (n == 0) {
       peerClosed(conn);
     } else if (n < 0 && !wouldBlock(errno)) {
       fail(conn, "broke", errno);
     } else if (n > 0) {
-      LOOM_INFO(NET, "tcp: connection %s: the peer gave up on it", conn.name().c_str());
-      conn.fifo.view().header->aborted.store(kAbortedByPeer, std::memory_order_relaxed);
-      shut(conn);
+      peerGaveUp(conn);
     }
   }
 }
@@ -478,13 +553,15 @@ void TcpComm::run() {
   for (;;) {
     bool progressed = adopt();
     for (auto& conn : conns_) {
-      if (watchLocal(*conn) || conn->closed || !conn->fd.valid()) continue;
+      if (watchLocal(*conn) || conn->closed || !conn->connected) continue;
       progressed |= conn->sends ? pumpOut(*conn) : pumpIn(*conn);
     }
     for (auto& conn : conns_) {
-      if (!finished(*conn)) continue;
-      if (conn->fd.valid()) shutdown(conn->fd.get(), SHUT_WR);
-      conn->fd.reset();
+      if (!finished(*conn) || conn->closed) continue;
+      for (TcpSocket& sock : conn->socks) {
+        if (sock.fd.valid()) shutdown(sock.fd.get(), SHUT_WR);
+        sock.fd.reset();
+      }
       conn->closed = true;
     }
     std::erase_if(conns_, [](const std::shared_ptr<TcpConn>& conn) { return conn->closed && conn->released.load(); });
@@ -554,7 +631,7 @@ class TcpTransport : public Transport {
   loomResult_t createReceiver(TransportComm* state, const ConnectionKey& key, const FifoShape& shape,
                               std::unique_ptr<Endpoint>* out) override {
     auto* comm = static_cast<TcpComm*>(state);
-    auto conn = std::make_shared<TcpConn>(false, key.sender, key.channel, shape);
+    auto conn = std::make_shared<TcpConn>(false, key.sender, key.channel, shape, 0);
     if (!conn->fifo.valid())
       return LOOM_FAIL(loomSystemError, NET, "tcp: cannot allocate %zu bytes for the FIFO %s", conn->fifo.bytes(),
                        conn->name().c_str());
@@ -567,15 +644,21 @@ class TcpTransport : public Transport {
                             const WaitCheck& check, std::unique_ptr<Endpoint>* out) override {
     auto* comm = static_cast<TcpComm*>(state);
     LOOM_CHECK(check());
-    auto conn = std::make_shared<TcpConn>(true, key.receiver, key.channel, shape);
+    static const int sockets = static_cast<int>(std::clamp<int64_t>(params::nsocks(), 1, kMaxSockets));
+    auto conn = std::make_shared<TcpConn>(true, key.receiver, key.channel, shape, sockets);
     if (!conn->fifo.valid())
       return LOOM_FAIL(loomSystemError, NET, "tcp: cannot allocate %zu bytes for the FIFO %s", conn->fifo.bytes(),
                        conn->name().c_str());
-    uint8_t hello[kHandoffHelloBytes] = {};
-    putU32(hello, kHelloMagic);
-    putU32(hello + 4, static_cast<uint32_t>(key.channel));
-    putU32(hello + 8, static_cast<uint32_t>(key.receiver));
-    LOOM_CHECK(comm->context().bootstrap->connectHandoff(key.receiver, hello, comm->context().timeoutMs, &conn->fd));
+    for (int j = 0; j < sockets; ++j) {
+      uint8_t hello[kHandoffHelloBytes] = {};
+      putU32(hello, kHelloMagic);
+      putU32(hello + 4, static_cast<uint32_t>(key.channel));
+      putU32(hello + 8, static_cast<uint32_t>(key.receiver));
+      hello[12] = static_cast<uint8_t>(j);
+      hello[13] = static_cast<uint8_t>(sockets);
+      LOOM_CHECK(comm->context().bootstrap->connectHandoff(key.receiver, hello, comm->context().timeoutMs,
+                                                           &conn->socks[j].fd));
+    }
     LOOM_CHECK(comm->add(conn));
     *out = std::make_unique<TcpEndpoint>(comm, std::move(conn));
     return loomSuccess;
