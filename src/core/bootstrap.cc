@@ -548,14 +548,16 @@ loomResult_t Bootstrap::Impl::joinRoot(const UniqueIdInfo& info, const IoWait& w
   const std::string rootName = "the root at " + info.rootAddress;
   UniqueFd root;
   LOOM_CHECK(connectTo(info.rootAddress, /*untilListening=*/true, wait, &root));
-  // Listen on the interface that reaches the root: the other ranks will reach this one the same way. Unless the
-  // root was named by a host name that led to loopback here: other hosts cannot reach this rank's loopback.
+  // Listen where LOOM_SOCKET_IFNAME says, else on the interface that reaches the root: the other ranks will reach
+  // this one the same way. Unless the root was named by a host name that led to loopback here: other hosts cannot
+  // reach this rank's loopback. Peers' data connections (tcp) come here too.
   SocketAddress local;
   LOOM_CHECK(localAddress(root.get(), &local));
   std::string rootHost;
   int rootPort = 0;
   splitHostPort(info.rootAddress, &rootHost, &rootPort);
-  if (isLoopback(local) && !isNumericHost(rootHost)) LOOM_CHECK(chooseListenAddress(&local));
+  if (!params::socketIfname().empty() || (isLoopback(local) && !isNumericHost(rootHost)))
+    LOOM_CHECK(chooseListenAddress(&local));
   setPort(&local, 0);
   std::string listenAddress;
   LOOM_CHECK(listenOn(local, false, listener, &listenAddress));

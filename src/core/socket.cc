@@ -145,11 +145,43 @@ SocketAddress wildcardOf(const SocketAddress& address) {
   return any;
 }
 
+InterfaceFilter parseInterfaceFilter(const std::string& spec) {
+  InterfaceFilter filter;
+  std::string rest = spec;
+  if (!rest.empty() && rest[0] == '^') {
+    filter.exclude = true;
+    rest.erase(0, 1);
+  }
+  if (!rest.empty() && rest[0] == '=') {
+    filter.exact = true;
+    rest.erase(0, 1);
+  }
+  size_t start = 0;
+  while (start <= rest.size()) {
+    size_t comma = rest.find(',', start);
+    std::string name = rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!name.empty()) filter.names.push_back(name);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return filter;
+}
+
+bool interfaceMatches(const InterfaceFilter& filter, const std::string& name) {
+  bool listed = std::any_of(filter.names.begin(), filter.names.end(), [&](const std::string& entry) {
+    return filter.exact ? name == entry : name.compare(0, entry.size(), entry) == 0;
+  });
+  return listed != filter.exclude;
+}
+
 loomResult_t chooseListenAddress(SocketAddress* out) {
-  const std::string prefix = params::socketIfname();
+  const std::string spec = params::socketIfname();
+  // By default, as NCCL: anything but docker bridges and loopback, unless nothing else is up.
+  const InterfaceFilter filter = parseInterfaceFilter(spec.empty() ? "^docker,lo" : spec);
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) return LOOM_FAIL(loomSystemError, BOOT, "getifaddrs failed: %m");
-  // Lower score wins: IPv4, then global IPv6, then link-local IPv6 (which needs its scope to be usable).
+  // Lower score wins: IPv4, then global IPv6, then link-local IPv6 (which needs its scope to be usable); by
+  // default, IPv4 only.
   int bestScore = 3;
   std::string seen;
   for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
@@ -157,11 +189,8 @@ loomResult_t chooseListenAddress(SocketAddress* out) {
     int family = it->ifa_addr->sa_family;
     if (family != AF_INET && family != AF_INET6) continue;
     if (seen.find(std::string(it->ifa_name) + " ") == std::string::npos) seen += std::string(it->ifa_name) + " ";
-    if (prefix.empty()) {
-      if ((it->ifa_flags & IFF_LOOPBACK) || family != AF_INET) continue;
-    } else if (std::strncmp(it->ifa_name, prefix.c_str(), prefix.size()) != 0) {
-      continue;
-    }
+    if (!interfaceMatches(filter, it->ifa_name)) continue;
+    if (spec.empty() && ((it->ifa_flags & IFF_LOOPBACK) || family != AF_INET)) continue;
     int score = 0;
     if (family == AF_INET6) {
       auto* v6 = reinterpret_cast<const sockaddr_in6*>(it->ifa_addr);
@@ -178,10 +207,10 @@ loomResult_t chooseListenAddress(SocketAddress* out) {
     setPort(out, 0);
     return loomSuccess;
   }
-  if (!prefix.empty()) {
+  if (!spec.empty()) {
     return LOOM_FAIL(loomInvalidUsage, BOOT,
                      "LOOM_SOCKET_IFNAME=%s matches no interface that is up with an IP address (interfaces: %s)",
-                     prefix.c_str(), seen.empty() ? "none" : seen.c_str());
+                     spec.c_str(), seen.empty() ? "none" : seen.c_str());
   }
   auto* v4 = reinterpret_cast<sockaddr_in*>(&out->storage);
   std::memset(&out->storage, 0, sizeof(out->storage));

@@ -79,8 +79,19 @@ bool isLoopback(const SocketAddress& address);
 // The any-address of the same family as `address`, with its port.
 SocketAddress wildcardOf(const SocketAddress& address);
 
-// The address (port 0) a root listens on: the first up interface whose name starts with LOOM_SOCKET_IFNAME
-// (IPv4 preferred), else the first non-loopback IPv4 interface that is up, else 127.0.0.1.
+// Which interfaces LOOM_SOCKET_IFNAME allows, in NCCL's syntax: a comma list of name prefixes ("eth,ib"),
+// "^" before it to exclude them instead ("^docker,lo"), "=" to match whole names ("=eth0", "^=eth1").
+struct InterfaceFilter {
+  bool exclude = false;
+  bool exact = false;
+  std::vector<std::string> names;
+};
+InterfaceFilter parseInterfaceFilter(const std::string& spec);
+bool interfaceMatches(const InterfaceFilter& filter, const std::string& name);
+
+// The address (port 0) to listen on: with LOOM_SOCKET_IFNAME, the first up interface it allows (IPv4, then
+// global IPv6, then link-local IPv6); without, the first up IPv4 interface other than docker bridges and
+// loopback, else 127.0.0.1.
 loomResult_t chooseListenAddress(SocketAddress* out);
 
 // Listens on `address` (port 0 picks a free one) and returns the address it is bound to in *boundAddress.

@@ -114,6 +114,36 @@ INSTANTIATE_TEST_SUITE_P(Ranks, BootstrapRanks, ::testing::Values(1, 2, 3, 8),
                            return std::to_string(info.param) + "ranks";
                          });
 
+// LOOM_SOCKET_IFNAME in NCCL's syntax.
+TEST(SocketIfname, PrefixesExclusionsAndExactNames) {
+  InterfaceFilter prefixes = parseInterfaceFilter("eth,ib");
+  EXPECT_TRUE(interfaceMatches(prefixes, "eth0"));
+  EXPECT_TRUE(interfaceMatches(prefixes, "ib1"));
+  EXPECT_FALSE(interfaceMatches(prefixes, "lo"));
+  InterfaceFilter excluded = parseInterfaceFilter("^docker,lo");
+  EXPECT_TRUE(interfaceMatches(excluded, "eth0"));
+  EXPECT_FALSE(interfaceMatches(excluded, "docker0"));
+  EXPECT_FALSE(interfaceMatches(excluded, "lo"));
+  InterfaceFilter exact = parseInterfaceFilter("=eth0");
+  EXPECT_TRUE(interfaceMatches(exact, "eth0"));
+  EXPECT_FALSE(interfaceMatches(exact, "eth01"));
+  InterfaceFilter exactExcluded = parseInterfaceFilter("^=eth1");
+  EXPECT_TRUE(interfaceMatches(exactExcluded, "eth10"));
+  EXPECT_FALSE(interfaceMatches(exactExcluded, "eth1"));
+}
+
+// A filter that allows nothing up here is refused with the interfaces there are; loopback, named, is allowed.
+TEST(SocketIfname, ChoosesAnAllowedInterfaceOrSaysWhichThereAre) {
+  SocketAddress address;
+  setenv("LOOM_SOCKET_IFNAME", "=lo", 1);
+  ASSERT_EQ(chooseListenAddress(&address), loomSuccess) << loomGetLastError(nullptr);
+  EXPECT_TRUE(isLoopback(address));
+  setenv("LOOM_SOCKET_IFNAME", "no-such-interface", 1);
+  EXPECT_EQ(chooseListenAddress(&address), loomInvalidUsage);
+  EXPECT_NE(std::string(loomGetLastError(nullptr)).find("matches no interface"), std::string::npos);
+  unsetenv("LOOM_SOCKET_IFNAME");
+}
+
 TEST(Bootstrap, CommHashDiffersBetweenIds) {
   std::vector<uint64_t> hashes;
   for (int i = 0; i < 2; ++i) {

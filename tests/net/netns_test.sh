@@ -1,75 +1,135 @@
 #!/bin/bash
-# net suite: ranks on two hosts, each host a network namespace of its own joined by a veth pair, so that every
-# byte between hosts crosses a real network stack. Addresses exist only inside the namespaces this script makes,
-# and both go when it ends, whatever happens.
+# net suite: ranks on hosts made of network namespaces joined by a bridge (tests/net/netns.sh), so that every
+# byte between hosts crosses a real network stack, and each host has a hostname of its own, as real hosts do.
 #
 #   tests/net/netns_test.sh BUILD_DIR
 #
-# Runs collective_check with 4 ranks, 2 per namespace (LOOM_HOSTID tells loom which ranks share a host: the
-# namespaces share a kernel, so it could not tell otherwise). Ranks of one host talk over shm, the hosts over tcp.
-# Then the same with the link shaped to 200 Mbit/s by tc's tbf, which the tcp path must live with.
-# Skips (exit 77) where network namespaces cannot be made (not root, no `ip`).
+# 1. The collective matrix (collective_check) on 2 hosts x 2 ranks and on 4 hosts x 1 rank: ranks of one host
+#    talk over shm, hosts over tcp. Also with LOOM_SOCKET_IFNAME=eth0, 2 channels and 3 sockets per connection,
+#    and with the hosts' links shaped to 200 Mbit/s by tc's tbf.
+# 2. A host's link set down in the middle of AllReduce calls: every rank ends with an error (the others with
+#    loomTimeout or loomRemoteError) within LOOM_TIMEOUT_MS plus 3 s.
+# 3. A rank on the other host killed with SIGKILL in the middle of AllReduce calls: every survivor ends with
+#    loomRemoteError or loomTimeout, the other host's within 5 s.
+# Skips (exit 77) where network namespaces cannot be made (not root, no ip).
 set -u
 build=${1:?usage: netns_test.sh BUILD_DIR}
 check=$build/tests/mp_collective_check
-[ -x "$check" ] || { echo "netns_test: $check is not built"; exit 1; }
-command -v ip >/dev/null || { echo "netns_test: no ip command: skipped"; exit 77; }
-[ "$(id -u)" = 0 ] || { echo "netns_test: needs root for network namespaces: skipped"; exit 77; }
-
-tag=loom$$
-nsa=$tag-a
-nsb=$tag-b
-cleanup() {
-  ip netns del "$nsa" 2>/dev/null
-  ip netns del "$nsb" 2>/dev/null
-}
-trap cleanup EXIT
-if ! ip netns add "$nsa" 2>/dev/null || ! ip netns add "$nsb" 2>/dev/null; then
-  echo "netns_test: cannot create network namespaces here: skipped"
-  exit 77
-fi
-# A /24 from 10.0.0.0/8 picked by the pid, so that parallel runs do not collide (and nothing outside sees it).
-net=10.$((($$ >> 8) % 200 + 20)).$(($$ % 250))
-ip link add "va$$" netns "$nsa" type veth peer name "vb$$" netns "$nsb" || exit 1
-ip -n "$nsa" addr add "$net.1/24" dev "va$$" && ip -n "$nsa" link set "va$$" up && ip -n "$nsa" link set lo up
-ip -n "$nsb" addr add "$net.2/24" dev "vb$$" && ip -n "$nsb" link set "vb$$" up && ip -n "$nsb" link set lo up
+loop=$build/tests/net_allreduce_loop
+for program in "$check" "$loop"; do [ -x "$program" ] || { echo "netns_test: $program is not built"; exit 1; }; done
+source "$(dirname "$0")/netns.sh"
 
 failures=0
-# run NAME ARGS...: 4 ranks of collective_check, ranks 0-1 in namespace a and 2-3 in namespace b.
-run() {
-  local name=$1
-  shift
-  local secret port pids=() rank status=0
-  secret=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
-  port=$((20000 + $$ % 20000))
-  for rank in 0 1 2 3; do
-    local ns=$nsa host=host-a
-    if [ "$rank" -ge 2 ]; then ns=$nsb host=host-b; fi
-    ip netns exec "$ns" env LOOM_RANK=$rank LOOM_NRANKS=4 LOOM_LOCAL_RANK=$((rank % 2)) LOOM_LOCAL_NRANKS=2 \
-      LOOM_ROOT_ADDR="$net.1:$port" LOOM_SECRET="$secret" LOOM_HOSTID=$host LOOM_TIMEOUT_MS=120000 \
-      LOOM_DEBUG=${LOOM_DEBUG:-WARN} LOOM_DEBUG_SUBSYS=${LOOM_DEBUG_SUBSYS:-} \
-      timeout 600 "$check" "$@" > "$workdir/$name.$rank.log" 2>&1 &
-    pids+=($!)
-  done
-  for rank in 0 1 2 3; do
-    wait "${pids[$rank]}" || { status=1; echo "netns_test: $name: rank $rank failed:"; cat "$workdir/$name.$rank.log"; }
-  done
-  if [ "$status" = 0 ]; then echo "netns_test: $name: passed"; else failures=$((failures + 1)); fi
+fail() {
+  echo "netns_test: FAILED: $*"
+  failures=$((failures + 1))
+}
+show_logs() {
+  local log
+  for log in "$NETNS_WORK/$1".*.log; do echo "--- $log"; tail -n 20 "$log"; done
 }
 
-workdir=$(mktemp -d)
-trap 'cleanup; rm -rf "$workdir"' EXIT
-LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=NET run two-hosts 7,70000 1000003 plain
-if ! grep -q "messages sent and" "$workdir/two-hosts.0.log"; then
-  echo "netns_test: rank 0 logged no tcp traffic:"
-  cat "$workdir/two-hosts.0.log"
-  failures=$((failures + 1))
-fi
-LOOM_NCHANNELS=2 run two-hosts-two-channels 7,5000 70000 registered
-if ip netns exec "$nsa" tc qdisc add dev "va$$" root tbf rate 200mbit burst 64kb latency 50ms 2>/dev/null &&
-  ip netns exec "$nsb" tc qdisc add dev "vb$$" root tbf rate 200mbit burst 64kb latency 50ms 2>/dev/null; then
-  run shaped 7,5000 300000 plain
+# matrix NAME RANKS_PER_HOST ARGS...: collective_check on every host.
+matrix() {
+  local name=$1 rph=$2
+  shift 2
+  netns_job "$name" "$rph" "$check" "$@"
+  if netns_wait; then echo "netns_test: $name: passed"; else fail "$name (exit codes ${NETNS_STATUS[*]})"; show_logs "$name"; fi
+}
+
+# A rank's "result CODE at SECONDS" line, as "CODE SECONDS".
+result_of() { sed -n 's/^result \([0-9]*\) at \([0-9.]*\):.*/\1 \2/p' "$NETNS_WORK/$1.$2.log"; }
+
+# Waits up to 60 s for every rank of job NAME to print "ready".
+wait_ready() {
+  local name=$1 nranks=$2 tries rank ready
+  for ((tries = 0; tries < 600; ++tries)); do
+    ready=0
+    for ((rank = 0; rank < nranks; ++rank)); do grep -q '^ready' "$NETNS_WORK/$name.$rank.log" 2>/dev/null && ready=$((ready + 1)); done
+    [ "$ready" = "$nranks" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+netns_hosts 2
+status=$?
+if [ "$status" = 77 ]; then echo "netns_test: skipped"; exit 77; fi
+[ "$status" = 0 ] || { echo "netns_test: could not make the hosts"; exit 1; }
+
+export LOOM_TIMEOUT_MS=120000 LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=NET,INIT
+NETNS_PASS="LOOM_TIMEOUT_MS LOOM_DEBUG LOOM_DEBUG_SUBSYS"
+matrix two-hosts 2 7,70000 1000003 plain
+grep -q "ready on 2 host(s)" "$NETNS_WORK/two-hosts.0.log" || fail "two-hosts: rank 0 did not see 2 hosts"
+grep -q "messages sent and" "$NETNS_WORK/two-hosts.0.log" || fail "two-hosts: rank 0 logged no tcp traffic"
+export LOOM_SOCKET_IFNAME=eth0 LOOM_NCHANNELS=2 LOOM_NSOCKS=3 LOOM_DEBUG=WARN
+NETNS_PASS="$NETNS_PASS LOOM_SOCKET_IFNAME LOOM_NCHANNELS LOOM_NSOCKS"
+matrix eth0-two-channels-three-sockets 2 7,5000 300000 registered
+unset LOOM_SOCKET_IFNAME LOOM_NCHANNELS LOOM_NSOCKS
+NETNS_PASS="LOOM_TIMEOUT_MS LOOM_DEBUG"
+if netns_shape 0 200mbit 2>/dev/null && netns_shape 1 200mbit 2>/dev/null; then
+  matrix shaped 2 7,5000 300000 plain
+  netns_shape 0 100gbit && netns_shape 1 100gbit
 else
   echo "netns_test: tc tbf unavailable: the shaped run is skipped"
 fi
+
+# 2. Host 1's link goes down 1 s into the loop.
+export LOOM_TIMEOUT_MS=5000
+netns_job link-down 2 "$loop" 1048576 60
+if wait_ready link-down 4; then
+  sleep 1
+  down_at=$(date +%s.%N)
+  netns_link 1 down
+  netns_wait
+  for rank in 0 1 2 3; do
+    read -r code at <<<"$(result_of link-down $rank)"
+    if [ "${code:-0}" != 8 ] && [ "${code:-0}" != 6 ]; then
+      fail "link-down: rank $rank ended with ${code:-nothing}, expected loomTimeout (8) or loomRemoteError (6)"
+    elif awk -v a="$at" -v d="$down_at" 'BEGIN { exit !(a - d > 8.0) }'; then
+      fail "link-down: rank $rank took $(awk -v a="$at" -v d="$down_at" 'BEGIN { print a - d }') s to fail"
+    fi
+  done
+  netns_link 1 up
+  echo "netns_test: link-down: done"
+else
+  fail "link-down: the ranks did not all finish a first AllReduce"
+  netns_wait
+fi
+show_logs link-down | grep -E "^---|result"
+
+# 3. Rank 3 (host 1) is killed 1 s into the loop; rank 2 shares its host.
+export LOOM_TIMEOUT_MS=10000
+netns_job killed 2 "$loop" 1048576 60
+victim_pid=${NETNS_PIDS[3]}
+if wait_ready killed 4; then
+  sleep 1
+  killed_at=$(date +%s.%N)
+  kill -9 "$victim_pid"
+  netns_wait
+  [ "${NETNS_STATUS[3]}" = 137 ] || fail "killed: rank 3 ended with ${NETNS_STATUS[3]}, not SIGKILL"
+  for rank in 0 1 2; do
+    read -r code at <<<"$(result_of killed $rank)"
+    if [ "${code:-0}" != 6 ] && [ "${code:-0}" != 8 ]; then
+      fail "killed: rank $rank ended with ${code:-nothing}, expected loomRemoteError (6) or loomTimeout (8)"
+    elif [ "$rank" -lt 2 ] && [ "$code" = 6 ] && awk -v a="$at" -v d="$killed_at" 'BEGIN { exit !(a - d > 5.0) }'; then
+      fail "killed: rank $rank took $(awk -v a="$at" -v d="$killed_at" 'BEGIN { print a - d }') s to see the death"
+    fi
+  done
+  echo "netns_test: killed: done"
+else
+  fail "killed: the ranks did not all finish a first AllReduce"
+  netns_wait
+fi
+show_logs killed | grep -E "^---|result"
+
+# 1 again, on 4 hosts of one rank each.
+export LOOM_TIMEOUT_MS=120000
+for ((i = 0; i < NETNS_HOSTS; ++i)); do ip netns del "$NETNS_TAG-h$i"; done
+ip netns del "$NETNS_TAG-br"
+NETNS_HOSTS=0
+netns_hosts 4 || { fail "could not make 4 hosts"; exit 1; }
+matrix four-hosts 1 7,70000 1000003 plain
+
+[ "$failures" = 0 ] && echo "netns_test: all passed"
 exit $((failures > 0))
