@@ -96,9 +96,14 @@ loomResult_t exchangeDirectAccess(loomComm* comm, const std::vector<RankSetup>& 
                                   canReadProcess(setups[p].info.pid, setups[p].probeAddress);
   }
   LOOM_CHECK(comm->bootstrap->allGather(canRead.data(), n, deadline.remainingMs()));
-  std::vector<bool> directTo(n);
-  for (int p = 0; p < n; ++p) directTo[p] = p != comm->rank && canRead[p * n + comm->rank];
+  std::vector<bool> directTo(n), proxyTo(n);
+  for (int p = 0; p < n; ++p) {
+    directTo[p] = p != comm->rank && canRead[p * n + comm->rank];
+    Transport* transport = p == comm->rank ? nullptr : firstTransportTo(comm, p, nullptr);
+    proxyTo[p] = enabled && transport != nullptr && transport->movesByProxy();
+  }
   comm->connections.setDirectPeers(std::move(directTo));
+  comm->connections.setProxyPeers(std::move(proxyTo));
   return loomSuccess;
 }
 

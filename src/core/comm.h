@@ -36,9 +36,13 @@ class Connections : public Links {
   FifoSender* sender(int peer, int channel) override;
   FifoReceiver* receiver(int peer, int channel) override;
   bool directTo(int peer) override { return peer < static_cast<int>(directTo_.size()) && directTo_[peer]; }
+  bool proxySends(int peer) override { return peer < static_cast<int>(proxyTo_.size()) && proxyTo_[peer]; }
+  bool anyProxySends() const { return std::find(proxyTo_.begin(), proxyTo_.end(), true) != proxyTo_.end(); }
   const void* mapDirect(const DirectDescriptor& message) override { return peerMappings_.resolve(message); }
   // directTo[p]: whether peer p can read this process's memory (probed at init; LOOM_DIRECT=0 clears it).
   void setDirectPeers(std::vector<bool> directTo) { directTo_ = std::move(directTo); }
+  // proxyTo[p]: whether a proxy thread of this process moves the messages to peer p.
+  void setProxyPeers(std::vector<bool> proxyTo) { proxyTo_ = std::move(proxyTo); }
   // Make sure every connection `plan` uses exists, in two phases: receivers first (that never waits), then
   // senders, which attach to their peers' receivers (that waits, as long as `check` allows). A caller with
   // several plans (a group, perhaps over several communicators driven by one thread) creates all receivers
@@ -66,6 +70,7 @@ class Connections : public Links {
   std::vector<FifoSender*> senderTable_;
   std::vector<FifoReceiver*> receiverTable_;
   std::vector<bool> directTo_;
+  std::vector<bool> proxyTo_;
   PeerMappings peerMappings_;
 };
 

@@ -86,23 +86,25 @@ size_t bufferBytes(const Call& call, const RankPlan* plan, bool input, size_t in
 }
 
 // A buffer is direct when it is registered and, for inputs, overlaps no output: a peer reads it later than
-// the step that posted it, so the call must not write it meanwhile.
+// the step that posted it, so the call must not write it meanwhile. A proxy of this process (tcp) needs no
+// registration: only that the call does not write the buffer meanwhile.
 void markDirectBuffers(const Call& call, const RankPlan* plan, ExecTask* task) {
   auto span = [&](bool input, size_t i) {
     auto base = reinterpret_cast<uintptr_t>(input ? call.inputs[i] : call.outputs[i]);
     return std::pair<uintptr_t, uintptr_t>{base, base + bufferBytes(call, plan, input, i)};
   };
+  const bool proxied = call.comm->connections.anyProxySends();
   auto directBuffer = [&](bool input, size_t i) {
     const void* base = input ? call.inputs[i] : call.outputs[i];
     size_t bytes = bufferBytes(call, plan, input, i);
-    return DirectBuffer{isRegistered(call.comm, base, bytes), sharedRegionOf(base, bytes)};
+    return DirectBuffer{isRegistered(call.comm, base, bytes), proxied, sharedRegionOf(base, bytes)};
   };
   task->directOutputs.assign(call.outputs.size(), {});
   for (size_t i = 0; i < call.outputs.size(); ++i) task->directOutputs[i] = directBuffer(false, i);
   task->directInputs.assign(call.inputs.size(), {});
   for (size_t i = 0; i < call.inputs.size(); ++i) {
     DirectBuffer input = directBuffer(true, i);
-    if (!input.direct) continue;
+    if (!input.direct && !input.unwritten) continue;
     bool overlaps = false;
     auto [inLo, inHi] = span(true, i);
     for (size_t o = 0; o < call.outputs.size(); ++o) {

@@ -304,10 +304,14 @@ class TaskRun {
   // The region a step sends, when it may go out as a DirectDescriptor: Simple protocol, a peer that can read
   // our memory, and data that sits in a buffer the task marked direct (the input for send; the destination,
   // written just before, for the forwarding steps).
+  // For a peer whose messages this process's proxy moves, the proxy reads the data itself: any buffer the call
+  // does not write meanwhile will do, and forwarding steps always send from the output.
   const Region* directSourceOf(const Step& step, Protocol protocol, const DirectBuffer** buffer) const {
-    if (protocol != Protocol::kSimple || !task_->links->directTo(step.sendPeer)) return nullptr;
+    if (protocol != Protocol::kSimple) return nullptr;
+    bool proxied = task_->links->proxySends(step.sendPeer);
+    if (!proxied && !task_->links->directTo(step.sendPeer)) return nullptr;
     auto marked = [&](const std::vector<DirectBuffer>& buffers, uint32_t index) {
-      if (index >= buffers.size() || !buffers[index].direct) return false;
+      if (index >= buffers.size() || !(proxied ? buffers[index].unwritten : buffers[index].direct)) return false;
       *buffer = &buffers[index];
       return true;
     };
@@ -315,7 +319,7 @@ class TaskRun {
         marked(task_->directInputs, step.src.bufferIndex))
       return &step.src;
     bool forwards = step.action == Action::kRecvCopySend || step.action == Action::kRecvReduceCopySend;
-    if (forwards && task_->directForwards && step.dst.buffer == Buffer::kOutput &&
+    if (forwards && (task_->directForwards || proxied) && step.dst.buffer == Buffer::kOutput &&
         marked(task_->directOutputs, step.dst.bufferIndex))
       return &step.dst;
     return nullptr;

@@ -26,13 +26,17 @@ class Links {
   virtual FifoReceiver* receiver(int peer, int channel) = 0;
   // Whether `peer` can read this process's memory itself, so that messages to it may be DirectDescriptors.
   virtual bool directTo(int peer) = 0;
+  // Whether a proxy thread of this process moves the messages to `peer` (tcp): it then sends a DirectDescriptor's
+  // payload from this process's memory itself, so any buffer the call does not write meanwhile may go direct.
+  virtual bool proxySends(int peer) = 0;
   // A direct message's payload in this address space, when its memory can be mapped here; nullptr: copy it.
   virtual const void* mapDirect(const DirectDescriptor& message) = 0;
 };
 
 // A buffer of a task that peers may read in place, and the shared file it lies in, if any.
 struct DirectBuffer {
-  bool direct = false;
+  bool direct = false;    // registered, and not written by the call while a peer may read it
+  bool unwritten = false;  // not written by the call while a proxy may read it (registered or not)
   SharedRegion region;
 };
 

@@ -82,14 +82,14 @@ TEST(CollectivesMpZeroCopy, LoomMemAllocAndRegistered) {
   setenv("LOOM_DEBUG", "WARN", 1);
 }
 
-// Processes connected by tcp only, at 3 and 4 ranks, with buffers that shm peers would read in place.
+// Processes connected by tcp only, at 3 and 4 ranks; the proxies send Simple messages from the callers' buffers.
 TEST(CollectivesMpTcp, MatrixUnderLoomrun) {
   setenv("LOOM_TRANSPORTS", "tcp", 1);
   setenv("LOOM_DEBUG", "INFO", 1);
   setenv("LOOM_DEBUG_SUBSYS", "NET,SHM", 1);
   std::string output = runCheck(4, "7,70000 1000003 alloc");
   EXPECT_GT(tcpMessages(output), 0) << output;
-  EXPECT_EQ(directMessages(output), 0) << output;
+  EXPECT_GT(directMessages(output), 0) << output;
   runCheck(3, "7,5000 70000 plain");
   setenv("LOOM_DEBUG", "WARN", 1);
   unsetenv("LOOM_DEBUG_SUBSYS");

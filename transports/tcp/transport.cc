@@ -14,8 +14,9 @@
 // kStripeMinBytes or more is cut into one part per socket (stripe() decides, from the size alone, so the
 // receiver cuts it the same way), and socket j carries part j with nothing around it; anything smaller travels
 // whole on socket 0. Several sockets help where a network caps each flow, as clouds do. LL messages travel as
-// their payload and get the receiving FIFO's flags on arrival. A DirectDescriptor cannot travel: comm.cc sends
-// none over a transport that does not carry them.
+// their payload and get the receiving FIFO's flags on arrival. A DirectDescriptor posted by this process's
+// executor (Links::proxySends) is sent from the memory it names, sparing the copy into the FIFO; the executor's
+// call ends only once the proxy has released it.
 //
 // Failure: a connection that fails or ends while its FIFO is in use marks the FIFO aborted (kConnectionLost),
 // which the executor reports as loomRemoteError naming the peer; the proxy logs why (WARN). An executor that
@@ -324,8 +325,14 @@ bool TcpComm::pumpOut(TcpConn& conn) {
       const void* data = conn.drain->pollAny(&bytes, &conn.protocol, &direct);
       if (data == nullptr) return progressed;
       if (direct) {
-        fail(conn, "was given a direct (zero-copy) message, which tcp cannot carry", 0);
-        return true;
+        // The payload lies in this process's memory, where the executor left it for the proxy to send from.
+        const auto* descriptor = static_cast<const DirectDescriptor*>(data);
+        if (descriptor->pid != getpid() || descriptor->bytes > fifoPayloadBytes(conn.shape, Protocol::kSimple)) {
+          fail(conn, "was given a direct message that is not in this process's memory", 0);
+          return true;
+        }
+        data = reinterpret_cast<const void*>(descriptor->address);
+        bytes = descriptor->bytes;
       }
       putU32(conn.frame, static_cast<uint32_t>(bytes));
       putU32(conn.frame + 4, static_cast<uint32_t>(conn.protocol));
