@@ -7,7 +7,8 @@
 #                         hostname of its own (host-I, in a UTS namespace), so loom tells the hosts apart as it
 #                         would real ones
 #   netns_link I up|down  sets host I's link up or down (its end in the bridge namespace)
-#   netns_shape I RATE    shapes host I's traffic both ways with tc's tbf (RATE as tc writes it: 2gbit)
+#   netns_shape I RATE    shapes host I's traffic both ways with tc's tbf (RATE as tc writes it: 2gbit; a queue of
+#                         $NETNS_TBF_LATENCY, 10ms by default)
 #   netns_job NAME RPH PROGRAM ARGS...
 #                         runs PROGRAM as a job of N * RPH ranks, RPH per host (rank r on host r / RPH), with
 #                         loomCommInitFromEnv's variables; the root listens on host 0. Returns at once; the ranks'
@@ -65,9 +66,9 @@ netns_link() {
 }
 
 netns_shape() {
-  local host=$1 rate=$2
-  ip netns exec "$NETNS_TAG-h$host" tc qdisc replace dev eth0 root tbf rate "$rate" burst 256kb latency 50ms &&
-    ip netns exec "$NETNS_TAG-br" tc qdisc replace dev "vh$host" root tbf rate "$rate" burst 256kb latency 50ms
+  local host=$1 rate=$2 latency=${NETNS_TBF_LATENCY:-10ms}
+  ip netns exec "$NETNS_TAG-h$host" tc qdisc replace dev eth0 root tbf rate "$rate" burst 256kb latency "$latency" &&
+    ip netns exec "$NETNS_TAG-br" tc qdisc replace dev "vh$host" root tbf rate "$rate" burst 256kb latency "$latency"
 }
 
 netns_job() {

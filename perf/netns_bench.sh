@@ -1,0 +1,68 @@
+#!/bin/bash
+# Network benchmarks on hosts made of network namespaces (tests/net/netns.sh), as root:
+#
+#   perf/netns_bench.sh [BUILD_DIR] [--rate 2gbit] [--iters 10]
+#
+# 1. 2 hosts x 2 ranks, each host's link shaped to RATE both ways by tc's tbf: AllReduce busbw with the flat ring
+#    against the hierarchical algorithm (reduce-scatter on each host over shm, all-reduce between hosts over tcp,
+#    all-gather on each host), 16 to 64 MiB, in one run. The hierarchical one sends 1/2 of the data across the
+#    link per host where the ring sends all of it twice.
+# 2. 2 ranks on one host, unshaped, over loopback: loom over tcp (LOOM_TRANSPORTS=tcp) against Gloo's TCP
+#    transport (perf/peers/gloo_perf), 1 to 64 MiB, in one run.
+# Prints each table as the perf programs do and a summary of ratios at every size, with the command lines.
+set -u
+build=build
+rate=2gbit
+iters=10
+while [ $# -gt 0 ]; do
+  case $1 in
+    --rate) rate=$2; shift 2 ;;
+    --iters) iters=$2; shift 2 ;;
+    *) build=$1; shift ;;
+  esac
+done
+source "$(dirname "$0")/../tests/net/netns.sh"
+perf=$build/perf/all_reduce_perf
+gloo=$build/perf/peers/gloo_perf
+[ -x "$perf" ] || { echo "netns_bench: $perf is not built"; exit 1; }
+
+# busbw_column FILE: "size busbw" per row of a perf table (out of place).
+busbw_column() { awk '/^ +[0-9]/ { print $1, $8 }' "$1"; }
+# pair A B: "size a b" for the sizes both "size value" files have, in A's order.
+pair() { awk 'NR == FNR { b[$1] = $2; next } ($1 in b) { print $1, $2, b[$1] }' "$2" "$1"; }
+
+echo "# netns_bench: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, $(uname -r)"
+netns_hosts 2 || exit $?
+netns_shape 0 "$rate" && netns_shape 1 "$rate" || { echo "netns_bench: tc tbf is unavailable"; exit 1; }
+export LOOM_TIMEOUT_MS=600000
+for algo in ring hierarchical; do
+  export LOOM_ALGO=$algo
+  NETNS_PASS="LOOM_TIMEOUT_MS LOOM_ALGO"
+  command="$perf -b 16M -e 64M -f 2 -n $iters -w 2"
+  echo "## 2 hosts x 2 ranks, links shaped to $rate, LOOM_ALGO=$algo: $command"
+  netns_job "$algo" 2 $command
+  netns_wait || { echo "netns_bench: the $algo run failed"; cat "$NETNS_WORK/$algo.0.log"; exit 1; }
+  grep -E "^#  *(size|\(B\))|^ +[0-9]" "$NETNS_WORK/$algo.0.log"
+  busbw_column "$NETNS_WORK/$algo.0.log" >"$NETNS_WORK/$algo.busbw"
+done
+unset LOOM_ALGO
+echo "## hierarchical / ring busbw, links shaped to $rate"
+pair "$NETNS_WORK/ring.busbw" "$NETNS_WORK/hierarchical.busbw" |
+  awk '{ printf "%12d B  ring %6.3f GB/s  hierarchical %6.3f GB/s  ratio %.2f\n", $1, $2, $3, $3 / $2 }'
+
+loomrun=$build/tools/loomrun
+command="-n 2 $perf -b 1M -e 64M -f 4 -n $iters -w 2"
+echo "## 2 ranks, one host, loopback: loom over tcp: LOOM_TRANSPORTS=tcp $loomrun $command"
+LOOM_TRANSPORTS=tcp $loomrun $command >"$NETNS_WORK/loom-tcp.log" 2>&1 || { cat "$NETNS_WORK/loom-tcp.log"; exit 1; }
+grep -E "^ +[0-9]" "$NETNS_WORK/loom-tcp.log"
+if [ -x "$gloo" ]; then
+  command="-n 2 $gloo -C all_reduce -b 1M -e 64M -f 4 -n $iters -w 2"
+  echo "## the same with Gloo (TCP over loopback): $loomrun $command"
+  $loomrun $command >"$NETNS_WORK/gloo.log" 2>&1 || { cat "$NETNS_WORK/gloo.log"; exit 1; }
+  grep -E "^ +[0-9]" "$NETNS_WORK/gloo.log"
+  echo "## loom (tcp) / Gloo busbw"
+  pair <(busbw_column "$NETNS_WORK/loom-tcp.log") <(busbw_column "$NETNS_WORK/gloo.log") |
+    awk '{ printf "%12d B  loom %6.3f GB/s  Gloo %6.3f GB/s  ratio %.2f\n", $1, $2, $3, ($3 > 0 ? $2 / $3 : 0) }'
+else
+  echo "## Gloo: perf/peers/gloo_perf is not built (no libgloo-dev): skipped"
+fi
