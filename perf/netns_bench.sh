@@ -8,7 +8,8 @@
 #    all-gather on each host), 16 to 64 MiB, in one run. The hierarchical one sends 1/2 of the data across the
 #    link per host where the ring sends all of it twice.
 # 2. 2 ranks on one host, unshaped, over loopback: loom over tcp (LOOM_TRANSPORTS=tcp) against Gloo's TCP
-#    transport (perf/peers/gloo_perf), 1 to 64 MiB, in one run.
+#    transport (perf/peers/gloo_perf), 1 to 64 MiB, in one run, with the ceiling: what TCP moves each way
+#    between two processes that send and receive at once (perf/tcp_ceiling), which bounds a 2-rank busbw.
 # Prints each table as the perf programs do and a summary of ratios at every size, with the command lines.
 set -u
 build=build
@@ -51,6 +52,8 @@ pair "$NETNS_WORK/ring.busbw" "$NETNS_WORK/hierarchical.busbw" |
   awk '{ printf "%12d B  ring %6.3f GB/s  hierarchical %6.3f GB/s  ratio %.2f\n", $1, $2, $3, $3 / $2 }'
 
 loomrun=$build/tools/loomrun
+echo "## the ceiling: TCP over loopback, both ways at once: $build/perf/tcp_ceiling 256M 5"
+"$build/perf/tcp_ceiling" 256M 5
 command="-n 2 $perf -b 1M -e 64M -f 4 -n $iters -w 2"
 echo "## 2 ranks, one host, loopback: loom over tcp: LOOM_TRANSPORTS=tcp $loomrun $command"
 LOOM_TRANSPORTS=tcp $loomrun $command >"$NETNS_WORK/loom-tcp.log" 2>&1 || { cat "$NETNS_WORK/loom-tcp.log"; exit 1; }

@@ -1,7 +1,7 @@
 // mt suite: the public API's argument checks, every rank a thread of this process. Each bad call returns
 // loomInvalidArgument or loomInvalidUsage with a message naming the problem, touches no buffer and leaves the
 // communicator usable; count-0 calls are no-ops; the in-place and root-only layouts the API allows are accepted
-// and give the right result. Cases run over shm and over loopback.
+// and give the right result. Cases run over shm, over loopback and over tcp.
 // Not here: a bad call inside a group and the rest of the API's contract (groups, streams, deadlines, abort,
 // split, init, memory), see tests/mt/api_test.cc.
 #include <gtest/gtest.h>
@@ -454,7 +454,7 @@ TEST_P(ApiTest, InPlaceAndRootOnlyLayoutsAreAccepted) {
       &config);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, ApiTest, ::testing::Values("shm", "loopback"),
+INSTANTIATE_TEST_SUITE_P(Transports, ApiTest, ::testing::Values("shm", "loopback", "tcp"),
                          [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
 }  // namespace

@@ -1,7 +1,7 @@
 // mt suite: the public API's contract, every rank a thread of this process. Aborting a blocked call from
 // another thread, deadlines, host streams, groups (ring exchanges larger than a FIFO, sends to self, a bad call
 // inside a group), loomCommSplit, non-blocking init, memory and registration helpers and the small queries.
-// Cases that move data run over shm and over loopback.
+// Cases that move data run over shm, over loopback and over tcp.
 // Not here: argument checks, count-0 calls and the accepted buffer layouts, see tests/mt/api_args_test.cc;
 // loomCommInitFromEnv and dead processes (the environment and liveness are per process), see
 // tests/mp/failure_test.cc; collective results over many sizes and types, see tests/mt/collectives_test.cc.
@@ -751,7 +751,7 @@ TEST_P(ApiTest, CountRankAndLastError) {
       &config);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, ApiTest, ::testing::Values("shm", "loopback"),
+INSTANTIATE_TEST_SUITE_P(Transports, ApiTest, ::testing::Values("shm", "loopback", "tcp"),
                          [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
 }  // namespace
