@@ -178,6 +178,11 @@ loomResult_t chooseListenAddress(SocketAddress* out) {
   const std::string spec = params::socketIfname();
   // By default, as NCCL: anything but docker bridges and loopback, unless nothing else is up.
   const InterfaceFilter filter = parseInterfaceFilter(spec.empty() ? "^docker,lo" : spec);
+  const std::string familyName = params::socketFamily();
+  int onlyFamily = familyName == "AF_INET" ? AF_INET : familyName == "AF_INET6" ? AF_INET6 : AF_UNSPEC;
+  if (onlyFamily == AF_UNSPEC && !familyName.empty())
+    return LOOM_FAIL(loomInvalidArgument, BOOT, "LOOM_SOCKET_FAMILY=\"%s\": expected AF_INET or AF_INET6",
+                     familyName.c_str());
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) return LOOM_FAIL(loomSystemError, BOOT, "getifaddrs failed: %m");
   // Lower score wins: IPv4, then global IPv6, then link-local IPv6 (which needs its scope to be usable); by
@@ -188,9 +193,11 @@ loomResult_t chooseListenAddress(SocketAddress* out) {
     if (it->ifa_addr == nullptr || !(it->ifa_flags & IFF_UP)) continue;
     int family = it->ifa_addr->sa_family;
     if (family != AF_INET && family != AF_INET6) continue;
+    if (onlyFamily != AF_UNSPEC && family != onlyFamily) continue;
     if (seen.find(std::string(it->ifa_name) + " ") == std::string::npos) seen += std::string(it->ifa_name) + " ";
     if (!interfaceMatches(filter, it->ifa_name)) continue;
-    if (spec.empty() && ((it->ifa_flags & IFF_LOOPBACK) || family != AF_INET)) continue;
+    if (spec.empty() && ((it->ifa_flags & IFF_LOOPBACK) || family != (onlyFamily == AF_INET6 ? AF_INET6 : AF_INET)))
+      continue;
     int score = 0;
     if (family == AF_INET6) {
       auto* v6 = reinterpret_cast<const sockaddr_in6*>(it->ifa_addr);
@@ -209,11 +216,18 @@ loomResult_t chooseListenAddress(SocketAddress* out) {
   }
   if (!spec.empty()) {
     return LOOM_FAIL(loomInvalidUsage, BOOT,
-                     "LOOM_SOCKET_IFNAME=%s matches no interface that is up with an IP address (interfaces: %s)",
-                     spec.c_str(), seen.empty() ? "none" : seen.c_str());
+                     "LOOM_SOCKET_IFNAME=%s matches no interface that is up with an %s address (interfaces: %s)",
+                     spec.c_str(), familyName.empty() ? "IP" : familyName.c_str(), seen.empty() ? "none" : seen.c_str());
+  }
+  std::memset(&out->storage, 0, sizeof(out->storage));
+  if (onlyFamily == AF_INET6) {
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&out->storage);
+    v6->sin6_family = AF_INET6;
+    v6->sin6_addr = in6addr_loopback;
+    out->length = sizeof(sockaddr_in6);
+    return loomSuccess;
   }
   auto* v4 = reinterpret_cast<sockaddr_in*>(&out->storage);
-  std::memset(&out->storage, 0, sizeof(out->storage));
   v4->sin_family = AF_INET;
   v4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   out->length = sizeof(sockaddr_in);

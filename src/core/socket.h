@@ -91,7 +91,7 @@ bool interfaceMatches(const InterfaceFilter& filter, const std::string& name);
 
 // The address (port 0) to listen on: with LOOM_SOCKET_IFNAME, the first up interface it allows (IPv4, then
 // global IPv6, then link-local IPv6); without, the first up IPv4 interface other than docker bridges and
-// loopback, else 127.0.0.1.
+// loopback, else 127.0.0.1. LOOM_SOCKET_FAMILY=AF_INET6 (or AF_INET) keeps only that family (::1 by default).
 loomResult_t chooseListenAddress(SocketAddress* out);
 
 // Listens on `address` (port 0 picks a free one) and returns the address it is bound to in *boundAddress.

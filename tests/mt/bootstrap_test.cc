@@ -132,7 +132,8 @@ TEST(SocketIfname, PrefixesExclusionsAndExactNames) {
   EXPECT_FALSE(interfaceMatches(exactExcluded, "eth1"));
 }
 
-// A filter that allows nothing up here is refused with the interfaces there are; loopback, named, is allowed.
+// A filter that allows nothing up here is refused with the interfaces there are; loopback, named, is allowed; an
+// unknown address family is refused.
 TEST(SocketIfname, ChoosesAnAllowedInterfaceOrSaysWhichThereAre) {
   SocketAddress address;
   setenv("LOOM_SOCKET_IFNAME", "=lo", 1);
@@ -142,6 +143,10 @@ TEST(SocketIfname, ChoosesAnAllowedInterfaceOrSaysWhichThereAre) {
   EXPECT_EQ(chooseListenAddress(&address), loomInvalidUsage);
   EXPECT_NE(std::string(loomGetLastError(nullptr)).find("matches no interface"), std::string::npos);
   unsetenv("LOOM_SOCKET_IFNAME");
+  setenv("LOOM_SOCKET_FAMILY", "AF_UNIX", 1);
+  EXPECT_EQ(chooseListenAddress(&address), loomInvalidArgument);
+  EXPECT_NE(std::string(loomGetLastError(nullptr)).find("LOOM_SOCKET_FAMILY"), std::string::npos);
+  unsetenv("LOOM_SOCKET_FAMILY");
 }
 
 TEST(Bootstrap, CommHashDiffersBetweenIds) {

@@ -15,6 +15,7 @@
 
 #include "algorithms/builders.h"
 #include "src/core/comm.h"
+#include "src/core/socket.h"
 #include "tests/common/matrix.h"
 #include "tests/mt/thread_ranks.h"
 
@@ -82,6 +83,17 @@ TEST_P(Collectives, MatrixOverTcp) {
     loomtest::ScopedEnv force("LOOM_PROTO", proto);
     runMatrix(GetParam(), {7, 70000});
   }
+}
+
+// The same over IPv6: the unique id's root and every rank listen on ::1, and the tcp sockets follow.
+TEST(Collectives, TcpOverIpv6) {
+  loomtest::ScopedEnv transport("LOOM_TRANSPORTS", "tcp");
+  loomtest::ScopedEnv family("LOOM_SOCKET_FAMILY", "AF_INET6");
+  loomtest::ScopedEnv interface("LOOM_SOCKET_IFNAME", "lo");
+  loom::SocketAddress address;
+  if (loom::chooseListenAddress(&address) != loomSuccess) GTEST_SKIP() << "no IPv6 on loopback here";
+  ASSERT_EQ(address.storage.ss_family, AF_INET6);
+  runMatrix(3, {7, 70000});
 }
 
 TEST_P(Collectives, TwoChannelsForcedProtocols) {
