@@ -1,6 +1,8 @@
 // FIFO layout and the Simple and LL protocols (see fifo.h).
 #include "transports/fifo.h"
 
+#include <unistd.h>
+
 #include <cstring>
 #include <new>
 
@@ -20,6 +22,15 @@ inline uint32_t llFlag(uint64_t sequence) { return static_cast<uint32_t>(sequenc
 inline std::atomic<uint64_t>* llWords(std::byte* slot) { return reinterpret_cast<std::atomic<uint64_t>*>(slot); }
 
 }  // namespace
+
+void ringDoorbell(FifoHeader* header) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (header->sleeping.load(std::memory_order_relaxed) == 0) return;
+  uint64_t one = 1;
+  if (write(header->doorbell, &one, sizeof(one)) < 0) {
+    // The counter is full: the proxy has a wake-up pending already.
+  }
+}
 
 const char* protocolName(Protocol protocol) { return protocol == Protocol::kLL ? "LL" : "Simple"; }
 
@@ -58,6 +69,8 @@ void fifoInit(void* memory, const FifoShape& shape) {
   header->senderAttached.store(0, std::memory_order_relaxed);
   header->aborted.store(0, std::memory_order_relaxed);
   for (auto& size : header->sizes) size.store(0, std::memory_order_relaxed);
+  header->sleeping.store(0, std::memory_order_relaxed);
+  header->doorbell = -1;
   std::memset(static_cast<std::byte*>(memory) + headerBytes(), 0, fifoBytes(shape) - headerBytes());
   header->magic.store(kFifoMagic, std::memory_order_release);
 }
@@ -99,6 +112,7 @@ void FifoSender::post(Protocol protocol, size_t bytes, bool direct) {
   // Simple needs the release for the data; LL keeps head current so a later Simple call finds it consistent.
   slot_ = nextSlot(slot_, depth_);
   header->head.store(++posted_, std::memory_order_release);
+  ringIfProxied(header);
   // The credit just ran out: fetch the receiver's counter now, while the message travels and the caller would
   // wait for its answer anyway, rather than in the next reserve(), where the fetch would delay that message.
   if (posted_ - tailSeen_ >= depth_) tailSeen_ = header->tail.load(std::memory_order_acquire);
@@ -147,6 +161,7 @@ const void* FifoReceiver::pollAny(size_t* bytes, Protocol* protocol, bool* direc
 void FifoReceiver::release() {
   slot_ = nextSlot(slot_, depth_);
   memory_.header->tail.store(++consumed_, std::memory_order_release);
+  ringIfProxied(memory_.header);
 }
 
 }  // namespace loom

@@ -48,7 +48,19 @@ struct alignas(64) FifoHeader {
   alignas(64) std::atomic<uint32_t> senderAttached;
   std::atomic<uint32_t> aborted;  // an AbortCode, set by either side when it gives up on the connection
   alignas(64) std::atomic<uint64_t> sizes[kMaxFifoDepth];  // bytes of each posted Simple message
+  // A FIFO that a proxy thread of this process serves (network transports) has a doorbell, an eventfd: while
+  // the proxy sleeps (`sleeping` set), post(), release() and abort() ring it. Shared-memory FIFOs have none (-1)
+  // and pay one comparison for it.
+  alignas(64) std::atomic<uint32_t> sleeping;
+  int32_t doorbell;
 };
+
+// Rings `header`'s doorbell if its proxy sleeps; call after the store the proxy must see. The fence pairs with
+// the proxy's between setting `sleeping` and looking at the FIFO again: one of the two sees the other's store.
+void ringDoorbell(FifoHeader* header);
+inline void ringIfProxied(FifoHeader* header) {
+  if (header->doorbell >= 0) ringDoorbell(header);
+}
 
 // Bytes of FIFO memory for `shape` (header plus slots, page aligned).
 size_t fifoBytes(const FifoShape& shape);
@@ -97,7 +109,10 @@ class FifoSender {
   bool drained() const { return memory_.header->tail.load(std::memory_order_acquire) >= posted_; }
   bool aborted() const { return memory_.header->aborted.load(std::memory_order_relaxed) != 0; }
   uint32_t abortCode() const { return memory_.header->aborted.load(std::memory_order_relaxed); }
-  void abort() { memory_.header->aborted.store(kAbortedByPeer, std::memory_order_relaxed); }
+  void abort() {
+    memory_.header->aborted.store(kAbortedByPeer, std::memory_order_relaxed);
+    ringIfProxied(memory_.header);
+  }
 
  private:
   FifoMemory memory_;
@@ -121,7 +136,10 @@ class FifoReceiver {
   void release();
   bool aborted() const { return memory_.header->aborted.load(std::memory_order_relaxed) != 0; }
   uint32_t abortCode() const { return memory_.header->aborted.load(std::memory_order_relaxed); }
-  void abort() { memory_.header->aborted.store(kAbortedByPeer, std::memory_order_relaxed); }
+  void abort() {
+    memory_.header->aborted.store(kAbortedByPeer, std::memory_order_relaxed);
+    ringIfProxied(memory_.header);
+  }
 
  private:
   FifoMemory memory_;

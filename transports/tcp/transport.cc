@@ -58,16 +58,19 @@ constexpr size_t kFrameHeaderBytes = 8;
 constexpr uint32_t kAbortNotice = 0xab0f;  // in a frame header's protocol field: the sender's executor gave up
 constexpr size_t kStripeMinBytes = 65536;
 constexpr int kMaxSockets = 16;
-// Idle proxy: after LOOM_YIELD_US of yielding, it sleeps in poll() for up to this long between looks at the FIFOs
-// its executors post into (sockets wake it at once).
-constexpr int64_t kMaxNapUs = 200;
+// Idle proxy: after LOOM_YIELD_US of yielding, it sleeps until its sockets, the FIFOs' doorbell (fifo.h) or its
+// eventfd wake it, and at least this often looks around anyway (a safety net: nothing needs it).
+constexpr int64_t kSleepBackstopUs = 100000;
 
 // A FIFO in this process's memory.
 class LocalFifo {
  public:
-  explicit LocalFifo(const FifoShape& shape)
+  // `doorbell`: the proxy's eventfd, which the executor's side rings while the proxy sleeps.
+  LocalFifo(const FifoShape& shape, int doorbell)
       : bytes_((fifoBytes(shape) + 4095) / 4096 * 4096), base_(std::aligned_alloc(4096, bytes_)) {
-    if (base_ != nullptr) fifoInit(base_, shape);
+    if (base_ == nullptr) return;
+    fifoInit(base_, shape);
+    fifoView(base_).header->doorbell = doorbell;
   }
   ~LocalFifo() { std::free(base_); }
   LocalFifo(const LocalFifo&) = delete;
@@ -105,8 +108,8 @@ struct TcpSocket {
 
 // One direction of one channel between this rank and `peer`.
 struct TcpConn {
-  TcpConn(bool sends, int peer, int channel, const FifoShape& shape, int sockets)
-      : sends(sends), peer(peer), channel(channel), shape(shape), fifo(shape), socks(sockets) {}
+  TcpConn(bool sends, int peer, int channel, const FifoShape& shape, int sockets, int doorbell)
+      : sends(sends), peer(peer), channel(channel), shape(shape), fifo(shape, doorbell), socks(sockets) {}
 
   const bool sends;  // this rank sends: the proxy drains `fifo` into the sockets; else it fills `fifo`
   const int peer;
@@ -184,6 +187,7 @@ class TcpComm : public TransportComm {
   }
 
   const TransportCommContext& context() const { return context_; }
+  int doorbell() const { return wake_.get(); }
 
   // Hands a new connection to the proxy, starting it with the first.
   loomResult_t add(std::shared_ptr<TcpConn> conn) {
@@ -250,6 +254,8 @@ class TcpComm : public TransportComm {
   void shut(TcpConn& conn);
   bool finished(const TcpConn& conn) const;
   void nap(int64_t micros);
+  bool pass();
+  void setSleeping(bool sleeping);
 
   TransportCommContext context_;
   UniqueFd wake_;
@@ -514,7 +520,7 @@ bool TcpComm::finished(const TcpConn& conn) const {
                               conn.fifo.view().header->tail.load(std::memory_order_acquire);
 }
 
-// Sleeps until a socket needs the proxy, the eventfd rings, or `micros` pass (0: only looks).
+// Sleeps until a socket needs the proxy, the eventfd (the doorbell) rings, or `micros` pass (0: only looks).
 void TcpComm::nap(int64_t micros) {
   std::vector<pollfd> fds;
   fds.push_back({wake_.get(), POLLIN, 0});
@@ -552,26 +558,39 @@ void TcpComm::nap(int64_t micros) {
   }
 }
 
+// One round over every connection; whether anything moved.
+bool TcpComm::pass() {
+  bool progressed = adopt();
+  for (auto& conn : conns_) {
+    if (watchLocal(*conn) || conn->closed || !conn->connected) continue;
+    progressed |= conn->sends ? pumpOut(*conn) : pumpIn(*conn);
+  }
+  for (auto& conn : conns_) {
+    if (!finished(*conn) || conn->closed) continue;
+    for (TcpSocket& sock : conn->socks) {
+      if (sock.fd.valid()) shutdown(sock.fd.get(), SHUT_WR);
+      sock.fd.reset();
+    }
+    conn->closed = true;
+  }
+  std::erase_if(conns_, [](const std::shared_ptr<TcpConn>& conn) { return conn->closed && conn->released.load(); });
+  return progressed;
+}
+
+// Tells every FIFO's executor side whether the proxy sleeps, so that it rings the doorbell (fifo.h).
+void TcpComm::setSleeping(bool sleeping) {
+  for (auto& conn : conns_)
+    conn->fifo.view().header->sleeping.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
 void TcpComm::run() {
   static const int64_t yieldUs = params::yieldUs();
   Clock::time_point idleSince = Clock::now();
   bool idle = false;
   std::optional<Deadline> flushBy;  // set once the communicator is being destroyed
   for (;;) {
-    bool progressed = adopt();
-    for (auto& conn : conns_) {
-      if (watchLocal(*conn) || conn->closed || !conn->connected) continue;
-      progressed |= conn->sends ? pumpOut(*conn) : pumpIn(*conn);
-    }
-    for (auto& conn : conns_) {
-      if (!finished(*conn) || conn->closed) continue;
-      for (TcpSocket& sock : conn->socks) {
-        if (sock.fd.valid()) shutdown(sock.fd.get(), SHUT_WR);
-        sock.fd.reset();
-      }
-      conn->closed = true;
-    }
-    std::erase_if(conns_, [](const std::shared_ptr<TcpConn>& conn) { return conn->closed && conn->released.load(); });
+    bool progressed = pass();
     bool stopping;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -598,9 +617,13 @@ void TcpComm::run() {
     if (waited < yieldUs) {
       nap(0);
       sched_yield();
-    } else {
-      nap(std::min<int64_t>(kMaxNapUs, 10 + (waited - yieldUs) / 10));
+      continue;
     }
+    // Sleep until a socket, the doorbell or the eventfd wakes the proxy: set `sleeping` first, then look once
+    // more, so that a message posted meanwhile is either seen now or rings.
+    setSleeping(true);
+    if (!pass()) nap(kSleepBackstopUs);
+    setSleeping(false);
   }
   for (auto& conn : conns_) shut(*conn);
   conns_.clear();
@@ -638,7 +661,7 @@ class TcpTransport : public Transport {
   loomResult_t createReceiver(TransportComm* state, const ConnectionKey& key, const FifoShape& shape,
                               std::unique_ptr<Endpoint>* out) override {
     auto* comm = static_cast<TcpComm*>(state);
-    auto conn = std::make_shared<TcpConn>(false, key.sender, key.channel, shape, 0);
+    auto conn = std::make_shared<TcpConn>(false, key.sender, key.channel, shape, 0, comm->doorbell());
     if (!conn->fifo.valid())
       return LOOM_FAIL(loomSystemError, NET, "tcp: cannot allocate %zu bytes for the FIFO %s", conn->fifo.bytes(),
                        conn->name().c_str());
@@ -652,7 +675,7 @@ class TcpTransport : public Transport {
     auto* comm = static_cast<TcpComm*>(state);
     LOOM_CHECK(check());
     static const int sockets = static_cast<int>(std::clamp<int64_t>(params::nsocks(), 1, kMaxSockets));
-    auto conn = std::make_shared<TcpConn>(true, key.receiver, key.channel, shape, sockets);
+    auto conn = std::make_shared<TcpConn>(true, key.receiver, key.channel, shape, sockets, comm->doorbell());
     if (!conn->fifo.valid())
       return LOOM_FAIL(loomSystemError, NET, "tcp: cannot allocate %zu bytes for the FIFO %s", conn->fifo.bytes(),
                        conn->name().c_str());
