@@ -4,6 +4,8 @@
 #include "transports/fifo.h"
 
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -123,6 +125,62 @@ TEST(Fifo, AbortIsSeenByBothEnds) {
   in.abort();
   EXPECT_TRUE(out.aborted());
   EXPECT_TRUE(in.aborted());
+}
+
+// A proxy forwards whatever was posted: pollAny tells LL from Simple by the slot's flag, over many rounds of
+// the slots, and gives the same bytes poll() would.
+TEST(Fifo, PollAnyTellsTheProtocol) {
+  Fifo fifo({4, 4096, 512});
+  FifoSender out(fifoView(fifo.memory));
+  FifoReceiver in(fifoView(fifo.memory));
+  std::vector<uint8_t> message;
+  for (size_t index = 0; index < 40; ++index) {
+    Protocol protocol = makeMessage(fifo.shape, index, &message);
+    void* slot = out.reserve(protocol);
+    ASSERT_NE(slot, nullptr);
+    std::memcpy(slot, message.data(), message.size());
+    out.post(protocol, message.size());
+    size_t bytes = 0;
+    bool direct = true;
+    Protocol seen = Protocol::kSimple;
+    const void* got = in.pollAny(&bytes, &seen, &direct);
+    ASSERT_NE(got, nullptr) << "message " << index;
+    EXPECT_EQ(seen, protocol) << "message " << index;
+    EXPECT_FALSE(direct);
+    ASSERT_EQ(bytes, message.size());
+    EXPECT_EQ(std::memcmp(got, message.data(), bytes), 0) << "message " << index;
+    in.release();
+    EXPECT_EQ(in.pollAny(&bytes, &seen, &direct), nullptr);
+  }
+}
+
+// A FIFO with a doorbell rings it on post, release and abort while its proxy sleeps, and not otherwise.
+TEST(Fifo, DoorbellRingsOnlyWhileTheProxySleeps) {
+  Fifo fifo({2, 4096, 512});
+  int bell = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ASSERT_GE(bell, 0);
+  fifoView(fifo.memory).header->doorbell = bell;
+  FifoSender out(fifoView(fifo.memory));
+  FifoReceiver in(fifoView(fifo.memory));
+  auto rings = [&] {
+    uint64_t count = 0;
+    return read(bell, &count, sizeof(count)) == static_cast<ssize_t>(sizeof(count)) ? count : 0;
+  };
+  out.reserve(Protocol::kSimple);
+  out.post(Protocol::kSimple, 8);
+  EXPECT_EQ(rings(), 0u) << "awake: no ring";
+  fifoView(fifo.memory).header->sleeping.store(1);
+  size_t bytes = 0;
+  bool direct = false;
+  ASSERT_NE(in.poll(Protocol::kSimple, &bytes, &direct), nullptr);
+  in.release();
+  EXPECT_EQ(rings(), 1u) << "release";
+  out.reserve(Protocol::kLL);
+  out.post(Protocol::kLL, 8);
+  EXPECT_EQ(rings(), 1u) << "post";
+  out.abort();
+  EXPECT_EQ(rings(), 1u) << "abort";
+  close(bell);
 }
 
 }  // namespace
