@@ -38,8 +38,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -53,7 +53,7 @@
 namespace loom {
 namespace {
 
-constexpr uint32_t kHelloMagic = 0x6c746370;  // "pctl": a tcp data connection
+constexpr uint32_t kHelloMagic = 0x6c746370;  // opens the hello of a tcp data connection
 constexpr size_t kFrameHeaderBytes = 8;
 constexpr uint32_t kAbortNotice = 0xab0f;  // in a frame header's protocol field: the sender's executor gave up
 constexpr size_t kStripeMinBytes = 65536;
@@ -162,7 +162,9 @@ bool wouldBlock(int error) { return error == EAGAIN || error == EWOULDBLOCK || e
 
 class TcpComm : public TransportComm {
  public:
-  explicit TcpComm(const TransportCommContext& context) : context_(context) {}
+  // LOOM_NSOCKS is read here, once per communicator.
+  explicit TcpComm(const TransportCommContext& context)
+      : context_(context), sockets_(static_cast<int>(std::clamp<int64_t>(params::nsocks(), 1, kMaxSockets))) {}
 
   loomResult_t start() {
     int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -188,6 +190,7 @@ class TcpComm : public TransportComm {
 
   const TransportCommContext& context() const { return context_; }
   int doorbell() const { return wake_.get(); }
+  int sockets() const { return sockets_; }
 
   // Hands a new connection to the proxy, starting it with the first.
   loomResult_t add(std::shared_ptr<TcpConn> conn) {
@@ -258,6 +261,7 @@ class TcpComm : public TransportComm {
   void setSleeping(bool sleeping);
 
   TransportCommContext context_;
+  const int sockets_;  // per connection this rank opens
   UniqueFd wake_;
   std::thread thread_;
   std::mutex mutex_;  // guards what other threads hand the proxy
@@ -674,7 +678,7 @@ class TcpTransport : public Transport {
                             const WaitCheck& check, std::unique_ptr<Endpoint>* out) override {
     auto* comm = static_cast<TcpComm*>(state);
     LOOM_CHECK(check());
-    static const int sockets = static_cast<int>(std::clamp<int64_t>(params::nsocks(), 1, kMaxSockets));
+    const int sockets = comm->sockets();
     auto conn = std::make_shared<TcpConn>(true, key.receiver, key.channel, shape, sockets, comm->doorbell());
     if (!conn->fifo.valid())
       return LOOM_FAIL(loomSystemError, NET, "tcp: cannot allocate %zu bytes for the FIFO %s", conn->fifo.bytes(),
