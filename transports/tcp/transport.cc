@@ -286,10 +286,6 @@ bool TcpComm::adopt() {
     added.swap(added_);
     arrived.swap(arrived_);
   }
-  uint64_t count = 0;
-  if (read(wake_.get(), &count, sizeof(count)) < 0) {
-    // Nothing pending: the eventfd is non-blocking.
-  }
   for (auto& conn : added) {
     if (conn->sends) {
       conn->drain = std::make_unique<FifoReceiver>(conn->fifo.view());
@@ -546,6 +542,12 @@ void TcpComm::nap(int64_t micros) {
   }
   timespec timeout{0, static_cast<long>(micros * 1000)};
   if (ppoll(fds.data(), fds.size(), &timeout, nullptr) <= 0) return;
+  if (fds[0].revents & POLLIN) {
+    uint64_t count = 0;
+    if (read(wake_.get(), &count, sizeof(count)) < 0) {
+      // Another look drained it first: the eventfd is non-blocking.
+    }
+  }
   for (size_t i = 1; i < fds.size(); ++i) {
     TcpConn& conn = *polled[i - 1];
     if (!conn.sends || conn.closed || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
