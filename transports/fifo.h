@@ -140,6 +140,9 @@ class FifoReceiver {
     memory_.header->aborted.store(kAbortedByPeer, std::memory_order_relaxed);
     ringIfProxied(memory_.header);
   }
+  // Whether every message posted so far has been consumed: an aborted FIFO may still hold messages that were
+  // posted before the abort (a peer that finished and closed its end).
+  bool empty() const { return memory_.header->head.load(std::memory_order_acquire) <= consumed_; }
 
  private:
   FifoMemory memory_;

@@ -122,13 +122,16 @@ class TaskRun {
     }
   }
 
-  // Why a connection of a lane that is waiting was marked aborted (an AbortCode; 0: none was), and whose.
+  // Why a connection of a lane that is waiting was marked aborted (an AbortCode; 0: none was), and whose. A
+  // receiving FIFO counts only once it is empty: what the peer posted before it closed its end is still good (a
+  // lane may be waiting on its send while the message it received sits there).
   uint32_t peerAborted(int* peer) {
     for (const LaneRun& lane : lanes_) {
       if (lane.done()) continue;
       const Step& step = lane.step();
       if (actionReceives(step.action)) {
-        if (uint32_t code = task_->links->receiver(step.recvPeer, lane.lane->channel)->abortCode()) {
+        const FifoReceiver* in = task_->links->receiver(step.recvPeer, lane.lane->channel);
+        if (uint32_t code = in->abortCode(); code != 0 && in->empty()) {
           *peer = step.recvPeer;
           return code;
         }

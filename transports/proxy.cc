@@ -1,0 +1,257 @@
+// The proxy thread and FIFOs the network transports share (proxy.h).
+#include "transports/proxy.h"
+
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <system_error>
+
+#include "src/core/check.h"
+#include "src/core/log.h"
+#include "src/core/params.h"
+
+namespace loom {
+namespace {
+
+// An idle proxy sleeps until the network or a doorbell wakes it, and at least this often looks around anyway (a
+// safety net: nothing needs it).
+constexpr int64_t kSleepBackstopUs = 100000;
+
+}  // namespace
+
+LocalFifo::LocalFifo(const FifoShape& shape, int doorbell)
+    : bytes_((fifoBytes(shape) + 4095) / 4096 * 4096), base_(std::aligned_alloc(4096, bytes_)) {
+  if (base_ == nullptr) return;
+  fifoInit(base_, shape);
+  fifoView(base_).header->doorbell = doorbell;
+}
+
+LocalFifo::~LocalFifo() { std::free(base_); }
+
+std::string ProxyConn::name() const {
+  return std::string(sends ? "to" : "from") + " rank " + std::to_string(peer) + " on channel " + std::to_string(channel);
+}
+
+bool nextOutgoing(ProxyConn& conn, bool* bad) {
+  *bad = false;
+  size_t bytes = 0;
+  bool direct = false;
+  const void* data = conn.drain->pollAny(&bytes, &conn.protocol, &direct);
+  if (data == nullptr) return false;
+  if (direct) {
+    // The payload lies in this process's memory, where the executor left it for the proxy to send from.
+    const auto* descriptor = static_cast<const DirectDescriptor*>(data);
+    if (descriptor->pid != getpid() || descriptor->bytes > fifoPayloadBytes(conn.shape, Protocol::kSimple)) {
+      *bad = true;
+      return false;
+    }
+    data = reinterpret_cast<const void*>(descriptor->address);
+    bytes = descriptor->bytes;
+  }
+  conn.payload = static_cast<std::byte*>(const_cast<void*>(data));
+  conn.payloadBytes = bytes;
+  return true;
+}
+
+ProxyComm::ProxyComm(const TransportCommContext& context, const char* transport)
+    : context_(context), transport_(transport) {}
+
+ProxyComm::~ProxyComm() = default;
+
+loomResult_t ProxyComm::openDoorbell() {
+  int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fd < 0)
+    return LOOM_FAIL(loomSystemError, NET, "eventfd() for the %s proxy of rank %d: %m", transport_, context_.rank);
+  wake_.reset(fd);
+  return loomSuccess;
+}
+
+loomResult_t ProxyComm::add(std::shared_ptr<ProxyConn> conn) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  added_.push_back(std::move(conn));
+  if (!thread_.joinable()) {
+    try {
+      thread_ = std::thread([this] {
+        ScopedLogRank logRank(context_.rank);
+        run();
+      });
+    } catch (const std::system_error& error) {
+      added_.pop_back();
+      return LOOM_FAIL(loomSystemError, NET, "cannot start the %s proxy thread of rank %d: %s", transport_,
+                       context_.rank, error.what());
+    }
+  }
+  wake();
+  return loomSuccess;
+}
+
+void ProxyComm::wake() {
+  uint64_t one = 1;
+  if (write(wake_.get(), &one, sizeof(one)) < 0) {
+    // The counter is full, so the proxy has a wake-up pending already.
+  }
+}
+
+void ProxyComm::drainDoorbell() {
+  uint64_t count = 0;
+  if (read(wake_.get(), &count, sizeof(count)) < 0) {
+    // Another look drained it first: the eventfd is non-blocking.
+  }
+}
+
+void ProxyComm::stopProxy() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  if (!thread_.joinable()) return;
+  wake();
+  thread_.join();
+  LOOM_INFO(NET, "rank %d: %llu messages sent and %llu received over %s", context_.rank,
+            static_cast<unsigned long long>(sent_), static_cast<unsigned long long>(received_), transport_);
+}
+
+void ProxyComm::shut(ProxyConn& conn, uint32_t code) {
+  if (code != 0) conn.markAborted(code);
+  if (!conn.closed) shutNetwork(conn, false);
+  conn.closed = true;
+}
+
+void ProxyComm::fail(ProxyConn& conn, const std::string& what, int error) {
+  if (error != 0) {
+    LOOM_WARN(NET, "%s: connection %s %s: %s", transport_, conn.name().c_str(), what.c_str(), std::strerror(error));
+  } else {
+    LOOM_WARN(NET, "%s: connection %s %s", transport_, conn.name().c_str(), what.c_str());
+  }
+  shut(conn, kConnectionLost);
+}
+
+// The peer closed between messages: it finished with this communicator. Should the executor wait on this FIFO
+// again, it finds it aborted and names the peer.
+void ProxyComm::peerClosed(ProxyConn& conn) {
+  LOOM_INFO(NET, "%s: connection %s: the peer closed it", transport_, conn.name().c_str());
+  shut(conn, kConnectionLost);
+}
+
+void ProxyComm::peerGaveUp(ProxyConn& conn) {
+  LOOM_INFO(NET, "%s: connection %s: the peer gave up on it", transport_, conn.name().c_str());
+  shut(conn, kAbortedByPeer);
+}
+
+// Takes the connections other threads handed over.
+bool ProxyComm::adopt() {
+  std::vector<std::shared_ptr<ProxyConn>> added;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    added.swap(added_);
+  }
+  for (auto& conn : added) {
+    if (conn->sends) {
+      conn->drain = std::make_unique<FifoReceiver>(conn->fifo.view());
+    } else {
+      conn->fill = std::make_unique<FifoSender>(conn->fifo.view());
+    }
+    conns_.push_back(std::move(conn));
+  }
+  bool extra = adoptExtra();
+  return !added.empty() || extra;
+}
+
+// An executor that gave up marked its FIFO aborted: the peer hears of it.
+bool ProxyComm::watchLocal(ProxyConn& conn) {
+  if (conn.closed || conn.fifo.view().header->aborted.load(std::memory_order_relaxed) == 0) return false;
+  LOOM_INFO(NET, "%s: connection %s: this rank gave up on it; closing", transport_, conn.name().c_str());
+  if (conn.connected) notifyGaveUp(conn);
+  shut(conn, 0);
+  return true;
+}
+
+// Nothing more to do for a connection whose endpoint is gone: a receiving one at once, a sending one once what
+// its executor posted has left.
+bool ProxyComm::finished(const ProxyConn& conn) const {
+  if (!conn.released.load()) return false;
+  if (conn.closed || !conn.sends) return true;
+  const FifoHeader* header = conn.fifo.view().header;
+  return !conn.inFrame &&
+         header->head.load(std::memory_order_acquire) == header->tail.load(std::memory_order_acquire);
+}
+
+// One round over every connection; whether anything moved.
+bool ProxyComm::pass() {
+  bool progressed = adopt();
+  for (auto& conn : conns_) {
+    if (watchLocal(*conn) || conn->closed || !conn->connected) continue;
+    progressed |= pump(*conn);
+  }
+  for (auto& conn : conns_) {
+    if (!finished(*conn) || conn->closed) continue;
+    shutNetwork(*conn, true);
+    conn->closed = true;
+  }
+  std::erase_if(conns_, [](const std::shared_ptr<ProxyConn>& conn) { return conn->closed && conn->released.load(); });
+  return progressed;
+}
+
+// Tells every FIFO's executor side whether the proxy sleeps, so that it rings the doorbell (fifo.h).
+void ProxyComm::setSleeping(bool sleeping) {
+  for (auto& conn : conns_) conn->fifo.view().header->sleeping.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void ProxyComm::run() {
+  static const int64_t yieldUs = params::yieldUs();
+  Clock::time_point idleSince = Clock::now();
+  bool idle = false;
+  std::optional<Deadline> flushBy;  // set once the communicator is being destroyed
+  for (;;) {
+    bool progressed = pass();
+    bool stopping;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping = stopping_;
+    }
+    if (stopping) {
+      if (!flushBy) flushBy.emplace(context_.timeoutMs);
+      if (conns_.empty()) break;
+      if (flushBy->expired()) {
+        LOOM_WARN(NET, "%s: rank %d: %zu connection(s) still had messages to send after %lld ms; closing them",
+                  transport_, context_.rank, conns_.size(), static_cast<long long>(flushBy->timeoutMs()));
+        break;
+      }
+    }
+    if (progressed) {
+      idle = false;
+      continue;
+    }
+    if (!idle) {
+      idle = true;
+      idleSince = Clock::now();
+    }
+    auto waited = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - idleSince).count();
+    if (waited < yieldUs) {
+      sleep(0);
+      sched_yield();
+      continue;
+    }
+    // Sleep until the network, the doorbell or the eventfd wakes the proxy: mark the FIFOs first, then look
+    // once more, so that a message posted meanwhile is either seen now or rings.
+    setSleeping(true);
+    if (!pass()) sleep(kSleepBackstopUs);
+    setSleeping(false);
+  }
+  for (auto& conn : conns_) shut(*conn, 0);
+  conns_.clear();
+}
+
+ProxyEndpoint::~ProxyEndpoint() {
+  conn_->released.store(true);
+  comm_->wake();
+}
+
+}  // namespace loom

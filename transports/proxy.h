@@ -1,0 +1,155 @@
+// What the network transports (tcp, ucx) share: a FIFO at each end of a connection, in the memory of the process
+// that holds that end, and one proxy thread per communicator that moves messages between those FIFOs and the
+// network. The executor sees only its FIFO, as with shm. Each transport says how a message crosses the network
+// (pump, sleep, shut); this file keeps the rest:
+// - the thread, started with the communicator's first connection, and its waiting: it spins through the
+//   connections while anything moves; idle, it yields for LOOM_YIELD_US, then marks every FIFO `sleeping`, looks
+//   once more, and sleeps until the network or the FIFOs' doorbell (fifo.h) wakes it;
+// - the connections' life: added by the executor's side, released by its endpoints, and, when the communicator
+//   is destroyed, first flushed of what the executor posted (a call may return before its last messages left),
+//   within LOOM_TIMEOUT_MS;
+// - failure: an executor that gives up marks its FIFO aborted, and the proxy tells the peer (notifyGaveUp) and
+//   shuts the connection; a connection that fails marks its FIFO kConnectionLost, one whose peer gave up
+//   kAbortedByPeer (fifo.h), and the executor's error names the peer.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/loom.h"
+#include "src/core/socket.h"
+#include "transports/fifo.h"
+#include "transports/transport.h"
+
+namespace loom {
+
+// A FIFO in this process's memory, with the proxy's eventfd as its doorbell.
+class LocalFifo {
+ public:
+  LocalFifo(const FifoShape& shape, int doorbell);
+  ~LocalFifo();
+  LocalFifo(const LocalFifo&) = delete;
+  LocalFifo& operator=(const LocalFifo&) = delete;
+  bool valid() const { return base_ != nullptr; }
+  size_t bytes() const { return bytes_; }
+  FifoMemory view() const { return fifoView(base_); }
+
+ private:
+  size_t bytes_;
+  void* base_;
+};
+
+// One direction of one channel between this rank and `peer`. A transport derives its own.
+struct ProxyConn {
+  ProxyConn(bool sends, int peer, int channel, const FifoShape& shape, int doorbell)
+      : sends(sends), peer(peer), channel(channel), shape(shape), fifo(shape, doorbell) {}
+  virtual ~ProxyConn() = default;
+
+  const bool sends;  // this rank sends: the proxy drains `fifo` into the network; else it fills `fifo`
+  const int peer;
+  const int channel;
+  const FifoShape shape;
+  LocalFifo fifo;
+  std::atomic<bool> released{false};  // the executor's endpoint is gone
+
+  // The proxy thread's alone once added.
+  std::unique_ptr<FifoReceiver> drain;  // sending side
+  std::unique_ptr<FifoSender> fill;     // receiving side
+  bool connected = false;               // the network side is up (the transport says when)
+  bool closed = false;                  // the network side is shut: nothing more moves
+  bool inFrame = false;                 // a message is on its way
+  bool wantSlot = false;                // a message waits for the executor to free a slot
+  Protocol protocol = Protocol::kSimple;
+  std::byte* payload = nullptr;  // where the message comes from (sending) or goes (receiving)
+  size_t payloadBytes = 0;
+
+  std::string name() const;  // "to rank 3 on channel 0"
+  void markAborted(uint32_t code) { fifo.view().header->aborted.store(code, std::memory_order_relaxed); }
+};
+
+// The next message the executor posted on a sending connection, as conn.payload, conn.payloadBytes and
+// conn.protocol: in the FIFO's slot, or where a DirectDescriptor of this process points (Links::proxySends).
+// False when none is posted; *bad then says whether the message cannot be sent (a descriptor of another
+// process's memory).
+bool nextOutgoing(ProxyConn& conn, bool* bad);
+
+class ProxyComm : public TransportComm {
+ public:
+  // `transport` names it in messages ("tcp").
+  ProxyComm(const TransportCommContext& context, const char* transport);
+  ~ProxyComm() override;
+
+  // Makes the eventfd the FIFOs' doorbell; call once before add().
+  loomResult_t openDoorbell();
+  const TransportCommContext& context() const { return context_; }
+  int doorbell() const { return wake_.get(); }
+  const char* transport() const { return transport_; }
+  // Hands a new connection to the proxy, starting the thread with the first.
+  loomResult_t add(std::shared_ptr<ProxyConn> conn);
+  // Rings the proxy awake (new work from another thread, a released endpoint).
+  void wake();
+
+ protected:
+  // Derived destructors call this first: the thread runs the virtual hooks below.
+  void stopProxy();
+
+  // The hooks, all on the proxy thread.
+  // Takes over what other threads handed the transport besides connections; whether there was anything.
+  virtual bool adoptExtra() { return false; }
+  // Moves what can move on a connected, open connection; whether anything moved.
+  virtual bool pump(ProxyConn& conn) = 0;
+  // The executor gave up on the connection: tell the peer if the network allows (best effort).
+  virtual void notifyGaveUp(ProxyConn& conn) { (void)conn; }
+  // Closes the connection's network side; `graceful`: its messages are all out, let the peer see an orderly end.
+  virtual void shutNetwork(ProxyConn& conn, bool graceful) = 0;
+  // Sleeps until the network needs the proxy, the doorbell rings (then call drainDoorbell) or `micros` pass.
+  virtual void sleep(int64_t micros) = 0;
+
+  void drainDoorbell();
+  // Ends the connection: marks its FIFO (`code`, when not 0) and shuts its network side.
+  void shut(ProxyConn& conn, uint32_t code);
+  // A connection failed: WARNs with the transport, the connection and `what` (and errno's text for `error`).
+  void fail(ProxyConn& conn, const std::string& what, int error = 0);
+  void peerClosed(ProxyConn& conn);
+  void peerGaveUp(ProxyConn& conn);
+
+  std::vector<std::shared_ptr<ProxyConn>> conns_;  // the proxy thread's
+  uint64_t sent_ = 0;                              // messages, for the log line at the end
+  uint64_t received_ = 0;
+
+ private:
+  void run();
+  bool adopt();
+  bool pass();
+  bool watchLocal(ProxyConn& conn);
+  bool finished(const ProxyConn& conn) const;
+  void setSleeping(bool sleeping);
+
+  TransportCommContext context_;
+  const char* transport_;
+  UniqueFd wake_;
+  std::thread thread_;
+  std::mutex mutex_;  // guards what other threads hand the proxy
+  std::vector<std::shared_ptr<ProxyConn>> added_;
+  bool stopping_ = false;
+};
+
+// An executor's end of a proxied connection: the FIFO, kept until the proxy is done with it too.
+class ProxyEndpoint : public Endpoint {
+ public:
+  ProxyEndpoint(ProxyComm* comm, std::shared_ptr<ProxyConn> conn) : comm_(comm), conn_(std::move(conn)) {}
+  ~ProxyEndpoint() override;
+  FifoMemory fifo() override { return conn_->fifo.view(); }
+
+ private:
+  ProxyComm* comm_;
+  std::shared_ptr<ProxyConn> conn_;
+};
+
+}  // namespace loom
