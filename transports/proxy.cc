@@ -185,6 +185,7 @@ bool ProxyComm::finished(const ProxyConn& conn) const {
 // One round over every connection; whether anything moved.
 bool ProxyComm::pass() {
   bool progressed = adopt();
+  progressed |= progress();
   for (auto& conn : conns_) {
     if (watchLocal(*conn) || conn->closed || !conn->connected) continue;
     progressed |= pump(*conn);

@@ -102,6 +102,8 @@ class ProxyComm : public TransportComm {
   // The hooks, all on the proxy thread.
   // Takes over what other threads handed the transport besides connections; whether there was anything.
   virtual bool adoptExtra() { return false; }
+  // Progresses the network itself once a round, before the connections are pumped; whether anything happened.
+  virtual bool progress() { return false; }
   // Moves what can move on a connected, open connection; whether anything moved.
   virtual bool pump(ProxyConn& conn) = 0;
   // The executor gave up on the connection: tell the peer if the network allows (best effort).

@@ -89,5 +89,10 @@ class Transport {
 
 // The transports in priority order, filtered by LOOM_TRANSPORTS. Only transports/registry.cc names them.
 std::vector<Transport*> transportsInPriorityOrder();
+// Whether the transport named `name` is built into this library and can run here (ucx: libucp loads); *why says
+// why not.
+bool transportAvailable(const std::string& name, std::string* why);
+// Whether LOOM_NET names no transport that can run here; *why says what is wrong.
+bool netChoiceError(std::string* why);
 
 }  // namespace loom

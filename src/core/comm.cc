@@ -122,6 +122,7 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
   if (!comm->torusText.empty() &&
       !parseTorusDims(comm->torusText, nranks, comm->torusDims, &comm->torusDimCount, &why))
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_TORUS_DIMS=\"%s\": %s", comm->torusText.c_str(), why.c_str());
+  if (netChoiceError(&why)) return LOOM_FAIL(loomInvalidArgument, INIT, "%s", why.c_str());
   std::string proto = params::proto();
   if (!proto.empty() && proto != "LL" && proto != "Simple")
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_PROTO=\"%s\" is neither LL nor Simple", proto.c_str());

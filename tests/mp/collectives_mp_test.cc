@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "algorithms/builders.h"
+#include "transports/transport.h"
 
 namespace {
 
@@ -127,6 +128,14 @@ TEST(HierarchicalMp, EmulatedHosts) {
   EXPECT_NE(runCheck(6, "7,5000 70000 plain", "host$((LOOM_RANK / 2))").find("ready on 3 host(s)"), std::string::npos);
   EXPECT_NE(runCheck(6, "7,5000 70000 plain", "host$((LOOM_RANK % 2))").find("ready on 2 host(s)"), std::string::npos);
   EXPECT_NE(runCheck(5, "7,5000 70000 plain", "host$((LOOM_RANK / 2))").find("ready on 3 host(s)"), std::string::npos);
+  // The same between hosts over ucx (LOOM_NET), where libucp loads.
+  std::string why;
+  if (loom::transportAvailable("ucx", &why)) {
+    setenv("LOOM_NET", "ucx", 1);
+    output = runCheck(4, "7,5000 70000 plain", "host$((LOOM_RANK / 2))");
+    EXPECT_NE(output.find("over ucx"), std::string::npos) << output;
+    unsetenv("LOOM_NET");
+  }
   setenv("LOOM_DEBUG", "WARN", 1);
   unsetenv("LOOM_DEBUG_SUBSYS");
   unsetenv("LOOM_ALGO");

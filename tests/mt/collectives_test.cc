@@ -85,6 +85,19 @@ TEST_P(Collectives, MatrixOverTcp) {
   }
 }
 
+// Over UCX (when libucp loads): UCX picks its wires (here shared memory and tcp); both protocols, two channels.
+TEST_P(Collectives, MatrixOverUcx) {
+  std::string why;
+  if (!loom::transportAvailable("ucx", &why)) GTEST_SKIP() << "ucx: " << why;
+  loomtest::ScopedEnv transport("LOOM_TRANSPORTS", "ucx");
+  runMatrix(GetParam(), {1, 7, 1000, 70000});
+  loomtest::ScopedEnv channels("LOOM_NCHANNELS", "2");
+  for (const char* proto : {"LL", "Simple"}) {
+    loomtest::ScopedEnv force("LOOM_PROTO", proto);
+    runMatrix(GetParam(), {7, 70000});
+  }
+}
+
 // The same over IPv6: the unique id's root and every rank listen on ::1, and the tcp sockets follow.
 TEST(Collectives, TcpOverIpv6) {
   loomtest::ScopedEnv transport("LOOM_TRANSPORTS", "tcp");
@@ -185,6 +198,8 @@ TEST(Collectives, SmallChunksUnderEveryAlgorithm) {
 }
 
 TEST(Collectives, BadChunkBytesFailInit) { expectInitRefuses("LOOM_CHUNK_BYTES", {"100", "-1", "1023"}); }
+
+TEST(Collectives, BadNetFailsInit) { expectInitRefuses("LOOM_NET", {"carrier-pigeon", "shm", "TCP"}); }
 
 TEST(Collectives, StreamsQueueInOrder) {
   loomtest::runRanks(4, [](loomComm_t comm, int rank) {

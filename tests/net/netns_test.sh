@@ -6,7 +6,7 @@
 #
 # 1. The collective matrix (collective_check) on 2 hosts x 2 ranks and on 4 hosts x 1 rank: ranks of one host
 #    talk over shm, hosts over tcp. Also with LOOM_SOCKET_IFNAME=eth0, 2 channels and 3 sockets per connection,
-#    and with the hosts' links shaped to 200 Mbit/s by tc's tbf.
+#    with the hosts' links shaped to 200 Mbit/s by tc's tbf, and over ucx between the hosts (LOOM_NET=ucx).
 # 2. A host's link set down in the middle of AllReduce calls: every rank ends with an error (the others with
 #    loomTimeout or loomRemoteError) within LOOM_TIMEOUT_MS plus 3 s.
 # 3. A rank on the other host killed with SIGKILL in the middle of AllReduce calls: every survivor ends with
@@ -72,6 +72,19 @@ if netns_shape 0 200mbit 2>/dev/null && netns_shape 1 200mbit 2>/dev/null; then
   netns_shape 0 100gbit && netns_shape 1 100gbit
 else
   echo "netns_test: tc tbf unavailable: the shaped run is skipped"
+fi
+
+# 1, over ucx between the hosts (where libucp is installed), on the hosts' eth0.
+if ldconfig -p | grep -q 'libucp\.so\.0'; then
+  export LOOM_NET=ucx UCX_NET_DEVICES=eth0 LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=NET
+  NETNS_PASS="LOOM_TIMEOUT_MS LOOM_DEBUG LOOM_DEBUG_SUBSYS LOOM_NET UCX_NET_DEVICES"
+  matrix two-hosts-ucx 2 7,70000 1000003 plain
+  grep -q "received over ucx" "$NETNS_WORK/two-hosts-ucx.0.log" || fail "two-hosts-ucx: rank 0 logged no ucx traffic"
+  unset LOOM_NET UCX_NET_DEVICES LOOM_DEBUG_SUBSYS
+  export LOOM_DEBUG=WARN
+  NETNS_PASS="LOOM_TIMEOUT_MS LOOM_DEBUG"
+else
+  echo "netns_test: libucp.so.0 not installed: the ucx run is skipped"
 fi
 
 # 2. Host 1's link goes down 1 s into the loop.
