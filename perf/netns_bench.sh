@@ -10,6 +10,7 @@
 # 2. 2 ranks on one host, unshaped, over loopback: loom over tcp (LOOM_TRANSPORTS=tcp) against Gloo's TCP
 #    transport (perf/peers/gloo_perf), 1 to 64 MiB, in one run, with the ceiling: what TCP moves each way
 #    between two processes that send and receive at once (perf/tcp_ceiling), which bounds a 2-rank busbw.
+# 3. 2 hosts x 1 rank, unshaped: LOOM_NET=tcp against LOOM_NET=ucx (UCX over the hosts' eth0), 1 to 64 MiB.
 # Prints each table as the perf programs do and a summary of ratios at every size, with the command lines.
 set -u
 build=build
@@ -50,6 +51,29 @@ unset LOOM_ALGO
 echo "## hierarchical / ring busbw, links shaped to $rate"
 pair "$NETNS_WORK/ring.busbw" "$NETNS_WORK/hierarchical.busbw" |
   awk '{ printf "%12d B  ring %6.3f GB/s  hierarchical %6.3f GB/s  ratio %.2f\n", $1, $2, $3, $3 / $2 }'
+
+# 3. 2 hosts x 1 rank, unshaped: tcp against ucx between the hosts.
+netns_unshape 0 && netns_unshape 1
+for net in tcp ucx; do
+  if [ "$net" = ucx ] && ! ldconfig -p | grep -q 'libucp\.so\.0'; then
+    echo "## ucx: libucp.so.0 not installed: skipped"
+    continue
+  fi
+  export LOOM_NET=$net UCX_NET_DEVICES=eth0
+  NETNS_PASS="LOOM_TIMEOUT_MS LOOM_NET UCX_NET_DEVICES"
+  command="$perf -b 1M -e 64M -f 4 -n $iters -w 2"
+  echo "## 2 hosts x 1 rank, unshaped veth, LOOM_NET=$net: $command"
+  netns_job "net-$net" 1 $command
+  netns_wait || { echo "netns_bench: the $net run failed"; cat "$NETNS_WORK/net-$net.0.log"; exit 1; }
+  grep -E "^ +[0-9]" "$NETNS_WORK/net-$net.0.log"
+  busbw_column "$NETNS_WORK/net-$net.0.log" >"$NETNS_WORK/net-$net.busbw"
+done
+unset LOOM_NET UCX_NET_DEVICES
+if [ -s "$NETNS_WORK/net-ucx.busbw" ]; then
+  echo "## ucx / tcp busbw, 2 hosts x 1 rank"
+  pair "$NETNS_WORK/net-tcp.busbw" "$NETNS_WORK/net-ucx.busbw" |
+    awk '{ printf "%12d B  tcp %6.3f GB/s  ucx %6.3f GB/s  ratio %.2f\n", $1, $2, $3, ($2 > 0 ? $3 / $2 : 0) }'
+fi
 
 loomrun=$build/tools/loomrun
 echo "## the ceiling: TCP over loopback, both ways at once: $build/perf/tcp_ceiling 256M 5"

@@ -9,11 +9,13 @@
 #   netns_link I up|down  sets host I's link up or down (its end in the bridge namespace)
 #   netns_shape I RATE    shapes host I's traffic both ways with tc's tbf (RATE as tc writes it: 2gbit; a queue of
 #                         $NETNS_TBF_LATENCY, 10ms by default)
+#   netns_unshape I       takes the shaping off again
 #   netns_job NAME RPH PROGRAM ARGS...
 #                         runs PROGRAM as a job of N * RPH ranks, RPH per host (rank r on host r / RPH), with
 #                         loomCommInitFromEnv's variables; the root listens on host 0. Returns at once; the ranks'
 #                         pids are in NETNS_PIDS, their output in $NETNS_WORK/NAME.RANK.log. Environment variables
-#                         named in NETNS_PASS (a space-separated list) are passed on to the ranks.
+#                         named in NETNS_PASS (a space-separated list) are passed on to the ranks, and
+#                         LOOM_SPIN_COUNT (200 unless set): the hosts share this machine's cores.
 #   netns_wait            waits for NETNS_PIDS; returns non-zero if any rank failed, and sets NETNS_STATUS (exit
 #                         codes by rank)
 #
@@ -71,13 +73,21 @@ netns_shape() {
     ip netns exec "$NETNS_TAG-br" tc qdisc replace dev "vh$host" root tbf rate "$rate" burst 256kb latency "$latency"
 }
 
+netns_unshape() {
+  ip netns exec "$NETNS_TAG-h$1" tc qdisc del dev eth0 root 2>/dev/null
+  ip netns exec "$NETNS_TAG-br" tc qdisc del dev "vh$1" root 2>/dev/null
+  return 0
+}
+
 netns_job() {
   local name=$1 rph=$2
   shift 2
   local nranks=$((NETNS_HOSTS * rph)) secret port rank var
   secret=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
   port=$((20000 + RANDOM % 20000))
-  local pass=()
+  # The hosts share this machine's cores, which loom cannot tell from inside a namespace with a hostname of its
+  # own: without this, each rank would spin as if it had a core to itself and starve the others' proxies.
+  local pass=("LOOM_SPIN_COUNT=${LOOM_SPIN_COUNT:-200}")
   for var in $NETNS_PASS; do pass+=("$var=${!var}"); done
   NETNS_PIDS=()
   for ((rank = 0; rank < nranks; ++rank)); do
