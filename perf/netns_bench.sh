@@ -32,20 +32,26 @@ gloo=$build/perf/peers/gloo_perf
 busbw_column() { awk '/^ +[0-9]/ { print $1, $8 }' "$1"; }
 # pair A B: "size a b" for the sizes both "size value" files have, in A's order.
 pair() { awk 'NR == FNR { b[$1] = $2; next } ($1 in b) { print $1, $2, b[$1] }' "$2" "$1"; }
+# job NAME RANKS_PER_HOST TITLE: runs all_reduce_perf on every host with $sizes, prints its table under TITLE
+# and keeps its busbw column in $NETNS_WORK/NAME.busbw.
+job() {
+  local name=$1 rph=$2 title=$3 command="$perf $sizes -n $iters -w 2"
+  echo "## $title: $command"
+  netns_job "$name" "$rph" $command
+  netns_wait || { echo "netns_bench: the $name run failed"; cat "$NETNS_WORK/$name.0.log"; exit 1; }
+  grep -E "^#  *(size|\(B\))|^ +[0-9]" "$NETNS_WORK/$name.0.log"
+  busbw_column "$NETNS_WORK/$name.0.log" >"$NETNS_WORK/$name.busbw"
+}
 
 echo "# netns_bench: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, $(uname -r)"
 netns_hosts 2 || exit $?
 netns_shape 0 "$rate" && netns_shape 1 "$rate" || { echo "netns_bench: tc tbf is unavailable"; exit 1; }
 export LOOM_TIMEOUT_MS=600000
+sizes="-b 16M -e 64M -f 2"
 for algo in ring hierarchical; do
   export LOOM_ALGO=$algo
   NETNS_PASS="LOOM_TIMEOUT_MS LOOM_ALGO"
-  command="$perf -b 16M -e 64M -f 2 -n $iters -w 2"
-  echo "## 2 hosts x 2 ranks, links shaped to $rate, LOOM_ALGO=$algo: $command"
-  netns_job "$algo" 2 $command
-  netns_wait || { echo "netns_bench: the $algo run failed"; cat "$NETNS_WORK/$algo.0.log"; exit 1; }
-  grep -E "^#  *(size|\(B\))|^ +[0-9]" "$NETNS_WORK/$algo.0.log"
-  busbw_column "$NETNS_WORK/$algo.0.log" >"$NETNS_WORK/$algo.busbw"
+  job "$algo" 2 "2 hosts x 2 ranks, links shaped to $rate, LOOM_ALGO=$algo"
 done
 unset LOOM_ALGO
 echo "## hierarchical / ring busbw, links shaped to $rate"
@@ -61,12 +67,8 @@ for net in tcp ucx; do
   fi
   export LOOM_NET=$net UCX_NET_DEVICES=eth0
   NETNS_PASS="LOOM_TIMEOUT_MS LOOM_NET UCX_NET_DEVICES"
-  command="$perf -b 1M -e 64M -f 4 -n $iters -w 2"
-  echo "## 2 hosts x 1 rank, unshaped veth, LOOM_NET=$net: $command"
-  netns_job "net-$net" 1 $command
-  netns_wait || { echo "netns_bench: the $net run failed"; cat "$NETNS_WORK/net-$net.0.log"; exit 1; }
-  grep -E "^ +[0-9]" "$NETNS_WORK/net-$net.0.log"
-  busbw_column "$NETNS_WORK/net-$net.0.log" >"$NETNS_WORK/net-$net.busbw"
+  sizes="-b 1M -e 64M -f 4"
+  job "net-$net" 1 "2 hosts x 1 rank, unshaped veth, LOOM_NET=$net"
 done
 unset LOOM_NET UCX_NET_DEVICES
 if [ -s "$NETNS_WORK/net-ucx.busbw" ]; then

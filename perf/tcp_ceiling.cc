@@ -15,33 +15,20 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#include "perf/cli.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 const char kUsage[] = "usage: tcp_ceiling [bytes > 0, K/M/G suffixes] [repetitions >= 1] [IPv4 address]\n";
-
-size_t parseBytes(const char* text) {
-  char* end = nullptr;
-  double value = strtod(text, &end);
-  if (end == text || !(value > 0)) return 0;
-  if (*end) {
-    const char* units = "KMG";
-    const char* unit = strchr(units, toupper(static_cast<unsigned char>(*end)));
-    if (!unit || end[1] != '\0') return 0;
-    value = std::ldexp(value, 10 * static_cast<int>(unit - units + 1));
-  }
-  return static_cast<size_t>(value);
-}
 
 // Sends `bytes` from `out` and receives `bytes` into `in` on one socket at once; false on an error.
 bool exchange(int fd, const char* out, char* in, size_t bytes) {
@@ -80,12 +67,19 @@ bool run(int fd, size_t bytes, int repetitions, std::vector<double>* times) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  size_t bytes = argc > 1 ? parseBytes(argv[1]) : size_t{256} << 20;
-  int repetitions = argc > 2 ? atoi(argv[2]) : 5;
+  size_t bytes = size_t{256} << 20;
+  int repetitions = 5;
   const char* address = argc > 3 ? argv[3] : "127.0.0.1";
   sockaddr_in where{};
   where.sin_family = AF_INET;
-  if (argc > 4 || bytes == 0 || repetitions < 1 || inet_pton(AF_INET, address, &where.sin_addr) != 1) {
+  try {
+    if (argc > 1) bytes = perf::parseSizeArg(argv[1], "bytes");
+    if (argc > 2) repetitions = perf::parseIntArg(argv[2], "repetitions", 1, 1000000);
+  } catch (const perf::UsageError& error) {
+    fprintf(stderr, "tcp_ceiling: %s\n%s", error.what(), kUsage);
+    return 2;
+  }
+  if (argc > 4 || bytes == 0 || inet_pton(AF_INET, address, &where.sin_addr) != 1) {
     fputs(kUsage, stderr);
     return 2;
   }

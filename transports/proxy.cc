@@ -72,7 +72,11 @@ loomResult_t ProxyComm::openDoorbell() {
   return loomSuccess;
 }
 
-loomResult_t ProxyComm::add(std::shared_ptr<ProxyConn> conn) {
+loomResult_t ProxyComm::attach(std::shared_ptr<ProxyConn> conn, std::unique_ptr<Endpoint>* out) {
+  if (!conn->fifo.valid())
+    return LOOM_FAIL(loomSystemError, NET, "%s: cannot allocate %zu bytes for the FIFO %s", transport_,
+                     conn->fifo.bytes(), conn->name().c_str());
+  std::shared_ptr<ProxyConn> kept = conn;
   std::lock_guard<std::mutex> lock(mutex_);
   added_.push_back(std::move(conn));
   if (!thread_.joinable()) {
@@ -88,6 +92,7 @@ loomResult_t ProxyComm::add(std::shared_ptr<ProxyConn> conn) {
     }
   }
   wake();
+  *out = std::make_unique<ProxyEndpoint>(this, std::move(kept));
   return loomSuccess;
 }
 

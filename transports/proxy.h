@@ -90,8 +90,9 @@ class ProxyComm : public TransportComm {
   const TransportCommContext& context() const { return context_; }
   int doorbell() const { return wake_.get(); }
   const char* transport() const { return transport_; }
-  // Hands a new connection to the proxy, starting the thread with the first.
-  loomResult_t add(std::shared_ptr<ProxyConn> conn);
+  // Hands a new connection to the proxy (starting the thread with the first) and gives the executor its end;
+  // fails when the connection's FIFO could not be allocated.
+  loomResult_t attach(std::shared_ptr<ProxyConn> conn, std::unique_ptr<Endpoint>* out);
   // Rings the proxy awake (new work from another thread, a released endpoint).
   void wake();
 

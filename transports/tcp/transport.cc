@@ -405,13 +405,7 @@ class TcpTransport : public Transport {
   loomResult_t createReceiver(TransportComm* state, const ConnectionKey& key, const FifoShape& shape,
                               std::unique_ptr<Endpoint>* out) override {
     auto* comm = static_cast<TcpComm*>(state);
-    auto conn = std::make_shared<TcpConn>(false, key.sender, key.channel, shape, 0, comm->doorbell());
-    if (!conn->fifo.valid())
-      return LOOM_FAIL(loomSystemError, NET, "tcp: cannot allocate %zu bytes for the FIFO %s", conn->fifo.bytes(),
-                       conn->name().c_str());
-    LOOM_CHECK(comm->add(conn));
-    *out = std::make_unique<ProxyEndpoint>(comm, std::move(conn));
-    return loomSuccess;
+    return comm->attach(std::make_shared<TcpConn>(false, key.sender, key.channel, shape, 0, comm->doorbell()), out);
   }
 
   loomResult_t attachSender(TransportComm* state, const ConnectionKey& key, const FifoShape& shape,
@@ -420,9 +414,6 @@ class TcpTransport : public Transport {
     LOOM_CHECK(check());
     const int sockets = comm->sockets();
     auto conn = std::make_shared<TcpConn>(true, key.receiver, key.channel, shape, sockets, comm->doorbell());
-    if (!conn->fifo.valid())
-      return LOOM_FAIL(loomSystemError, NET, "tcp: cannot allocate %zu bytes for the FIFO %s", conn->fifo.bytes(),
-                       conn->name().c_str());
     for (int j = 0; j < sockets; ++j) {
       uint8_t hello[kHandoffHelloBytes] = {};
       putU32(hello, kHelloMagic);
@@ -434,9 +425,7 @@ class TcpTransport : public Transport {
                                                            &conn->socks[j].fd));
     }
     conn->connected = true;
-    LOOM_CHECK(comm->add(conn));
-    *out = std::make_unique<ProxyEndpoint>(comm, std::move(conn));
-    return loomSuccess;
+    return comm->attach(std::move(conn), out);
   }
 };
 

@@ -526,13 +526,8 @@ class UcxTransport : public Transport {
   static loomResult_t open(UcxComm* comm, bool sends, int peer, int channel, const FifoShape& shape,
                            std::unique_ptr<Endpoint>* out) {
     auto conn = std::make_shared<UcxConn>(sends, peer, channel, shape, comm->doorbell());
-    if (!conn->fifo.valid())
-      return LOOM_FAIL(loomSystemError, NET, "ucx: cannot allocate %zu bytes for the FIFO %s", conn->fifo.bytes(),
-                       conn->name().c_str());
     conn->connected = true;
-    LOOM_CHECK(comm->add(conn));
-    *out = std::make_unique<ProxyEndpoint>(comm, std::move(conn));
-    return loomSuccess;
+    return comm->attach(std::move(conn), out);
   }
 };
 
