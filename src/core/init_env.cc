@@ -49,8 +49,9 @@ std::string firstSlurmNode(const std::string& list) {
 }
 
 std::string localRootFor(const std::string& identity) {
-  // Ports 20000..59999: outside the usual ephemeral range of Linux (32768-60999 overlaps; collisions fail loudly).
-  return "127.0.0.1:" + std::to_string(20000 + identityHash(identity, 1) % 40000);
+  // Ports 20000..32767: below Linux's ephemeral range (32768-60999 by default), where every outgoing connection
+  // takes its local port and a derived port would now and then find one in use (seen: "Address already in use").
+  return "127.0.0.1:" + std::to_string(20000 + identityHash(identity, 1) % 12768);
 }
 
 loomResult_t readWorld(WorldEnv* env) {
