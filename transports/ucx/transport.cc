@@ -165,6 +165,7 @@ class UcxComm : public ProxyComm {
   }
 
   loomResult_t start();
+  loomResult_t open(ucp_address_t** address, size_t* length);
 
  private:
   bool progress() override {
@@ -207,7 +208,7 @@ class UcxComm : public ProxyComm {
   static void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
   void closeAll();
 
-  ucp_context_h context_ = nullptr;
+  ucp_context_h ucpContext_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int workerFd_ = -1;
   std::vector<std::vector<uint8_t>> addresses_;  // every rank's worker address
@@ -225,6 +226,35 @@ class UcxComm : public ProxyComm {
 };
 
 loomResult_t UcxComm::start() {
+  ucp_address_t* address = nullptr;
+  size_t length = 0;
+  loomResult_t local = open(&address, &length);
+  // Every rank's address, through the bootstrap: the lengths, then the addresses padded to the longest. A rank
+  // whose UCX did not start takes part with none, so the others fail at once rather than at the deadline.
+  const TransportCommContext& ctx = context();
+  std::vector<uint64_t> lengths(ctx.nranks);
+  lengths[ctx.rank] = local == loomSuccess ? length : 0;
+  loomResult_t result = ctx.bootstrap->allGather(lengths.data(), sizeof(uint64_t), ctx.timeoutMs);
+  size_t widest = result == loomSuccess ? *std::max_element(lengths.begin(), lengths.end()) : 0;
+  std::vector<uint8_t> all(widest * ctx.nranks);
+  if (result == loomSuccess && widest > 0) {
+    if (local == loomSuccess) std::memcpy(all.data() + widest * ctx.rank, address, length);
+    result = ctx.bootstrap->allGather(all.data(), widest, ctx.timeoutMs);
+  }
+  if (address != nullptr) ucx().workerReleaseAddress(worker_, address);
+  if (local != loomSuccess) return local;
+  LOOM_CHECK(result);
+  for (int r = 0; r < ctx.nranks; ++r) {
+    if (lengths[r] == 0)
+      return LOOM_FAIL(loomRemoteError, NET, "ucx: rank %d could not start UCX (its log says why)", r);
+    const uint8_t* begin = all.data() + widest * r;
+    addresses_.emplace_back(begin, begin + lengths[r]);
+  }
+  return loomSuccess;
+}
+
+// This rank's context, worker and address.
+loomResult_t UcxComm::open(ucp_address_t** address, size_t* length) {
   const UcxApi& api = ucx();
   if (!api.why.empty()) return LOOM_FAIL(loomSystemError, NET, "ucx: %s", api.why.c_str());
   LOOM_CHECK(openDoorbell());
@@ -234,37 +264,18 @@ loomResult_t UcxComm::start() {
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
-  status = api.initVersion(UCP_API_MAJOR, UCP_API_MINOR, &params, config, &context_);
+  status = api.initVersion(UCP_API_MAJOR, UCP_API_MINOR, &params, config, &ucpContext_);
   api.configRelease(config);
   if (status != UCS_OK) return LOOM_FAIL(loomSystemError, NET, "ucx: ucp_init: %s (UCX_TLS?)", statusText(status));
   ucp_worker_params_t workerParams{};
   workerParams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   workerParams.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // this thread now, the proxy thread from then on
-  status = api.workerCreate(context_, &workerParams, &worker_);
+  status = api.workerCreate(ucpContext_, &workerParams, &worker_);
   if (status != UCS_OK) return LOOM_FAIL(loomSystemError, NET, "ucx: ucp_worker_create: %s", statusText(status));
   status = api.workerGetEfd(worker_, &workerFd_);
   if (status != UCS_OK) return LOOM_FAIL(loomSystemError, NET, "ucx: ucp_worker_get_efd: %s", statusText(status));
-  ucp_address_t* address = nullptr;
-  size_t length = 0;
-  status = api.workerGetAddress(worker_, &address, &length);
+  status = api.workerGetAddress(worker_, address, length);
   if (status != UCS_OK) return LOOM_FAIL(loomSystemError, NET, "ucx: ucp_worker_get_address: %s", statusText(status));
-  // Every rank's address, through the bootstrap: the lengths, then the addresses padded to the longest.
-  const TransportCommContext& ctx = context();
-  std::vector<uint64_t> lengths(ctx.nranks);
-  lengths[ctx.rank] = length;
-  loomResult_t result = ctx.bootstrap->allGather(lengths.data(), sizeof(uint64_t), ctx.timeoutMs);
-  size_t widest = result == loomSuccess ? *std::max_element(lengths.begin(), lengths.end()) : 0;
-  std::vector<uint8_t> all(widest * ctx.nranks);
-  if (result == loomSuccess) {
-    std::memcpy(all.data() + widest * ctx.rank, address, length);
-    result = ctx.bootstrap->allGather(all.data(), widest, ctx.timeoutMs);
-  }
-  api.workerReleaseAddress(worker_, address);
-  LOOM_CHECK(result);
-  for (int r = 0; r < ctx.nranks; ++r) {
-    const uint8_t* begin = all.data() + widest * r;
-    addresses_.emplace_back(begin, begin + lengths[r]);
-  }
   return loomSuccess;
 }
 
@@ -461,7 +472,7 @@ void UcxComm::sleep(int64_t micros) {
 // After the proxy has stopped: cancels and frees what is left, closes the endpoints, frees the worker.
 void UcxComm::closeAll() {
   if (worker_ == nullptr) {
-    if (context_ != nullptr) ucx().cleanup(context_);
+    if (ucpContext_ != nullptr) ucx().cleanup(ucpContext_);
     return;
   }
   const UcxApi& api = ucx();
@@ -489,7 +500,7 @@ void UcxComm::closeAll() {
     LOOM_WARN(NET, "ucx: rank %d: %zu request(s) had not ended after %lld ms; leaving them", context().rank,
               orphans_.size(), static_cast<long long>(kCloseWaitMs));
   api.workerDestroy(worker_);
-  api.cleanup(context_);
+  api.cleanup(ucpContext_);
 }
 
 class UcxTransport : public Transport {
