@@ -139,8 +139,17 @@ void ProxyComm::fail(ProxyConn& conn, const std::string& what, int error) {
 
 // The peer closed between messages: it finished with this communicator. Should the executor wait on this FIFO
 // again, it finds it aborted and names the peer.
+//
+// A sending connection with nothing pending is not marked yet: its peer finished with everything this rank sent,
+// and this rank's executor may be waiting for the peer's last messages on other connections, still on their way.
+// The mark comes (pass()) only if the executor posts to it again.
 void ProxyComm::peerClosed(ProxyConn& conn) {
   LOOM_INFO(NET, "%s: connection %s: the peer closed it", transport_, conn.name().c_str());
+  if (conn.sends && !conn.inFrame && conn.drain->empty()) {
+    conn.closedIdle = true;
+    shut(conn, 0);
+    return;
+  }
   shut(conn, kConnectionLost);
 }
 
@@ -192,6 +201,10 @@ bool ProxyComm::pass() {
   bool progressed = adopt();
   progressed |= progress();
   for (auto& conn : conns_) {
+    if (conn->closedIdle && !conn->drain->empty()) {  // posted to a peer that has gone
+      conn->closedIdle = false;
+      conn->markAborted(kConnectionLost);
+    }
     if (watchLocal(*conn) || conn->closed || !conn->connected) continue;
     progressed |= pump(*conn);
   }

@@ -63,6 +63,7 @@ struct ProxyConn {
   std::unique_ptr<FifoSender> fill;     // receiving side
   bool connected = false;               // the network side is up (the transport says when)
   bool closed = false;                  // the network side is shut: nothing more moves
+  bool closedIdle = false;              // ... by a peer that finished, with nothing of ours pending (sending side)
   bool inFrame = false;                 // a message is on its way
   bool wantSlot = false;                // a message waits for the executor to free a slot
   Protocol protocol = Protocol::kSimple;
