@@ -72,7 +72,7 @@ int64_t spinPollsFor(const loomComm* comm) {
   long threadsHere = std::count_if(comm->peers.begin(), comm->peers.end(),
                                    [&](const PeerInfo& peer) { return peer.machineHash == machine; });
   for (int peer = 0; peer < comm->nranks; ++peer) {
-    Transport* transport = peer == comm->rank ? nullptr : firstTransportTo(comm, peer, nullptr);
+    Transport* transport = comm->transportTo[peer];
     if (transport != nullptr && transport->movesByProxy()) {
       threadsHere *= 2;
       break;
@@ -90,7 +90,7 @@ loomResult_t exchangeDirectAccess(loomComm* comm, const std::vector<RankSetup>& 
   std::vector<uint8_t> canRead(static_cast<size_t>(n) * n, 0);
   bool enabled = params::direct() != 0;
   for (int p = 0; p < n && enabled; ++p) {
-    Transport* transport = p == comm->rank ? nullptr : firstTransportTo(comm, p, nullptr);
+    Transport* transport = comm->transportTo[p];
     canRead[comm->rank * n + p] = transport != nullptr && transport->carriesDirect() &&
                                   setups[p].info.hostHash == setups[comm->rank].info.hostHash &&
                                   canReadProcess(setups[p].info.pid, setups[p].probeAddress);
@@ -99,7 +99,7 @@ loomResult_t exchangeDirectAccess(loomComm* comm, const std::vector<RankSetup>& 
   std::vector<bool> directTo(n), proxyTo(n);
   for (int p = 0; p < n; ++p) {
     directTo[p] = p != comm->rank && canRead[p * n + comm->rank];
-    Transport* transport = p == comm->rank ? nullptr : firstTransportTo(comm, p, nullptr);
+    Transport* transport = comm->transportTo[p];
     proxyTo[p] = enabled && transport != nullptr && transport->movesByProxy();
   }
   comm->connections.setDirectPeers(std::move(directTo));
@@ -249,6 +249,10 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
       std::copy(dims.begin(), dims.end(), comm->torusDims);
     }
   }
+  // Each peer's transport, once: the direct-access probe, the spin policy and every connection use it.
+  comm->transportTo.assign(nranks, nullptr);
+  for (int p = 0; p < nranks; ++p)
+    if (p != rank) comm->transportTo[p] = firstTransportTo(comm, p, nullptr);
   LOOM_CHECK(exchangeDirectAccess(comm, setups, deadline));
   TransportCommContext context{comm->commHash, rank, nranks, comm->bootstrap.get(), &comm->abortFlag, comm->timeoutMs};
   for (Transport* transport : transportsInPriorityOrder()) {
@@ -284,8 +288,9 @@ void waitForIdle(loomComm* comm) {
 
 loomResult_t Connections::pickTransport(loomComm* comm, int peer, Transport** transport) {
   std::string reasons;
-  *transport = firstTransportTo(comm, peer, &reasons);
+  *transport = peer < static_cast<int>(comm->transportTo.size()) ? comm->transportTo[peer] : nullptr;
   if (*transport != nullptr) return loomSuccess;
+  firstTransportTo(comm, peer, &reasons);  // none can: say why, transport by transport
   if (reasons.empty()) reasons = "LOOM_TRANSPORTS=\"" + params::transports() + "\" allows no known transport";
   return LOOM_FAIL(loomSystemError, INIT, "no transport can connect rank %d to rank %d (%s)", comm->rank, peer,
                    reasons.c_str());

@@ -135,6 +135,7 @@ struct loomComm {
   // Each transport's state for this communicator (null for those that keep none), made at init. Declared before
   // `connections`, whose endpoints may refer to it, so that it is destroyed after them.
   std::vector<std::pair<loom::Transport*, std::unique_ptr<loom::TransportComm>>> transportComms;
+  std::vector<loom::Transport*> transportTo;  // by peer: the first transport that connects it (null: none, or self)
   loom::Connections connections;
   loom::PlanCache planCache;
   std::vector<std::byte> scratch;
