@@ -230,14 +230,16 @@ void ProxyComm::run() {
   std::optional<Deadline> flushBy;  // set once the communicator is being destroyed
   for (;;) {
     bool progressed = pass();
-    bool stopping;
+    bool stopping, moreAdded;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping = stopping_;
+      moreAdded = !added_.empty();
     }
     if (stopping) {
       if (!flushBy) flushBy.emplace(context_.timeoutMs);
-      if (conns_.empty()) break;
+      // A connection attached while this pass ran (after its adopt()) may hold the executor's last message.
+      if (conns_.empty() && !moreAdded) break;
       if (flushBy->expired()) {
         LOOM_WARN(NET, "%s: rank %d: %zu connection(s) still had messages to send after %lld ms; closing them",
                   transport_, context_.rank, conns_.size(), static_cast<long long>(flushBy->timeoutMs()));

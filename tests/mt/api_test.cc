@@ -484,10 +484,6 @@ TEST_P(ApiTest, AbortReachesAPeerThroughSharedConnections) {
 // 6 ranks split by parity with key -rank: two communicators of 3 whose ranks run in reverse order. An AllReduce
 // and an AllGather of the old ranks on each show membership and order. LOOM_SPLIT_NOCOLOR gives NULL.
 TEST_P(ApiTest, SplitByParityInReverseOrder) {
-  // Known bug, open: over tcp, one rank's AllReduce on the parent after the splits fails now and then (2 runs in
-  // 25 here) with "the connection to rank N was lost" while every peer is alive. Skipped over tcp until it is
-  // found; the splits themselves run over shm and loopback.
-  if (std::string(GetParam()) == "tcp") GTEST_SKIP() << "known intermittent failure over tcp (see the comment)";
   const int nranks = 6;
   loomConfig_t config = configWithTimeout(kTestTimeoutMs);
   runRanks(
