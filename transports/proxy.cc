@@ -38,6 +38,21 @@ std::string ProxyConn::name() const {
   return std::string(sends ? "to" : "from") + " rank " + std::to_string(peer) + " on channel " + std::to_string(channel);
 }
 
+void stripe(size_t bytes, Protocol protocol, int parts, int index, size_t* begin, size_t* end) {
+  if (stripeCount(bytes, protocol, parts) == 1) {
+    *begin = 0;
+    *end = index == 0 ? bytes : 0;
+    return;
+  }
+  size_t part = (bytes / parts + 63) / 64 * 64;
+  *begin = std::min(bytes, part * index);
+  *end = index == parts - 1 ? bytes : std::min(bytes, part * (index + 1));
+}
+
+int stripeCount(size_t bytes, Protocol protocol, int parts) {
+  return protocol != Protocol::kSimple || bytes < kStripeMinBytes || parts <= 1 ? 1 : parts;
+}
+
 bool nextOutgoing(ProxyConn& conn, bool* bad) {
   *bad = false;
   size_t bytes = 0;
@@ -129,12 +144,22 @@ void ProxyComm::shut(ProxyConn& conn, uint32_t code) {
 }
 
 void ProxyComm::fail(ProxyConn& conn, const std::string& what, int error) {
-  if (error != 0) {
-    LOOM_WARN(NET, "%s: connection %s %s: %s", transport_, conn.name().c_str(), what.c_str(), std::strerror(error));
-  } else {
-    LOOM_WARN(NET, "%s: connection %s %s", transport_, conn.name().c_str(), what.c_str());
+  std::string why = std::string(transport_) + ": connection " + conn.name() + " " + what;
+  if (error != 0) why += std::string(": ") + std::strerror(error);
+  LOOM_WARN(NET, "%s", why.c_str());
+  {
+    std::lock_guard<std::mutex> lock(lostMutex_);
+    std::erase_if(lost_, [&](const auto& entry) { return entry.first == conn.peer; });
+    lost_.emplace_back(conn.peer, std::move(why));
   }
   shut(conn, kConnectionLost);
+}
+
+std::string ProxyComm::lostReason(int peer) const {
+  std::lock_guard<std::mutex> lock(lostMutex_);
+  for (const auto& [who, why] : lost_)
+    if (who == peer) return why;
+  return {};
 }
 
 // The peer closed between messages: it finished with this communicator. Should the executor wait on this FIFO
@@ -268,6 +293,8 @@ void ProxyComm::run() {
   }
   for (auto& conn : conns_) shut(*conn, 0);
   conns_.clear();
+  std::lock_guard<std::mutex> lock(mutex_);
+  added_.clear();  // attached but never adopted (the flush ran out of time): nothing of theirs left
 }
 
 ProxyEndpoint::~ProxyEndpoint() {

@@ -74,6 +74,14 @@ struct ProxyConn {
   void markAborted(uint32_t code) { fifo.view().header->aborted.store(code, std::memory_order_relaxed); }
 };
 
+// How a network transport cuts a Simple message of kStripeMinBytes or more over `parts` sockets or queue pairs
+// (LOOM_NSOCKS, LOOM_IB_QPS_PER_CONNECTION): part `index` is [*begin, *end) of the payload. Anything smaller, and
+// every LL message, travels whole as part 0. Both ends cut a message the same way from its size alone.
+constexpr size_t kStripeMinBytes = 65536;
+void stripe(size_t bytes, Protocol protocol, int parts, int index, size_t* begin, size_t* end);
+// How many of the parts above carry bytes (all of them, or only part 0).
+int stripeCount(size_t bytes, Protocol protocol, int parts);
+
 // The next message the executor posted on a sending connection, as conn.payload, conn.payloadBytes and
 // conn.protocol: in the FIFO's slot, or where a DirectDescriptor of this process points (Links::proxySends).
 // False when none is posted; *bad then says whether the message cannot be sent (a descriptor of another
@@ -91,6 +99,7 @@ class ProxyComm : public TransportComm {
   const TransportCommContext& context() const { return context_; }
   int doorbell() const { return wake_.get(); }
   const char* transport() const { return transport_; }
+  std::string lostReason(int peer) const override;
   // Hands a new connection to the proxy (starting the thread with the first) and gives the executor its end;
   // fails when the connection's FIFO could not be allocated.
   loomResult_t attach(std::shared_ptr<ProxyConn> conn, std::unique_ptr<Endpoint>* out);
@@ -142,6 +151,8 @@ class ProxyComm : public TransportComm {
   std::mutex mutex_;  // guards what other threads hand the proxy
   std::vector<std::shared_ptr<ProxyConn>> added_;
   bool stopping_ = false;
+  mutable std::mutex lostMutex_;
+  std::vector<std::pair<int, std::string>> lost_;  // (peer, what failed), most recent last
 };
 
 // An executor's end of a proxied connection: the FIFO, kept until the proxy is done with it too.

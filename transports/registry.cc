@@ -15,6 +15,10 @@ Transport* tcpTransport();
 #ifdef LOOM_HAVE_UCX
 Transport* ucxTransport();
 #endif
+#ifdef LOOM_HAVE_IBVERBS
+Transport* ibTransport();
+bool rdmaPortActive();
+#endif
 
 std::string ConnectionKey::name() const {
   char text[96];
@@ -26,6 +30,9 @@ namespace {
 
 std::vector<Transport*> allTransports() {
   return {shmTransport(), loopbackTransport(),
+#ifdef LOOM_HAVE_IBVERBS
+          ibTransport(),
+#endif
 #ifdef LOOM_HAVE_UCX
           ucxTransport(),
 #endif
@@ -34,16 +41,27 @@ std::vector<Transport*> allTransports() {
 
 }  // namespace
 
+// The transport between hosts when LOOM_NET is empty: ib where this machine has an active RDMA port, else tcp.
+// (ucx comes after ib in that order and counts only with an RDMA port too, so it is taken only when asked for:
+// over plain Ethernet it brings nothing tcp lacks.) Every rank decides alone, so a job's machines should agree.
+static Transport* automaticNet() {
+#ifdef LOOM_HAVE_IBVERBS
+  static const bool rdma = rdmaPortActive();
+  if (rdma) return ibTransport();
+#endif
+  return tcpTransport();
+}
+
 bool netChoiceError(std::string* why) {
   std::string net = params::net();
   if (net.empty() || net == "tcp") return false;
-  if (net != "ucx") {
-    *why = "LOOM_NET=\"" + net + "\": expected tcp or ucx";
+  if (net != "ucx" && net != "ib") {
+    *why = "LOOM_NET=\"" + net + "\": expected ib, ucx or tcp";
     return true;
   }
   std::string reason;
   if (transportAvailable(net, &reason)) return false;
-  *why = "LOOM_NET=ucx: " + reason;
+  *why = "LOOM_NET=" + net + ": " + reason;
   return true;
 }
 
@@ -63,12 +81,12 @@ std::vector<Transport*> transportsInPriorityOrder() {
   std::vector<Transport*> all = allTransports();
   std::string allowed = params::transports();
   if (allowed.empty()) {
-    // shm within a host; between hosts LOOM_NET's (checked at init, netChoiceError), else tcp.
+    // shm within a host; between hosts LOOM_NET's (checked at init, netChoiceError), else the automatic one.
     std::string net = params::net();
     for (Transport* transport : all)
       if (net == transport->name() && transport != shmTransport() && transport != loopbackTransport())
         return {shmTransport(), transport};
-    return {shmTransport(), tcpTransport()};
+    return {shmTransport(), automaticNet()};
   }
   std::vector<Transport*> chosen;
   for (Transport* transport : all) {

@@ -32,6 +32,15 @@ class Bootstrap;
 class TransportComm {
  public:
   virtual ~TransportComm() = default;
+  // What failed on the last connection with `peer` this transport lost ("RDMA write ...: transport retry counter
+  // exceeded"), for the caller's error message; empty when none was lost or the transport cannot tell.
+  virtual std::string lostReason(int peer) const {
+    (void)peer;
+    return {};
+  }
+  // The network device this rank's connections to other hosts leave through ("mlx5_0", "eth0"): for the
+  // topology's record of each rank's NIC. Empty for transports within a host, or when it cannot tell.
+  virtual std::string netDevice() const { return {}; }
 };
 
 // A communicator as its transports see it at init.
@@ -71,6 +80,9 @@ class Transport {
   virtual bool carriesDirect() const { return false; }
   // Whether a thread of the transport's own moves the messages (tcp's proxy), which then needs a core too.
   virtual bool movesByProxy() const { return false; }
+  // Whether that proxy can send a message straight from the caller's memory (a DirectDescriptor of this process,
+  // Links::proxySends): tcp and ucx can; ib needs registered memory, so its messages come through the FIFO.
+  virtual bool proxySendsFromCallerMemory() const { return movesByProxy(); }
   // Made once per communicator at init, before any connection; passed back to createReceiver and attachSender.
   // Transports that keep nothing per communicator leave *out empty.
   virtual loomResult_t openComm(const TransportCommContext& context, std::unique_ptr<TransportComm>* out) {

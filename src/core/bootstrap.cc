@@ -729,6 +729,7 @@ Bootstrap::Bootstrap(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Bootstrap::~Bootstrap() = default;
 
 int Bootstrap::rank() const { return impl_->rank; }
+std::string Bootstrap::listenAddress() const { return impl_->addresses[impl_->rank]; }
 int Bootstrap::nranks() const { return impl_->nranks; }
 uint64_t Bootstrap::commHash() const { return impl_->commHash; }
 

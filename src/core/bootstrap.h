@@ -53,6 +53,8 @@ class Bootstrap {
 
   int rank() const;
   int nranks() const;
+  // Where this rank's listener listens ("10.0.0.1:5000"), which its peers reach it at.
+  std::string listenAddress() const;
   // 64 bits derived from the secret: the same on every rank of the communicator, unguessable by others. Used
   // to name shared-memory segments.
   uint64_t commHash() const;

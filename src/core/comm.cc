@@ -100,7 +100,7 @@ loomResult_t exchangeDirectAccess(loomComm* comm, const std::vector<RankSetup>& 
   for (int p = 0; p < n; ++p) {
     directTo[p] = p != comm->rank && canRead[p * n + comm->rank];
     Transport* transport = comm->transportTo[p];
-    proxyTo[p] = enabled && transport != nullptr && transport->movesByProxy();
+    proxyTo[p] = enabled && transport != nullptr && transport->proxySendsFromCallerMemory();
   }
   comm->connections.setDirectPeers(std::move(directTo));
   comm->connections.setProxyPeers(std::move(proxyTo));
@@ -152,6 +152,29 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
 namespace {
 
 // Every rank's local view (LOOM_TOPO_FILE or discovery), exchanged as XML and fused into the communicator's.
+// Each rank's network device, as its transport to other hosts chose it, into the topology (Topology::setRankNic).
+loomResult_t recordNics(loomComm* comm, const Deadline& deadline) {
+  constexpr size_t kNameBytes = 64;
+  std::vector<char> names(kNameBytes * comm->nranks, '\0');
+  for (const auto& [transport, state] : comm->transportComms) {
+    std::string device = state != nullptr ? state->netDevice() : "";
+    if (device.empty()) continue;
+    std::strncpy(names.data() + kNameBytes * comm->rank, device.c_str(), kNameBytes - 1);
+    break;
+  }
+  LOOM_CHECK(comm->bootstrap->allGather(names.data(), kNameBytes, deadline.remainingMs()));
+  for (int r = 0; r < comm->nranks; ++r) {
+    std::string device(names.data() + kNameBytes * r, strnlen(names.data() + kNameBytes * r, kNameBytes));
+    comm->topology.setRankNic(r, device);
+    if (r == comm->rank && !device.empty()) {
+      int nic = comm->topology.rankNic(r);
+      LOOM_INFO(TOPO, "rank %d reaches other hosts through %s (%s)", r, device.c_str(),
+                nic < 0 ? "no NIC of the topology lists it" : comm->topology.node(nic).name.c_str());
+    }
+  }
+  return loomSuccess;
+}
+
 loomResult_t buildTopology(loomComm* comm, const std::vector<uint64_t>& hostHashes, const Deadline& deadline) {
   Topology local;
   LOOM_CHECK(loadLocalTopology(LocalPlacement{comm->rank, ""}, &local));
@@ -260,6 +283,13 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
     LOOM_CHECK(transport->openComm(context, &state));
     comm->transportComms.emplace_back(transport, std::move(state));
   }
+  LOOM_CHECK(recordNics(comm, deadline));
+  comm->connections.setWhyLost([comm](int peer) {
+    for (const auto& [transport, state] : comm->transportComms)
+      if (state != nullptr)
+        if (std::string why = state->lostReason(peer); !why.empty()) return why;
+    return std::string();
+  });
   comm->spinPolls = spinPollsFor(comm);
   TuneContext tune;
   tune.topology = &comm->topology;

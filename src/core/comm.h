@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,6 +44,8 @@ class Connections : public Links {
   void setDirectPeers(std::vector<bool> directTo) { directTo_ = std::move(directTo); }
   // proxyTo[p]: whether a proxy thread of this process moves the messages to peer p.
   void setProxyPeers(std::vector<bool> proxyTo) { proxyTo_ = std::move(proxyTo); }
+  std::string whyLost(int peer) override { return whyLost_ ? whyLost_(peer) : std::string(); }
+  void setWhyLost(std::function<std::string(int)> whyLost) { whyLost_ = std::move(whyLost); }
   // Make sure every connection `plan` uses exists, in two phases: receivers first (that never waits), then
   // senders, which attach to their peers' receivers (that waits, as long as `check` allows). A caller with
   // several plans (a group, perhaps over several communicators driven by one thread) creates all receivers
@@ -71,6 +74,7 @@ class Connections : public Links {
   std::vector<FifoReceiver*> receiverTable_;
   std::vector<bool> directTo_;
   std::vector<bool> proxyTo_;
+  std::function<std::string(int)> whyLost_;
   PeerMappings peerMappings_;
 };
 

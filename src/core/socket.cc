@@ -174,6 +174,26 @@ bool interfaceMatches(const InterfaceFilter& filter, const std::string& name) {
   return listed != filter.exclude;
 }
 
+std::string interfaceHolding(const std::string& hostPort) {
+  std::string host;
+  int port = 0;
+  if (!splitHostPort(hostPort, &host, &port)) return "";
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string name;
+  for (ifaddrs* it = list; it != nullptr && name.empty(); it = it->ifa_next) {
+    if (it->ifa_addr == nullptr) continue;
+    int family = it->ifa_addr->sa_family;
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw = family == AF_INET    ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr)
+                      : family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(it->ifa_addr)->sin6_addr)
+                                           : nullptr;
+    if (raw != nullptr && inet_ntop(family, raw, text, sizeof(text)) != nullptr && host == text) name = it->ifa_name;
+  }
+  freeifaddrs(list);
+  return name;
+}
+
 loomResult_t chooseListenAddress(SocketAddress* out) {
   const std::string spec = params::socketIfname();
   // By default, as NCCL: anything but docker bridges and loopback, unless nothing else is up.

@@ -88,6 +88,8 @@ struct InterfaceFilter {
 };
 InterfaceFilter parseInterfaceFilter(const std::string& spec);
 bool interfaceMatches(const InterfaceFilter& filter, const std::string& name);
+// The interface that holds the address of `hostPort` ("10.0.0.1:5000", "[::1]:5000"); "" when none here does.
+std::string interfaceHolding(const std::string& hostPort);
 
 // The address (port 0) to listen on: with LOOM_SOCKET_IFNAME, the first up interface it allows (IPv4, then
 // global IPv6, then link-local IPv6); without, the first up IPv4 interface other than docker bridges and

@@ -386,11 +386,13 @@ loomResult_t HostExecutor::run(std::vector<std::vector<ExecTask>>& queues, const
     for (auto& run : current) {
       int peer = -1;
       uint32_t code = run->active() ? run->peerAborted(&peer) : 0;
-      if (code == kConnectionLost)
+      if (code == kConnectionLost) {
+        std::string why = run->task().links->whyLost(peer);
         return stopAll(LOOM_FAIL(loomRemoteError, COLL,
                                  "%s: the connection to rank %d was lost (it exited, closed its communicator, or the "
-                                 "network failed)",
-                                 run->task().what, peer));
+                                 "network failed)%s%s",
+                                 run->task().what, peer, why.empty() ? "" : "; ", why.c_str()));
+      }
       if (code != 0)
         return stopAll(LOOM_FAIL(loomRemoteError, COLL,
                                  "%s: rank %d gave up on the operation (it failed or was aborted)", run->task().what,

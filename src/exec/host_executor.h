@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "algorithms/plan.h"
@@ -31,6 +32,11 @@ class Links {
   virtual bool proxySends(int peer) = 0;
   // A direct message's payload in this address space, when its memory can be mapped here; nullptr: copy it.
   virtual const void* mapDirect(const DirectDescriptor& message) = 0;
+  // What failed on a lost connection with `peer`, as its transport saw it; empty when it cannot tell.
+  virtual std::string whyLost(int peer) {
+    (void)peer;
+    return {};
+  }
 };
 
 // A buffer of a task that peers may read in place, and the shared file it lies in, if any.

@@ -297,6 +297,7 @@ Topology::Topology(const Topology& other)
       links_(other.links_),
       hostNodes_(other.hostNodes_),
       rankNodes_(other.rankNodes_),
+      rankNics_(other.rankNics_),
       attrs_(other.attrs_),
       byName_(other.byName_) {}
 
@@ -305,6 +306,7 @@ Topology::Topology(Topology&& other) noexcept
       links_(std::move(other.links_)),
       hostNodes_(std::move(other.hostNodes_)),
       rankNodes_(std::move(other.rankNodes_)),
+      rankNics_(std::move(other.rankNics_)),
       attrs_(std::move(other.attrs_)),
       byName_(std::move(other.byName_)) {
   other.invalidate();
@@ -317,6 +319,7 @@ Topology& Topology::operator=(const Topology& other) {
   links_ = other.links_;
   hostNodes_ = other.hostNodes_;
   rankNodes_ = other.rankNodes_;
+  rankNics_ = other.rankNics_;
   attrs_ = other.attrs_;
   byName_ = other.byName_;
   return *this;
@@ -330,6 +333,7 @@ Topology& Topology::operator=(Topology&& other) noexcept {
   links_ = std::move(other.links_);
   hostNodes_ = std::move(other.hostNodes_);
   rankNodes_ = std::move(other.rankNodes_);
+  rankNics_ = std::move(other.rankNics_);
   attrs_ = std::move(other.attrs_);
   byName_ = std::move(other.byName_);
   return *this;

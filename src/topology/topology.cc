@@ -141,6 +141,34 @@ int Topology::countLinks(LinkKind kind) const {
 
 int Topology::rankNode(int rank) const { return rank >= 0 && rank < rankCount() ? rankNodes_[rank] : -1; }
 
+void Topology::setRankNic(int rank, const std::string& device) {
+  if (rank < 0) return;
+  if (rank >= static_cast<int>(rankNics_.size())) rankNics_.resize(rank + 1);
+  rankNics_[rank] = device;
+}
+
+const std::string& Topology::rankNicDevice(int rank) const {
+  static const std::string none;
+  return rank >= 0 && rank < static_cast<int>(rankNics_.size()) ? rankNics_[rank] : none;
+}
+
+int Topology::rankNic(int rank) const {
+  const std::string& device = rankNicDevice(rank);
+  return device.empty() || rankHost(rank) < 0 ? -1 : nicOf(rankHost(rank), device);
+}
+
+int Topology::nicOf(int host, const std::string& device) const {
+  for (int id = 0; id < nodeCount(); ++id) {
+    const TopoNode& node = nodes_[id];
+    if (node.kind != NodeKind::kNic || node.host != host) continue;
+    for (const char* key : {"hca", "netdev"}) {
+      std::string list = "," + attributeOr(node.attrs, key, "") + ",";
+      if (list.find("," + device + ",") != std::string::npos) return id;
+    }
+  }
+  return -1;
+}
+
 int Topology::rankHost(int rank) const {
   int node = rankNode(rank);
   return node < 0 ? -1 : nodes_[node].host;
@@ -233,7 +261,8 @@ std::string Topology::validate() const {
 }
 
 bool Topology::operator==(const Topology& other) const {
-  return nodes_ == other.nodes_ && links_ == other.links_ && rankNodes_ == other.rankNodes_ && attrs_ == other.attrs_;
+  return nodes_ == other.nodes_ && links_ == other.links_ && rankNodes_ == other.rankNodes_ &&
+         rankNics_ == other.rankNics_ && attrs_ == other.attrs_;
 }
 
 }  // namespace loom

@@ -104,6 +104,9 @@ class Topology {
   int addLink(LinkKind kind, int a, int b, double bandwidth, double latency);
   // Places `rank` on `node` (the GPU it drives, or for a CPU rank the NUMA node it is bound to).
   void mapRank(int rank, int node);
+  // Records the network device `rank`'s connections to other hosts leave through ("mlx5_0", "eth0"), as its
+  // network transport chose it, and the NIC node of its host that device belongs to (nicOf), if any.
+  void setRankNic(int rank, const std::string& device);
   // Free-form attributes of the whole topology ("source": where it came from).
   Attributes& attributes() { return attrs_; }
   const Attributes& attributes() const { return attrs_; }
@@ -125,6 +128,11 @@ class Topology {
   int rankCount() const { return static_cast<int>(rankNodes_.size()); }
   int rankNode(int rank) const;
   int rankHost(int rank) const;
+  // The device setRankNic recorded ("" when none), and its NIC node (-1 when none, or the topology has none).
+  const std::string& rankNicDevice(int rank) const;
+  int rankNic(int rank) const;
+  // The NIC node of `host` whose "hca" or "netdev" attribute lists `device`; -1 when none does.
+  int nicOf(int host, const std::string& device) const;
   // The torus the ranks form, from their nodes' "coords" attributes ("x,y,z", the first coordinate varying
   // fastest with the rank, as the torus presets lay chips out): sizes listed slowest first, as
   // LOOM_TORUS_DIMS takes them. Empty when some rank has no coordinates or the ranks are not in that order.
@@ -161,6 +169,7 @@ class Topology {
   std::vector<TopoLink> links_;
   std::vector<int> hostNodes_;
   std::vector<int> rankNodes_;
+  std::vector<std::string> rankNics_;  // by rank: setRankNic's device
   Attributes attrs_;
   std::unordered_map<std::string, int> byName_;
   mutable std::mutex indexMutex_;

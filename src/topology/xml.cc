@@ -395,7 +395,7 @@ class DialectReader {
 
   bool rank(const XmlElement& element) {
     const std::string *idText, *nodeName;
-    if (!noChildren(element) || !onlyKeys(element, {"id", "node"}) || !required(element, "id", &idText) ||
+    if (!noChildren(element) || !onlyKeys(element, {"id", "node", "nic"}) || !required(element, "id", &idText) ||
         !required(element, "node", &nodeName))
       return false;
     int id = 0;
@@ -405,6 +405,8 @@ class DialectReader {
     int node = nodeNamed(element, "node", *nodeName);
     if (node < 0) return false;
     topo_->mapRank(id, node);
+    for (const auto& [key, value] : element.attrs)
+      if (key == "nic") topo_->setRankNic(id, value);
     return true;
   }
 
@@ -446,6 +448,7 @@ std::string topologyToXml(const Topology& topo) {
     out += "  <rank";
     appendAttribute(&out, "id", std::to_string(rank));
     appendAttribute(&out, "node", topo.node(topo.rankNode(rank)).name);
+    if (!topo.rankNicDevice(rank).empty()) appendAttribute(&out, "nic", topo.rankNicDevice(rank));
     out += "/>\n";
   }
   out += "</topology>\n";

@@ -136,6 +136,15 @@ TEST(HierarchicalMp, EmulatedHosts) {
     EXPECT_NE(output.find("over ucx"), std::string::npos) << output;
     unsetenv("LOOM_NET");
   }
+  // And over ib on the software verbs device, where the library has ib.
+  setenv("LOOM_IB_PROVIDER", "softib", 1);
+  if (loom::transportAvailable("ib", &why) || why != "not built into this library") {
+    setenv("LOOM_NET", "ib", 1);
+    output = runCheck(4, "7,5000 70000 plain", "host$((LOOM_RANK / 2))");
+    EXPECT_NE(output.find("received over ib"), std::string::npos) << output;
+    unsetenv("LOOM_NET");
+  }
+  unsetenv("LOOM_IB_PROVIDER");
   setenv("LOOM_DEBUG", "WARN", 1);
   unsetenv("LOOM_DEBUG_SUBSYS");
   unsetenv("LOOM_ALGO");

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "loom/loom.h"
+#include "transports/transport.h"
 
 namespace {
 
@@ -394,6 +395,60 @@ TEST(FailureTest, SigkillInTheMiddleOfAllReduceOverTcp) {
   setenv("LOOM_PEER_CHECK_MS", "60000", 1);  // children inherit it
   sigkillMidAllReduce("tcp");
   unsetenv("LOOM_PEER_CHECK_MS");
+}
+
+// Whether ib runs here on the software device (LOOM_IB_PROVIDER=softib, which the children inherit); *why when not.
+bool softibReady(std::string* why) {
+  setenv("LOOM_IB_PROVIDER", "softib", 1);
+  return loom::transportAvailable("ib", why);
+}
+
+// The same over ib (the software device), the watch of peer processes again looking once a minute: the survivors
+// learn of the death from the connections' control sockets, long before the queue pairs' retries would run out.
+TEST(FailureTest, SigkillInTheMiddleOfAllReduceOverIb) {
+  std::string why;
+  if (!softibReady(&why)) GTEST_SKIP() << "ib: " << why;
+  setenv("LOOM_PEER_CHECK_MS", "60000", 1);
+  sigkillMidAllReduce("ib");
+  unsetenv("LOOM_PEER_CHECK_MS");
+  unsetenv("LOOM_IB_PROVIDER");
+}
+
+// A queue pair of rank 1 fails in the middle of AllReduce calls over ib, as one whose link died would (softib's
+// qp_error fault, a few calls after the first): rank 1 returns loomRemoteError with the verbs status of the failed
+// write, and every other rank loomRemoteError (rank 1 gave up, or its connection was lost) within the deadline.
+TEST(FailureTest, QpErrorInTheMiddleOfAllReduceOverIb) {
+  std::string why;
+  if (!softibReady(&why)) GTEST_SKIP() << "ib: " << why;
+  const int nranks = 4, faulty = 1;
+  ShmDir shm;
+  ASSERT_FALSE(shm.path().empty()) << "mkdtemp in /dev/shm: " << strerror(errno);
+  {
+    Children children;
+    for (int rank = 0; rank < nranks; ++rank)
+      ASSERT_TRUE(children.spawn([&, rank](const ChildPipes& pipes) {
+        if (rank == faulty) setenv("LOOM_SOFTIB_FAULT", "qp_error:2000", 1);
+        return allReduceUntilError(pipes, rank, nranks, shm.path(), "ib");
+      })) << "fork: "
+          << strerror(errno);
+    loomUniqueId id;
+    ASSERT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);
+    ASSERT_TRUE(children.sendToAll(&id, sizeof(id)));
+    ASSERT_TRUE(children.waitReady(kHardBoundSeconds))
+        << "ranks did not all finish a first AllReduce:" << (children.waitAll(5), children.report());
+    ASSERT_TRUE(children.waitAll(kHardBoundSeconds))
+        << "ranks still running " << kHardBoundSeconds << " s into the loop:" << children.report();
+    const std::string report = children.report();
+    for (int rank = 0; rank < nranks; ++rank) {
+      const int status = children[rank].status;
+      ASSERT_TRUE(WIFEXITED(status)) << "rank " << rank << report;
+      EXPECT_EQ(WEXITSTATUS(status), loomRemoteError) << "rank " << rank << report;
+    }
+    EXPECT_NE(children[faulty].said.find("transport retry counter exceeded"), std::string::npos) << report;
+  }
+  unsetenv("LOOM_IB_PROVIDER");
+  EXPECT_TRUE(shm.entries().empty()) << "left in " << shm.path() << ":" << joined(shm.entries());
+  expectNoChildrenLeft("QpErrorInTheMiddleOfAllReduceOverIb");
 }
 
 // ---- A rank that leaves right after init ----

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "transports/transport.h"
+
 namespace loomtest {
 
 loomConfig_t configWithTimeout(int timeoutMs) {
@@ -13,6 +15,15 @@ loomConfig_t configWithTimeout(int timeoutMs) {
 }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::vector<const char*> dataTransports() {
+  std::vector<const char*> names{"shm", "loopback", "tcp"};
+  ScopedEnv provider("LOOM_IB_PROVIDER", "softib");
+  std::string why;
+  // Built in, ib must work on softib: a failure to start then fails its tests instead of hiding them.
+  if (loom::transportAvailable("ib", &why) || why != "not built into this library") names.push_back("ib");
+  return names;
+}
 
 void expectCommUsable(loomComm_t comm, int rank, int nranks, const std::string& after) {
   const int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;

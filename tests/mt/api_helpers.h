@@ -35,11 +35,16 @@ long firstDifferent(const std::vector<T>& values, T expected) {
 void expectCommUsable(loomComm_t comm, int rank, int nranks, const std::string& after);
 
 // Every test that moves data runs once per transport: the fixture restricts LOOM_TRANSPORTS for its lifetime.
-// Each test file instantiates it (INSTANTIATE_TEST_SUITE_P) over the transports.
+// Each test file instantiates it (INSTANTIATE_TEST_SUITE_P) over the transports. ib runs on the software device
+// (LOOM_IB_PROVIDER=softib).
 class ApiTest : public ::testing::TestWithParam<const char*> {
  protected:
-  ApiTest() : transport_("LOOM_TRANSPORTS", GetParam()) {}
+  ApiTest() : transport_("LOOM_TRANSPORTS", GetParam()), provider_("LOOM_IB_PROVIDER", "softib") {}
   ScopedEnv transport_;
+  ScopedEnv provider_;
 };
+
+// shm, loopback and tcp, and ib where the library has it.
+std::vector<const char*> dataTransports();
 
 }  // namespace loomtest

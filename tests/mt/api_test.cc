@@ -751,7 +751,7 @@ TEST_P(ApiTest, CountRankAndLastError) {
       &config);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, ApiTest, ::testing::Values("shm", "loopback", "tcp"),
+INSTANTIATE_TEST_SUITE_P(Transports, ApiTest, ::testing::ValuesIn(loomtest::dataTransports()),
                          [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "algorithms/builders.h"
 #include "src/core/comm.h"
 #include "src/core/socket.h"
+#include "transports/transport.h"
 #include "tests/common/matrix.h"
 #include "tests/mt/thread_ranks.h"
 
@@ -95,6 +96,25 @@ TEST_P(Collectives, MatrixOverUcx) {
   for (const char* proto : {"LL", "Simple"}) {
     loomtest::ScopedEnv force("LOOM_PROTO", proto);
     runMatrix(GetParam(), {7, 70000});
+  }
+}
+
+// Over ib on the software verbs device: both protocols, two channels, messages of one slot and of many, striped
+// over three queue pairs per connection. softib is slower per message than tcp here (each message is an RDMA
+// write and a clear-to-send, each through its completion queue): 5 to 7 ranks run the first matrix only.
+TEST_P(Collectives, MatrixOverIb) {
+  loomtest::ScopedEnv provider("LOOM_IB_PROVIDER", "softib");
+  std::string why;
+  if (!loom::transportAvailable("ib", &why) && why == "not built into this library") GTEST_SKIP() << "ib: " << why;
+  loomtest::ScopedEnv transport("LOOM_TRANSPORTS", "ib");
+  const int n = GetParam();
+  runMatrix(n, {1, 7, 1000, 70000});
+  if (n >= 5 && n <= 7) return;
+  loomtest::ScopedEnv channels("LOOM_NCHANNELS", "2");
+  loomtest::ScopedEnv qps("LOOM_IB_QPS_PER_CONNECTION", "3");
+  for (const char* proto : {"LL", "Simple"}) {
+    loomtest::ScopedEnv force("LOOM_PROTO", proto);
+    runMatrix(n, {7, 70000});
   }
 }
 
@@ -200,6 +220,44 @@ TEST(Collectives, SmallChunksUnderEveryAlgorithm) {
 TEST(Collectives, BadChunkBytesFailInit) { expectInitRefuses("LOOM_CHUNK_BYTES", {"100", "-1", "1023"}); }
 
 TEST(Collectives, BadNetFailsInit) { expectInitRefuses("LOOM_NET", {"carrier-pigeon", "shm", "TCP"}); }
+
+// ib's port choice and the topology's record of it. softib shows two devices: without LOOM_IB_HCA rank r takes
+// device r mod 2; LOOM_IB_HCA keeps one ("=softib1", or all but "^softib0"); a filter that keeps none, or a GID
+// index past the table, fails init naming the variable. Every rank knows every rank's device (Topology::
+// rankNicDevice); over tcp it is the interface of the rank's listener.
+TEST(Collectives, IbPortChoiceIsRecordedInTheTopology) {
+  loomtest::ScopedEnv provider("LOOM_IB_PROVIDER", "softib");
+  std::string why;
+  if (!loom::transportAvailable("ib", &why) && why == "not built into this library") GTEST_SKIP() << "ib: " << why;
+  loomtest::ScopedEnv devices("LOOM_SOFTIB_DEVICES", "softib0,softib1");
+  loomtest::ScopedEnv transport("LOOM_TRANSPORTS", "ib");
+  auto expectDevices = [](const char* hca, std::vector<std::string> expected) {
+    loomtest::ScopedEnv filter("LOOM_IB_HCA", hca);
+    const int nranks = static_cast<int>(expected.size());
+    loomtest::runRanks(nranks, [&](loomComm_t comm, int rank) {
+      for (int r = 0; r < nranks; ++r)
+        EXPECT_EQ(comm->topology.rankNicDevice(r), expected[r]) << "LOOM_IB_HCA=" << hca << ", as rank " << rank;
+      int value = rank + 1, sum = 0;
+      EXPECT_EQ(loomAllReduce(&value, &sum, 1, loomInt32, loomSum, comm, nullptr), loomSuccess);
+      EXPECT_EQ(sum, nranks * (nranks + 1) / 2);
+    });
+  };
+  expectDevices("", {"softib0", "softib1", "softib0"});
+  expectDevices("=softib1", {"softib1", "softib1"});
+  expectDevices("^softib0", {"softib1", "softib1"});
+  expectDevices("softib1:1", {"softib1", "softib1"});
+  expectInitRefuses("LOOM_IB_HCA", {"mlx5", "softib0:2", "^softib"});
+  expectInitRefuses("LOOM_IB_GID_INDEX", {"2", "-1"});
+}
+
+TEST(Collectives, TcpRecordsTheListenersInterface) {
+  loomtest::ScopedEnv transport("LOOM_TRANSPORTS", "tcp");
+  loomtest::ScopedEnv interface("LOOM_SOCKET_IFNAME", "lo");
+  loomtest::runRanks(2, [&](loomComm_t comm, int) {
+    EXPECT_EQ(comm->topology.rankNicDevice(0), "lo");
+    EXPECT_EQ(comm->topology.rankNicDevice(1), "lo");
+  });
+}
 
 TEST(Collectives, StreamsQueueInOrder) {
   loomtest::runRanks(4, [](loomComm_t comm, int rank) {

@@ -6,7 +6,8 @@
 #
 # 1. The collective matrix (collective_check) on 2 hosts x 2 ranks and on 4 hosts x 1 rank: ranks of one host
 #    talk over shm, hosts over tcp. Also with LOOM_SOCKET_IFNAME=eth0, 2 channels and 3 sockets per connection,
-#    with the hosts' links shaped to 200 Mbit/s by tc's tbf, and over ucx between the hosts (LOOM_NET=ucx).
+#    with the hosts' links shaped to 200 Mbit/s by tc's tbf, over ucx between the hosts (LOOM_NET=ucx), and over
+#    ib on the software verbs device (LOOM_NET=ib, LOOM_IB_PROVIDER=softib); on 4 hosts over tcp, ib and ucx.
 # 2. A host's link set down in the middle of AllReduce calls: every rank ends with an error (the others with
 #    loomTimeout or loomRemoteError) within LOOM_TIMEOUT_MS plus 3 s.
 # 3. A rank on the other host killed with SIGKILL in the middle of AllReduce calls: every survivor ends with
@@ -87,6 +88,16 @@ else
   echo "netns_test: libucp.so.0 not installed: the ucx run is skipped"
 fi
 
+# 1, over ib between the hosts on the software verbs device (the namespaces share /dev/shm), 2 queue pairs per
+# connection. Each host's device has GIDs of its own (its hostname; its eth0 address).
+export LOOM_NET=ib LOOM_IB_PROVIDER=softib LOOM_IB_QPS_PER_CONNECTION=2 LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=NET
+NETNS_PASS="LOOM_TIMEOUT_MS LOOM_DEBUG LOOM_DEBUG_SUBSYS LOOM_NET LOOM_IB_PROVIDER LOOM_IB_QPS_PER_CONNECTION"
+matrix two-hosts-ib 2 7,70000 1000003 plain
+grep -q "received over ib" "$NETNS_WORK/two-hosts-ib.0.log" || fail "two-hosts-ib: rank 0 logged no ib traffic"
+unset LOOM_NET LOOM_IB_PROVIDER LOOM_IB_QPS_PER_CONNECTION LOOM_DEBUG_SUBSYS
+export LOOM_DEBUG=WARN
+NETNS_PASS="LOOM_TIMEOUT_MS LOOM_DEBUG"
+
 # 2. Host 1's link goes down 1 s into the loop.
 export LOOM_TIMEOUT_MS=5000
 netns_job link-down 2 "$loop" 1048576 60
@@ -143,6 +154,14 @@ ip netns del "$NETNS_TAG-br"
 NETNS_HOSTS=0
 netns_hosts 4 || { fail "could not make 4 hosts"; exit 1; }
 matrix four-hosts 1 7,70000 1000003 plain
+NETNS_PASS="LOOM_TIMEOUT_MS LOOM_DEBUG LOOM_NET LOOM_IB_PROVIDER"
+export LOOM_NET=ib LOOM_IB_PROVIDER=softib
+matrix four-hosts-ib 1 7,70000 1000003 plain
+if ldconfig -p | grep -q 'libucp\.so\.0'; then
+  export LOOM_NET=ucx UCX_NET_DEVICES=eth0
+  NETNS_PASS="$NETNS_PASS UCX_NET_DEVICES"
+  matrix four-hosts-ucx 1 7,70000 1000003 plain
+fi
 
 [ "$failures" = 0 ] && echo "netns_test: all passed"
 exit $((failures > 0))

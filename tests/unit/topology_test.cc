@@ -606,7 +606,8 @@ Topology localView(int rank, bool withNic) {
     if (g == rank % 2) topo.mapRank(rank, gpu);
   }
   if (withNic) {
-    int nic = topo.addNode(NodeKind::kNic, "host0/nic0", host, {{"speed", "100"}, {"fabric", "ib"}});
+    int nic = topo.addNode(NodeKind::kNic, "host0/nic0", host,
+                           {{"speed", "100"}, {"fabric", "ib"}, {"hca", "mlx5_0"}, {"netdev", "ib0,ib1"}});
     topo.addLink(LinkKind::kPcie, numa, nic, 31.5, 0.15);
   }
   return topo;
@@ -638,6 +639,32 @@ TEST(TopologyFusion, TwoHostsAreJoinedByTheNetwork) {
   std::string error;
   ASSERT_TRUE(parseTopologyXml(topologyToXml(fused), &parsed, &error)) << error;
   EXPECT_TRUE(parsed == fused);
+}
+
+// Each rank's network device (as its transport chose it) is recorded and found among its host's NICs by the
+// names they list (hca, netdev); the record survives the XML.
+TEST(TopologyFusion, RanksNicsAreRecorded) {
+  std::vector<Topology> views;
+  for (int rank = 0; rank < 4; ++rank) views.push_back(localView(rank, true));
+  const std::vector<uint64_t> hashes = {hostHashOf("a"), hostHashOf("a"), hostHashOf("b"), hostHashOf("b")};
+  Topology fused;
+  ASSERT_EQ(fuseViews(views, hashes, &fused), loomSuccess) << threadLastError();
+  fused.setRankNic(0, "mlx5_0");
+  fused.setRankNic(1, "ib1");
+  fused.setRankNic(2, "mlx5_1");  // not a NIC of its host
+  EXPECT_EQ(fused.rankNicDevice(0), "mlx5_0");
+  EXPECT_EQ(fused.node(fused.rankNic(0)).name, "host0/nic0");
+  EXPECT_EQ(fused.node(fused.rankNic(1)).name, "host0/nic0") << "found by its netdev";
+  EXPECT_EQ(fused.rankNic(2), -1);
+  EXPECT_EQ(fused.rankNicDevice(3), "");
+  EXPECT_EQ(fused.rankNic(3), -1);
+  EXPECT_EQ(fused.nicOf(1, "mlx5_0"), fused.findNode("host1/nic0"));
+  EXPECT_EQ(fused.nicOf(1, "mlx5"), -1) << "whole names only";
+  Topology parsed;
+  std::string error;
+  ASSERT_TRUE(parseTopologyXml(topologyToXml(fused), &parsed, &error)) << error;
+  EXPECT_TRUE(parsed == fused);
+  EXPECT_EQ(parsed.rankNicDevice(1), "ib1");
 }
 
 TEST(TopologyFusion, HostsWithoutNicsGetAPlainNetworkLink) {

@@ -10,7 +10,7 @@
 // through the bootstrap's listener (Bootstrap::connectHandoff), which authenticates it with the communicator's
 // secret; the opener's hello names the channel, the socket's index and the count. Wire format per message, on
 // socket 0: u32 payload bytes, u32 protocol (0 Simple, 1 LL), then the payload's first part. A Simple payload of
-// kStripeMinBytes or more is cut into one part per socket (stripe() decides, from the size alone, so the
+// kStripeMinBytes or more is cut into one part per socket (stripe() in proxy.h decides, from the size alone, so the
 // receiver cuts it the same way), and socket j carries part j with nothing around it; anything smaller travels
 // whole on socket 0. Several sockets help where a network caps each flow, as clouds do. LL messages travel as
 // their payload and get the receiving FIFO's flags on arrival. A DirectDescriptor posted by this process's
@@ -45,20 +45,7 @@ namespace {
 constexpr uint32_t kHelloMagic = 0x6c746370;  // opens the hello of a tcp data connection
 constexpr size_t kFrameHeaderBytes = 8;
 constexpr uint32_t kAbortNotice = 0xab0f;  // in a frame header's protocol field: the sender's executor gave up
-constexpr size_t kStripeMinBytes = 65536;
 constexpr int kMaxSockets = 16;
-
-// Part `index` of `sockets` of a message, as [*begin, *end) of its payload.
-void stripe(size_t bytes, Protocol protocol, int sockets, int index, size_t* begin, size_t* end) {
-  if (protocol != Protocol::kSimple || bytes < kStripeMinBytes || sockets == 1) {
-    *begin = 0;
-    *end = index == 0 ? bytes : 0;
-    return;
-  }
-  size_t part = (bytes / sockets + 63) / 64 * 64;
-  *begin = std::min(bytes, part * index);
-  *end = index == sockets - 1 ? bytes : std::min(bytes, part * (index + 1));
-}
 
 // One socket of a connection, and its share of the message in flight.
 struct TcpSocket {
@@ -120,6 +107,9 @@ class TcpComm : public ProxyComm {
   }
 
   int sockets() const { return sockets_; }
+  // The interface of the listener peers connect to: where their data arrives, and, routes being symmetric on
+  // a cluster, where this rank's leaves.
+  std::string netDevice() const override { return interfaceHolding(context().bootstrap->listenAddress()); }
 
  private:
   struct Arrival {

@@ -22,6 +22,7 @@
 #include <poll.h>
 #include <ucp/api/ucp.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -158,6 +159,13 @@ struct PeerRef {
 class UcxComm : public ProxyComm {
  public:
   explicit UcxComm(const TransportCommContext& context) : ProxyComm(context, "ucx") {}
+  // UCX picks its devices itself: only UCX_NET_DEVICES names one ("mlx5_0:1" gives mlx5_0).
+  std::string netDevice() const override {
+    const char* devices = std::getenv("UCX_NET_DEVICES");
+    if (devices == nullptr || std::strcmp(devices, "all") == 0) return {};
+    std::string first(devices, std::strcspn(devices, ",:"));
+    return first;
+  }
 
   ~UcxComm() override {
     stopProxy();

@@ -1,0 +1,335 @@
+// softib's shared tables (softib_fabric.h): creating and mapping the file, the mutex, identifiers, slots, and
+// signalling completion channels.
+//
+// The file is created under a temporary name, sized and initialised there, and only then linked to its real
+// name, so a process never maps a half-made fabric; of two processes that create it at once, the one whose link
+// fails maps the winner's. It stays after the last process has gone (the next one reuses it, reclaiming what the
+// dead left behind) and is sparse: only the pages of entries in use take memory.
+#include "transports/ibverbs/softib_fabric.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <ctime>
+
+#include "src/core/log.h"
+#include "src/core/params.h"
+
+namespace loom::softib {
+namespace {
+
+constexpr uint64_t kMagic = 0x6c6f6f6d73696231;  // "loomsib1"
+constexpr int kLayoutVersion = 1;                // in the file's name: a build with another layout makes its own fabric
+
+std::string errnoText(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// Initialises a freshly truncated (zeroed) fabric.
+bool initTables(Tables* tables, std::string* why) {
+  Header& header = tables->header;
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  int rc = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  if (rc == 0) rc = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  if (rc == 0) rc = pthread_mutex_init(&header.mutex, &attr);
+  pthread_mutexattr_destroy(&attr);
+  if (rc != 0) {
+    *why = std::string("softib: cannot make a robust process-shared mutex: ") + std::strerror(rc);
+    return false;
+  }
+  header.bytes = sizeof(Tables);
+  header.nextPdId = 1;
+  header.magic = kMagic;
+  return true;
+}
+
+Tables* mapTables(int fd, std::string* why, const std::string& path) {
+  void* base = mmap(nullptr, sizeof(Tables), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    *why = errnoText("softib: mmap of " + path);
+    return nullptr;
+  }
+  return static_cast<Tables*>(base);
+}
+
+// Maps the existing fabric at `path`; nullptr with *why (ENOENT left in errno when there is none).
+Tables* openExisting(const std::string& path, std::string* why) {
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    int error = errno;
+    *why = errnoText("softib: cannot open " + path);
+    errno = error;
+    return nullptr;
+  }
+  struct stat st {};
+  Tables* tables = nullptr;
+  if (fstat(fd, &st) != 0) {
+    *why = errnoText("softib: fstat of " + path);
+  } else if (static_cast<uint64_t>(st.st_size) != sizeof(Tables)) {
+    *why = "softib: " + path + " holds " + std::to_string(st.st_size) + " bytes where " +
+           std::to_string(sizeof(Tables)) + " were expected; remove it";
+  } else {
+    tables = mapTables(fd, why, path);
+    if (tables != nullptr && tables->header.magic != kMagic) {
+      *why = "softib: " + path + " is not a softib fabric; remove it";
+      munmap(tables, sizeof(Tables));
+      tables = nullptr;
+    }
+  }
+  close(fd);
+  errno = 0;
+  return tables;
+}
+
+// Creates the fabric at `path` (see the top of the file); nullptr with *why, or with errno EEXIST when another
+// process made it first.
+Tables* create(const std::string& path, std::string* why) {
+  std::string temporary = path + ".init-" + std::to_string(getpid()) + "-" + std::to_string(gettid());
+  int fd = open(temporary.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    *why = errnoText("softib: cannot create " + temporary);
+    return nullptr;
+  }
+  Tables* tables = nullptr;
+  if (ftruncate(fd, sizeof(Tables)) != 0) {
+    *why = errnoText("softib: cannot size " + temporary);
+  } else {
+    tables = mapTables(fd, why, temporary);
+  }
+  close(fd);
+  if (tables != nullptr && !initTables(tables, why)) {
+    munmap(tables, sizeof(Tables));
+    tables = nullptr;
+  }
+  if (tables != nullptr && link(temporary.c_str(), path.c_str()) != 0) {
+    int error = errno;
+    *why = errnoText("softib: cannot link " + temporary + " to " + path);
+    munmap(tables, sizeof(Tables));
+    tables = nullptr;
+    errno = error;
+  }
+  int error = errno;
+  unlink(temporary.c_str());
+  errno = error;
+  return tables;
+}
+
+// Writes one event (the CQ's id) into channel `path`'s FIFO. A reader that closes it between the open and the
+// write would raise SIGPIPE, which would end the whole process: the signal is held off and swallowed.
+void signalChannel(const std::string& path, uint32_t cqId) {
+  int fd = open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    // ENXIO: nobody holds the channel open any more (its owner died); ENOENT: it was destroyed.
+    LOOM_TRACE(IB, "softib: channel %s is gone: %m", path.c_str());
+    return;
+  }
+  sigset_t pipeSignal, saved, pending;
+  sigemptyset(&pipeSignal);
+  sigaddset(&pipeSignal, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipeSignal, &saved);
+  sigpending(&pending);
+  bool wasPending = sigismember(&pending, SIGPIPE) == 1;
+  ssize_t written = write(fd, &cqId, sizeof(cqId));
+  int error = errno;
+  if (written < 0 && error == EPIPE && !wasPending) {
+    timespec zero{};
+    sigtimedwait(&pipeSignal, nullptr, &zero);
+  }
+  pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  close(fd);
+  if (written != static_cast<ssize_t>(sizeof(cqId)) && error != EPIPE) {
+    errno = error;
+    LOOM_WARN(IB, "softib: cannot signal completion channel %s (an event is lost): %m", path.c_str());
+  }
+}
+
+}  // namespace
+
+bool processAlive(pid_t pid) {
+  if (pid == getpid()) return true;
+  return kill(pid, 0) == 0 || errno != ESRCH;
+}
+
+Fabric* Fabric::get(std::string* why) {
+  struct Opened {
+    Fabric* fabric = nullptr;
+    std::string why;
+  };
+  static const Opened opened = [] {
+    Opened result;
+    std::string prefix =
+        params::softibDir() + "/loom-softib-" + std::to_string(getuid()) + "-v" + std::to_string(kLayoutVersion);
+    Tables* tables = nullptr;
+    // Normally one round: open it, else create it. Another process may create it between the two; then the
+    // link fails and the next round opens theirs.
+    for (int round = 0; round < 3 && tables == nullptr; ++round) {
+      tables = openExisting(prefix, &result.why);
+      if (tables != nullptr || errno != ENOENT) break;
+      tables = create(prefix, &result.why);
+      if (tables == nullptr && errno != EEXIST) break;
+    }
+    if (tables == nullptr) return result;
+    result.why.clear();
+    result.fabric = new Fabric(tables, prefix);  // for the life of the process
+    result.fabric->lock();
+    result.fabric->reclaim(Table::kAll);
+    result.fabric->unlock();
+    LOOM_INFO(IB, "softib: fabric %s", prefix.c_str());
+    return result;
+  }();
+  if (opened.fabric == nullptr) *why = opened.why;
+  return opened.fabric;
+}
+
+std::string Fabric::channelPath(uint32_t id) const { return prefix_ + ".channel-" + std::to_string(id); }
+
+void Fabric::lock() {
+  int rc = pthread_mutex_lock(&tables_->header.mutex);
+  if (rc == EOWNERDEAD) {
+    // The tables may hold a change that process left half done; each is small and the worst is an entry that
+    // looks used or a lost completion, not a crash.
+    LOOM_WARN(IB, "softib: a process died holding the fabric's lock; carrying on");
+    pthread_mutex_consistent(&tables_->header.mutex);
+  } else if (rc != 0) {
+    LOOM_WARN(IB, "softib: locking the fabric failed: %s", std::strerror(rc));
+  }
+}
+
+void Fabric::unlock() { pthread_mutex_unlock(&tables_->header.mutex); }
+
+uint32_t Fabric::newId(uint32_t slot, uint32_t slotBits, uint32_t totalBits) {
+  const uint32_t counterMask = (1u << (totalBits - slotBits)) - 1;
+  uint32_t counter = ++tables_->header.nextSeq & counterMask;
+  if (counter == 0) counter = ++tables_->header.nextSeq & counterMask;
+  return counter << slotBits | slot;
+}
+
+template <typename Slot, size_t N>
+int Fabric::freeSlot(Slot (&slots)[N], Table table) {
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < N; ++i)
+      if (slots[i].pid == 0) return static_cast<int>(i);
+    if (round == 0) reclaim(table);
+  }
+  errno = ENOMEM;
+  return -1;
+}
+
+int Fabric::allocQp() {
+  int slot = freeSlot(tables_->qps, Table::kQps);
+  if (slot >= 0) {
+    // The receive ring's old contents are left as they are: nothing reads an entry before it is posted again.
+    std::memset(static_cast<void*>(&tables_->qps[slot]), 0, offsetof(QpSlot, recvWrIds));
+    tables_->qps[slot].pid = getpid();
+  }
+  return slot;
+}
+
+int Fabric::allocMr() {
+  int slot = freeSlot(tables_->mrs, Table::kMrs);
+  if (slot >= 0) tables_->mrs[slot] = MrSlot{getpid(), 0, 0, 0, 0, 0, 0};
+  return slot;
+}
+
+int Fabric::allocCq() {
+  int slot = freeSlot(tables_->cqs, Table::kCqs);
+  if (slot >= 0) {
+    CqSlot& cq = tables_->cqs[slot];
+    std::memset(static_cast<void*>(&cq), 0, offsetof(CqSlot, tail));
+    storeRelease(cq.tail, 0);
+    storeRelease(cq.head, 0);
+    cq.pid = getpid();
+  }
+  return slot;
+}
+
+int Fabric::allocChannel() {
+  int slot = freeSlot(tables_->channels, Table::kChannels);
+  if (slot >= 0) tables_->channels[slot] = ChannelSlot{getpid(), 0};
+  return slot;
+}
+
+namespace {
+
+// The entry of `slots` that identifier `id` (its slot in its low bits) names, if its `key` still is `id`.
+template <typename Slot, size_t N>
+Slot* lookUp(Slot (&slots)[N], uint32_t id, uint32_t Slot::*key) {
+  static_assert((N & (N - 1)) == 0);
+  Slot& slot = slots[id & (N - 1)];
+  return slot.pid != 0 && slot.*key == id ? &slot : nullptr;
+}
+
+}  // namespace
+
+QpSlot* Fabric::qp(uint32_t qpNum) { return lookUp(tables_->qps, qpNum, &QpSlot::qpNum); }
+MrSlot* Fabric::mrByLkey(uint32_t lkey) { return lookUp(tables_->mrs, lkey, &MrSlot::lkey); }
+MrSlot* Fabric::mrByRkey(uint32_t rkey) { return lookUp(tables_->mrs, rkey, &MrSlot::rkey); }
+CqSlot* Fabric::cq(uint32_t id) { return lookUp(tables_->cqs, id, &CqSlot::id); }
+
+void Fabric::reclaim(Table table) {
+  // Many entries share an owner: remember each pid's answer for this pass.
+  std::vector<std::pair<int32_t, bool>> known;
+  auto dead = [&](int32_t pid) {
+    for (const auto& [knownPid, alive] : known)
+      if (knownPid == pid) return !alive;
+    bool alive = processAlive(pid);
+    known.emplace_back(pid, alive);
+    return !alive;
+  };
+  int reclaimed = 0;
+  auto sweep = [&](auto& slots, auto&& onFree) {
+    for (auto& slot : slots) {
+      if (slot.pid == 0 || !dead(slot.pid)) continue;
+      onFree(slot);
+      slot.pid = 0;
+      ++reclaimed;
+    }
+  };
+  auto nothing = [](auto&) {};
+  if (table == Table::kAll || table == Table::kQps) sweep(tables_->qps, nothing);
+  if (table == Table::kAll || table == Table::kMrs) sweep(tables_->mrs, nothing);
+  if (table == Table::kAll || table == Table::kCqs) sweep(tables_->cqs, nothing);
+  if (table == Table::kAll || table == Table::kChannels)
+    sweep(tables_->channels, [&](ChannelSlot& channel) { unlink(channelPath(channel.id).c_str()); });
+  if (reclaimed > 0) LOOM_INFO(IB, "softib: reclaimed %d entries of processes that have exited", reclaimed);
+}
+
+FabricLock::~FabricLock() {
+  fabric_.unlock();
+  for (const auto& [channelId, cqId] : signals_) signalChannel(fabric_.channelPath(channelId), cqId);
+}
+
+bool FabricLock::push(uint32_t cqId, const Cqe& cqe, bool solicited) {
+  CqSlot* cq = fabric_.cq(cqId);
+  if (cq == nullptr) return false;
+  uint64_t tail = loadAcquire(cq->tail);
+  if (tail - loadAcquire(cq->head) >= cq->capacity) {
+    if (cq->overrun == 0)
+      LOOM_WARN(IB, "softib: completion queue %u (%u entries) overran: a completion was lost", cqId, cq->capacity);
+    storeRelaxed(cq->overrun, 1);
+    return false;
+  }
+  cq->ring[tail % cq->capacity] = cqe;
+  storeRelease(cq->tail, tail + 1);
+  if (cq->armed == kArmedAll || (cq->armed == kArmedSolicited && (solicited || cqe.status != IBV_WC_SUCCESS)))
+    signal(*cq);
+  return true;
+}
+
+void FabricLock::wake(uint32_t cqId) {
+  CqSlot* cq = fabric_.cq(cqId);
+  if (cq != nullptr && cq->armed != 0) signal(*cq);
+}
+
+void FabricLock::signal(CqSlot& cq) {
+  if (cq.channelId == 0) return;
+  cq.armed = 0;
+  signals_.emplace_back(cq.channelId, cq.id);
+}
+
+}  // namespace loom::softib
