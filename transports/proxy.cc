@@ -157,6 +157,7 @@ void ProxyComm::fail(ProxyConn& conn, const std::string& what, int error) {
 
 std::string ProxyComm::lostReason(int peer) const {
   std::lock_guard<std::mutex> lock(lostMutex_);
+  if (peer < 0) return lost_.empty() ? std::string() : lost_.back().second;
   for (const auto& [who, why] : lost_)
     if (who == peer) return why;
   return {};

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -81,6 +82,18 @@ constexpr size_t kStripeMinBytes = 65536;
 void stripe(size_t bytes, Protocol protocol, int parts, int index, size_t* begin, size_t* end);
 // How many of the parts above carry bytes (all of them, or only part 0).
 int stripeCount(size_t bytes, Protocol protocol, int parts);
+
+// Integers on the network transports' wires: little-endian, whatever the host.
+inline void putU32(uint8_t* out, uint32_t value) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
+}
+inline uint32_t getU32(const uint8_t* in) {
+  uint32_t value = 0;
+  for (int i = 0; i < 4; ++i) value |= static_cast<uint32_t>(in[i]) << (8 * i);
+  return value;
+}
+// Whether a non-blocking socket call failed only for now.
+inline bool wouldBlock(int error) { return error == EAGAIN || error == EWOULDBLOCK || error == EINTR; }
 
 // The next message the executor posted on a sending connection, as conn.payload, conn.payloadBytes and
 // conn.protocol: in the FIFO's slot, or where a DirectDescriptor of this process points (Links::proxySends).

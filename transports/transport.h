@@ -33,7 +33,8 @@ class TransportComm {
  public:
   virtual ~TransportComm() = default;
   // What failed on the last connection with `peer` this transport lost ("RDMA write ...: transport retry counter
-  // exceeded"), for the caller's error message; empty when none was lost or the transport cannot tell.
+  // exceeded"), for the caller's error message; empty when none was lost or the transport cannot tell. A
+  // negative `peer`: the last connection lost with any peer.
   virtual std::string lostReason(int peer) const {
     (void)peer;
     return {};

@@ -388,15 +388,20 @@ loomResult_t HostExecutor::run(std::vector<std::vector<ExecTask>>& queues, const
       uint32_t code = run->active() ? run->peerAborted(&peer) : 0;
       if (code == kConnectionLost) {
         std::string why = run->task().links->whyLost(peer);
+        if (why.empty()) why = run->task().links->whyLost(-1);
         return stopAll(LOOM_FAIL(loomRemoteError, COLL,
                                  "%s: the connection to rank %d was lost (it exited, closed its communicator, or the "
                                  "network failed)%s%s",
                                  run->task().what, peer, why.empty() ? "" : "; ", why.c_str()));
       }
-      if (code != 0)
+      if (code != 0) {
+        // A connection of this rank that failed may be why: its peer gave up first, and the others followed.
+        std::string why = run->task().links->whyLost(-1);
         return stopAll(LOOM_FAIL(loomRemoteError, COLL,
-                                 "%s: rank %d gave up on the operation (it failed or was aborted)", run->task().what,
-                                 peer));
+                                 "%s: rank %d gave up on the operation (it failed or was aborted)%s%s",
+                                 run->task().what, peer, why.empty() ? "" : "; this rank lost a connection before: ",
+                                 why.c_str()));
+      }
     }
     loomResult_t result = watch(false, needsPeer);
     if (result != loomSuccess) {

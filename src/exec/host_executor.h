@@ -32,7 +32,8 @@ class Links {
   virtual bool proxySends(int peer) = 0;
   // A direct message's payload in this address space, when its memory can be mapped here; nullptr: copy it.
   virtual const void* mapDirect(const DirectDescriptor& message) = 0;
-  // What failed on a lost connection with `peer`, as its transport saw it; empty when it cannot tell.
+  // What failed on a lost connection with `peer` (negative: any peer), as its transport saw it; empty when it
+  // cannot tell.
   virtual std::string whyLost(int peer) {
     (void)peer;
     return {};

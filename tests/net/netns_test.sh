@@ -81,6 +81,8 @@ if ldconfig -p | grep -q 'libucp\.so\.0'; then
   NETNS_PASS="LOOM_TIMEOUT_MS LOOM_DEBUG LOOM_DEBUG_SUBSYS LOOM_NET UCX_NET_DEVICES"
   matrix two-hosts-ucx 2 7,70000 1000003 plain
   grep -q "received over ucx" "$NETNS_WORK/two-hosts-ucx.0.log" || fail "two-hosts-ucx: rank 0 logged no ucx traffic"
+  cat "$NETNS_WORK"/two-hosts-ucx.*.log | grep -q "went by RMA put over ucx" ||
+    fail "two-hosts-ucx: no rank sent a message by RMA put"
   unset LOOM_NET UCX_NET_DEVICES LOOM_DEBUG_SUBSYS
   export LOOM_DEBUG=WARN
   NETNS_PASS="LOOM_TIMEOUT_MS LOOM_DEBUG"

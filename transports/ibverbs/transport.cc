@@ -73,14 +73,6 @@ struct CtsEntry {
   uint64_t unused;
 };
 
-void putU32(uint8_t* out, uint32_t value) {
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
-}
-uint32_t getU32(const uint8_t* in) {
-  uint32_t value = 0;
-  for (int i = 0; i < 4; ++i) value |= static_cast<uint32_t>(in[i]) << (8 * i);
-  return value;
-}
 void putU64(uint8_t* out, uint64_t value) {
   putU32(out, static_cast<uint32_t>(value));
   putU32(out + 4, static_cast<uint32_t>(value >> 32));
@@ -228,6 +220,7 @@ class IbComm : public ProxyComm {
   void shutNetwork(ProxyConn& conn, bool graceful) override;
   void sleep(int64_t micros) override;
 
+  loomResult_t newConn(bool sends, int peer, int channel, const FifoShape& shape, std::shared_ptr<IbConn>* out);
   loomResult_t createQps(IbConn& conn, int count);
   int connectQps(IbConn& conn, const QpInfo& remote, uint32_t psn);
   QpInfo localInfo(const IbConn& conn, uint32_t psn) const;
@@ -241,6 +234,7 @@ class IbComm : public ProxyComm {
   void complete(const ibv_wc& wc);
   IbConn* byId(uint32_t id);
   bool watchControls(int timeoutMs);
+  void addControls(std::vector<pollfd>* fds, std::vector<IbConn*>* polled);
 
   const VerbsApi* verbs_;
   ibv_context* device_ = nullptr;
@@ -438,29 +432,40 @@ bool IbComm::postRecv(IbConn& conn, int qp) {
   return verbs_->postRecv(conn.qps[static_cast<size_t>(qp)], &wr, &bad) == 0;
 }
 
-// Sender side, on the caller's thread: the queue pairs, the CTS array, and the exchange with the receiver.
-loomResult_t IbComm::newSender(const ConnectionKey& key, const FifoShape& shape, const WaitCheck& check,
-                               std::unique_ptr<Endpoint>* out) {
-  LOOM_CHECK(check());
+// A new connection's FIFO and CTS array, registered: a sender's FIFO is the source of its writes and its CTS
+// array the receiver's target; a receiver's FIFO is the sender's target and its CTS array the source of its own.
+loomResult_t IbComm::newConn(bool sends, int peer, int channel, const FifoShape& shape,
+                             std::shared_ptr<IbConn>* out) {
   uint32_t id;
   {
     std::lock_guard<std::mutex> lock(idMutex_);
     id = nextId_++;
   }
-  auto conn = std::make_shared<IbConn>(true, key.receiver, key.channel, shape, doorbell(), id, verbs_);
+  auto conn = std::make_shared<IbConn>(sends, peer, channel, shape, doorbell(), id, verbs_);
   if (!conn->fifo.valid())
     return LOOM_FAIL(loomSystemError, NET, "ib: cannot allocate the FIFO %s", conn->name().c_str());
-  conn->fifoMr = verbs_->regMr(pd_, conn->fifo.view().header, conn->fifo.bytes(), IBV_ACCESS_LOCAL_WRITE);
+  const int local = IBV_ACCESS_LOCAL_WRITE, remote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  conn->fifoMr = verbs_->regMr(pd_, conn->fifo.view().header, conn->fifo.bytes(), sends ? local : remote);
   const size_t ctsBytes = (shape.depth * sizeof(CtsEntry) + 4095) / 4096 * 4096;
   conn->cts.verbs = verbs_;
   conn->cts.memory = std::aligned_alloc(4096, ctsBytes);
   if (conn->cts.memory != nullptr) {
     std::memset(conn->cts.memory, 0, ctsBytes);
-    conn->cts.mr = verbs_->regMr(pd_, conn->cts.memory, ctsBytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    conn->cts.mr = verbs_->regMr(pd_, conn->cts.memory, ctsBytes, sends ? remote : local);
   }
   if (conn->fifoMr == nullptr || conn->cts.mr == nullptr)
     return LOOM_FAIL(loomSystemError, NET, "ib: cannot register the memory of the connection %s: %s",
                      conn->name().c_str(), std::strerror(errno));
+  *out = std::move(conn);
+  return loomSuccess;
+}
+
+// Sender side, on the caller's thread: the queue pairs, the CTS array, and the exchange with the receiver.
+loomResult_t IbComm::newSender(const ConnectionKey& key, const FifoShape& shape, const WaitCheck& check,
+                               std::unique_ptr<Endpoint>* out) {
+  LOOM_CHECK(check());
+  std::shared_ptr<IbConn> conn;
+  LOOM_CHECK(newConn(true, key.receiver, key.channel, shape, &conn));
   const uint32_t psn = random_() & 0xffffff;
   LOOM_CHECK(createQps(*conn, qpsPerConnection_));
 
@@ -487,7 +492,7 @@ loomResult_t IbComm::newSender(const ConnectionKey& key, const FifoShape& shape,
       if (n == 0)
         return LOOM_FAIL(loomRemoteError, NET, "ib: rank %d closed the connection %s while it was being set up",
                          key.receiver, conn->name().c_str());
-      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      if (n < 0 && !wouldBlock(errno))
         return LOOM_FAIL(loomRemoteError, NET, "ib: setting up the connection %s: %s", conn->name().c_str(),
                          std::strerror(errno));
       if (n > 0) done += static_cast<size_t>(n);
@@ -511,23 +516,8 @@ loomResult_t IbComm::newSender(const ConnectionKey& key, const FifoShape& shape,
 }
 
 loomResult_t IbComm::newReceiver(const ConnectionKey& key, const FifoShape& shape, std::unique_ptr<Endpoint>* out) {
-  uint32_t id;
-  {
-    std::lock_guard<std::mutex> lock(idMutex_);
-    id = nextId_++;
-  }
-  auto conn = std::make_shared<IbConn>(false, key.sender, key.channel, shape, doorbell(), id, verbs_);
-  if (!conn->fifo.valid())
-    return LOOM_FAIL(loomSystemError, NET, "ib: cannot allocate the FIFO %s", conn->name().c_str());
-  conn->fifoMr = verbs_->regMr(pd_, conn->fifo.view().header, conn->fifo.bytes(),
-                               IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  const size_t ctsBytes = (shape.depth * sizeof(CtsEntry) + 4095) / 4096 * 4096;
-  conn->cts.verbs = verbs_;
-  conn->cts.memory = std::aligned_alloc(4096, ctsBytes);
-  if (conn->cts.memory != nullptr) conn->cts.mr = verbs_->regMr(pd_, conn->cts.memory, ctsBytes, IBV_ACCESS_LOCAL_WRITE);
-  if (conn->fifoMr == nullptr || conn->cts.mr == nullptr)
-    return LOOM_FAIL(loomSystemError, NET, "ib: cannot register the memory of the connection %s: %s",
-                     conn->name().c_str(), std::strerror(errno));
+  std::shared_ptr<IbConn> conn;
+  LOOM_CHECK(newConn(false, key.sender, key.channel, shape, &conn));
   return attach(std::move(conn), out);
 }
 
@@ -539,7 +529,7 @@ bool IbComm::acceptSender(IbConn& conn, Arrival& arrival) {
   ssize_t n = recv(arrival.fd.get(), info, kInfoBytes, MSG_DONTWAIT | MSG_PEEK);
   if (n >= 0 && n < static_cast<ssize_t>(kInfoBytes) && n != 0) return false;  // not all there yet
   if (n <= 0) {
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    if (n < 0 && wouldBlock(errno)) return false;
     conn.control = std::move(arrival.fd);
     fail(conn, "was closed by the sender while connecting", n < 0 ? errno : 0);
     return true;
@@ -795,7 +785,7 @@ bool IbComm::readControl(IbConn& conn) {
       return true;
     }
     if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return any;
+      if (wouldBlock(errno)) return any;
       fail(conn, "lost its control connection", errno);
       return true;
     }
@@ -831,15 +821,20 @@ void IbComm::controlClosed(IbConn& conn) {
   if (!conn.closed) peerClosed(conn);
 }
 
-bool IbComm::watchControls(int timeoutMs) {
-  std::vector<pollfd> fds;
-  std::vector<IbConn*> polled;
+// Appends a pollfd for each open control socket to *fds, and its connection to *polled.
+void IbComm::addControls(std::vector<pollfd>* fds, std::vector<IbConn*>* polled) {
   for (auto& base : conns_) {
     auto& conn = static_cast<IbConn&>(*base);
     if (conn.closed || !conn.control.valid()) continue;
-    fds.push_back({conn.control.get(), POLLIN, 0});
-    polled.push_back(&conn);
+    fds->push_back({conn.control.get(), POLLIN, 0});
+    polled->push_back(&conn);
   }
+}
+
+bool IbComm::watchControls(int timeoutMs) {
+  std::vector<pollfd> fds;
+  std::vector<IbConn*> polled;
+  addControls(&fds, &polled);
   if (fds.empty() || poll(fds.data(), fds.size(), timeoutMs) <= 0) return false;
   bool any = false;
   for (size_t i = 0; i < fds.size(); ++i)
@@ -888,12 +883,7 @@ void IbComm::sleep(int64_t micros) {
   }
   std::vector<pollfd> fds{{doorbell(), POLLIN, 0}, {channel_->fd, POLLIN, 0}};
   std::vector<IbConn*> polled;
-  for (auto& base : conns_) {
-    auto& conn = static_cast<IbConn&>(*base);
-    if (conn.closed || !conn.control.valid()) continue;
-    fds.push_back({conn.control.get(), POLLIN, 0});
-    polled.push_back(&conn);
-  }
+  addControls(&fds, &polled);
   for (const Arrival& arrival : waiting_) fds.push_back({arrival.fd.get(), POLLIN, 0});
   timespec timeout{0, static_cast<long>(micros * 1000)};
   if (ppoll(fds.data(), fds.size(), &timeout, nullptr) <= 0) return;

@@ -6,16 +6,24 @@
 // A proxied transport (proxy.h): each end keeps a FIFO in its own memory, and the communicator's proxy thread moves
 // the messages. A communicator has one UCP context and worker; the worker addresses are exchanged at init through
 // the bootstrap; an endpoint is made per peer the first time a connection needs it (either direction: the
-// endpoint's error handler is how a dead peer is seen). Each FIFO message is one tagged send, received straight
-// into the receiving FIFO's next Simple slot (an LL message is then copied into its LL slot), and the proxy keeps
-// one send and one receive in flight per connection.
+// endpoint's error handler is how a dead peer is seen). The proxy keeps one message and one receive in flight per
+// connection.
 //
-// Tags: bits 63-60 the kind (0 Simple, 1 LL, 2 abort notice), bit 59 set for a notice going back from a
-// receiver to its sender, bits 58-40 the message's sequence number on its connection (modulo 2^19), bits 39-24
-// the channel, bits 23-0 the rank that sent the tagged message. A receiving connection matches its next message
-// exactly, whatever its kind, so each message lands in the slot posted for it. A sending connection listens for the
-// notice back. An executor that gives up has the proxy send an abort notice to the peer (kAbortedByPeer there); an
-// endpoint error marks every connection with that peer kConnectionLost.
+// Messages. The receiving proxy posts a tagged receive for each message straight into the FIFO's next Simple slot,
+// and tells the sender that slot is free with a clear-to-send (CTS) back: the slot's address, where the FIFO keeps
+// its size, and, in the first one, the key of the FIFO, which the receiver maps with ucp_mem_map. A Simple
+// message of kPutMinBytes or more whose CTS has come goes by RMA: put into the slot, its size put beside it, the
+// endpoint flushed (the puts are then complete at the receiver), and a zero-length "put" notice sent on the
+// message's tag. Anything else is one tagged send of the payload, received in the slot as it is (an LL message is
+// then copied into its LL slot). Either way the receive posted for the message takes it.
+//
+// Tags: bits 63-60 the kind (0 Simple, 1 LL, 2 abort notice, 3 put notice, 4 CTS), bit 59 set for what goes back
+// from a receiver to its sender, bits 58-40 the message's sequence number on its connection (modulo 2^19), bits
+// 39-24 the channel, bits 23-0 the rank that sent the tagged message. A receiving connection matches its next
+// message exactly, whatever its kind, so each message lands in the slot posted for it. A sending connection
+// listens for anything back (CTS, abort notice), in order. An executor that gives up has the proxy send an abort
+// notice to the peer (kAbortedByPeer there); an endpoint error marks every connection with that peer
+// kConnectionLost.
 #include "transports/proxy.h"
 
 #include <dlfcn.h>
@@ -35,10 +43,14 @@
 namespace loom {
 namespace {
 
-constexpr uint64_t kKindSimple = 0, kKindLL = 1, kKindAbort = 2;
+constexpr uint64_t kKindSimple = 0, kKindLL = 1, kKindAbort = 2, kKindPut = 3, kKindCts = 4;
+constexpr size_t kPutMinBytes = 16384;   // smaller messages go as tagged sends: one trip instead of three
+constexpr size_t kBackBytes = 4096;      // a sending connection's buffer for what comes back (a CTS with keys)
+constexpr size_t kCtsBytes = 24;         // a CTS without keys: slot address, size address, sequence
 constexpr uint64_t kBackward = uint64_t{1} << 59;
 constexpr uint64_t kSequenceMask = (uint64_t{1} << 19) - 1;
 constexpr uint64_t kMatchAllButKind = ~(uint64_t{0xf} << 60);
+constexpr uint64_t kMatchBackward = ~(uint64_t{0xf} << 60 | kSequenceMask << 40);  // any kind, any sequence
 constexpr uint64_t kMatchAll = ~uint64_t{0};
 constexpr int64_t kCloseWaitMs = 2000;  // endpoints and requests at destruction
 
@@ -68,6 +80,16 @@ struct UcxApi {
   decltype(&ucp_request_check_status) requestCheckStatus = nullptr;
   decltype(&ucp_request_cancel) requestCancel = nullptr;
   decltype(&ucp_request_free) requestFree = nullptr;
+  decltype(&ucp_mem_map) memMap = nullptr;
+  decltype(&ucp_mem_unmap) memUnmap = nullptr;
+  decltype(&ucp_rkey_pack) rkeyPack = nullptr;
+  decltype(&ucp_rkey_buffer_release) rkeyBufferRelease = nullptr;
+  decltype(&ucp_ep_rkey_unpack) epRkeyUnpack = nullptr;
+  decltype(&ucp_rkey_destroy) rkeyDestroy = nullptr;
+  decltype(&ucp_put_nbx) putNbx = nullptr;
+  decltype(&ucp_ep_flush_nbx) epFlushNbx = nullptr;
+  decltype(&ucp_tag_probe_nb) tagProbeNb = nullptr;
+  decltype(&ucp_tag_msg_recv_nbx) tagMsgRecvNbx = nullptr;
   decltype(&ucs_status_string) statusString = nullptr;
   std::string why;  // empty once loaded
 };
@@ -108,6 +130,16 @@ const UcxApi& ucx() {
     load(a.requestCheckStatus, ucp, "ucp_request_check_status");
     load(a.requestCancel, ucp, "ucp_request_cancel");
     load(a.requestFree, ucp, "ucp_request_free");
+    load(a.memMap, ucp, "ucp_mem_map");
+    load(a.memUnmap, ucp, "ucp_mem_unmap");
+    load(a.rkeyPack, ucp, "ucp_rkey_pack");
+    load(a.rkeyBufferRelease, ucp, "ucp_rkey_buffer_release");
+    load(a.epRkeyUnpack, ucp, "ucp_ep_rkey_unpack");
+    load(a.rkeyDestroy, ucp, "ucp_rkey_destroy");
+    load(a.putNbx, ucp, "ucp_put_nbx");
+    load(a.epFlushNbx, ucp, "ucp_ep_flush_nbx");
+    load(a.tagProbeNb, ucp, "ucp_tag_probe_nb");
+    load(a.tagMsgRecvNbx, ucp, "ucp_tag_msg_recv_nbx");
     load(a.statusString, ucs, "ucs_status_string");
     return a;
   }();
@@ -117,15 +149,40 @@ const UcxApi& ucx() {
 const char* statusText(ucs_status_t status) { return ucx().statusString ? ucx().statusString(status) : "?"; }
 
 struct UcxConn : ProxyConn {
-  using ProxyConn::ProxyConn;
-  void* request = nullptr;  // the send or receive in flight (nullptr: none)
+  UcxConn(bool sends, int peer, int channel, const FifoShape& shape, int doorbell, ucp_context_h context)
+      : ProxyConn(sends, peer, channel, shape, doorbell), context(context) {}
+  ~UcxConn() override {
+    if (rkey != nullptr) ucx().rkeyDestroy(rkey);
+    if (memh != nullptr) ucx().memUnmap(context, memh);
+  }
+
+  const ucp_context_h context;
+  void* request = nullptr;  // the send, flush or receive in flight (nullptr: none)
   uint64_t sequence = 0;    // of the next message sent or received
   bool receiving = false;   // a receive was posted and has not been delivered
   bool received = false;    // ... and it has ended, with recvStatus and info
   ucs_status_t recvStatus = UCS_OK;
   ucp_tag_recv_info_t info{};
-  void* notice = nullptr;  // a sending connection's receive of the abort notice back
-  bool noticed = false;    // ... which has ended
+  // Receiving side: the FIFO mapped for puts, and its key, packed, for the first CTS.
+  ucp_mem_h memh = nullptr;
+  std::vector<uint8_t> packedKey;
+  // Sending side: the receive of what comes back (CTS, abort notice), its buffer, and what came.
+  void* back = nullptr;
+  bool backDone = false;
+  ucs_status_t backStatus = UCS_OK;
+  ucp_tag_recv_info_t backInfo{};
+  std::vector<uint8_t> backBuffer;
+  ucp_rkey_h rkey = nullptr;  // the receiver's FIFO
+  struct Cts {
+    uint64_t slot = 0;  // where message `sequence` may be put, and its size
+    uint64_t size = 0;
+    uint64_t sequence = UINT64_MAX;
+  };
+  std::vector<Cts> cts;        // by sequence modulo the FIFO's depth
+  bool putting = false;        // the message in flight went by RMA: `request` is the flush, then the notice
+  bool flushed = false;        // ... and the flush has ended: `request` is the notice
+  uint64_t putSize = 0;        // the size put beside the slot (alive until the flush ends)
+  uint64_t putSequence = 0;
 };
 
 // Receive completions, called from ucp_worker_progress on the proxy thread.
@@ -135,7 +192,12 @@ void onReceived(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, voi
   conn->recvStatus = status;
   if (info != nullptr) conn->info = *info;
 }
-void onNoticed(void*, ucs_status_t, const ucp_tag_recv_info_t*, void* user) { static_cast<UcxConn*>(user)->noticed = true; }
+void onBack(void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+  auto* conn = static_cast<UcxConn*>(user);
+  conn->backDone = true;
+  conn->backStatus = status;
+  if (info != nullptr) conn->backInfo = *info;
+}
 
 // A tagged receive that always reports its end through `callback`: UCX 1.13 was seen to leave the receive
 // information unfilled when a receive completed at once.
@@ -169,11 +231,15 @@ class UcxComm : public ProxyComm {
 
   ~UcxComm() override {
     stopProxy();
+    if (puts_ > 0)
+      LOOM_INFO(NET, "rank %d: %llu messages went by RMA put over ucx", context().rank,
+                static_cast<unsigned long long>(puts_));
     closeAll();
   }
 
   loomResult_t start();
   loomResult_t open(ucp_address_t** address, size_t* length);
+  ucp_context_h ucpContext() const { return ucpContext_; }
 
  private:
   bool progress() override {
@@ -203,6 +269,11 @@ class UcxComm : public ProxyComm {
       ucx().requestFree(orphan.request);
       return true;
     });
+    std::erase_if(sending_, [](const auto& send) {
+      if (ucx().requestCheckStatus(send.first) == UCS_INPROGRESS) return false;
+      ucx().requestFree(send.first);
+      return true;
+    });
     return moved;
   }
   bool pump(ProxyConn& conn) override;
@@ -212,6 +283,11 @@ class UcxComm : public ProxyComm {
 
   bool pumpOut(UcxConn& conn);
   bool pumpIn(UcxConn& conn);
+  bool takeCts(UcxConn& conn);
+  bool startPut(UcxConn& conn, const UcxConn::Cts& cleared, uint64_t sequence);
+  bool sendPutNotice(UcxConn& conn);
+  void finishMessage(UcxConn& conn);
+  bool clearToSend(UcxConn& conn, uint64_t sequence);
   ucp_ep_h endpoint(int peer);
   static void onEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
   void closeAll();
@@ -229,6 +305,9 @@ class UcxComm : public ProxyComm {
     std::shared_ptr<ProxyConn> conn;
   };
   std::vector<Orphan> orphans_;
+  // CTS sends on their way, with their buffers.
+  std::vector<std::pair<void*, std::unique_ptr<uint8_t[]>>> sending_;
+  uint64_t puts_ = 0;  // messages sent by RMA, for the log line at the end
   std::mutex failedMutex_;
   std::vector<std::pair<int, ucs_status_t>> failed_;  // peers whose endpoint failed, and why (the error handler)
 };
@@ -271,7 +350,7 @@ loomResult_t UcxComm::open(ucp_address_t** address, size_t* length) {
   if (status != UCS_OK) return LOOM_FAIL(loomSystemError, NET, "ucx: ucp_config_read: %s", statusText(status));
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
   status = api.initVersion(UCP_API_MAJOR, UCP_API_MINOR, &params, config, &ucpContext_);
   api.configRelease(config);
   if (status != UCS_OK) return LOOM_FAIL(loomSystemError, NET, "ucx: ucp_init: %s (UCX_TLS?)", statusText(status));
@@ -333,22 +412,36 @@ bool UcxComm::pump(ProxyConn& base) {
   return conn.sends ? pumpOut(conn) : pumpIn(conn);
 }
 
-// Sending side: one tagged send in flight; the next once it has ended, as the FIFO's next message.
+// Sending side: what came back (CTS, abort notice), then one message in flight, the next once it has ended.
 bool UcxComm::pumpOut(UcxConn& conn) {
   bool progressed = false;
-  if (conn.notice == nullptr) {
-    void* request = postReceive(worker_, nullptr, 0, tagOf(kKindAbort, true, 0, conn.channel, conn.peer), kMatchAll,
-                                &conn, onNoticed);
+  if (conn.back == nullptr) {
+    if (conn.backBuffer.empty()) {
+      conn.backBuffer.resize(kBackBytes);
+      conn.cts.resize(static_cast<size_t>(conn.shape.depth));
+    }
+    conn.backDone = false;
+    void* request = postReceive(worker_, conn.backBuffer.data(), kBackBytes, tagOf(0, true, 0, conn.channel, conn.peer),
+                                kMatchBackward, &conn, onBack);
     if (UCS_PTR_IS_ERR(request)) {
-      fail(conn, std::string("cannot listen for notices: ") + statusText(UCS_PTR_STATUS(request)));
+      fail(conn, std::string("cannot listen for what its receiver sends back: ") + statusText(UCS_PTR_STATUS(request)));
       return true;
     }
-    conn.notice = request;
-  } else if (conn.noticed) {
-    ucx().requestFree(conn.notice);
-    conn.notice = nullptr;
-    peerGaveUp(conn);
-    return true;
+    conn.back = request;
+  } else if (conn.backDone) {
+    ucx().requestFree(conn.back);
+    conn.back = nullptr;
+    progressed = true;
+    if (conn.backStatus != UCS_OK) {
+      fail(conn, std::string("could not receive from its receiver: ") + statusText(conn.backStatus));
+      return true;
+    }
+    if (conn.backInfo.sender_tag >> 60 == kKindAbort) {
+      peerGaveUp(conn);
+      return true;
+    }
+    if (!takeCts(conn)) return true;
+    return pumpOut(conn);  // listen again at once
   }
   for (;;) {
     if (conn.request != nullptr) {
@@ -357,37 +450,165 @@ bool UcxComm::pumpOut(UcxConn& conn) {
       ucx().requestFree(conn.request);
       conn.request = nullptr;
       if (status != UCS_OK) {
-        fail(conn, std::string("could not send: ") + statusText(status));
+        fail(conn, std::string(conn.putting && !conn.flushed ? "could not put: " : "could not send: ") +
+                       statusText(status));
         return true;
       }
-      conn.drain->release();
-      conn.inFrame = false;
-      ++sent_;
       progressed = true;
+      if (conn.putting && !conn.flushed) {
+        conn.flushed = true;
+        if (!sendPutNotice(conn)) return true;
+        if (conn.request != nullptr) return progressed;
+      }
+      finishMessage(conn);
     }
     bool bad = false;
     if (!nextOutgoing(conn, &bad)) {
       if (bad) fail(conn, "was given a direct message that is not in this process's memory");
       return progressed || bad;
     }
+    conn.inFrame = true;
+    progressed = true;
+    const uint64_t sequence = conn.sequence++;
+    const UcxConn::Cts& cleared = conn.cts[sequence % conn.cts.size()];
+    if (conn.protocol == Protocol::kSimple && conn.payloadBytes >= kPutMinBytes && conn.rkey != nullptr &&
+        cleared.sequence == sequence) {
+      if (!startPut(conn, cleared, sequence)) return true;
+      if (conn.request != nullptr) return progressed;
+      continue;  // flushed at once: the notice went out too, or is on its way
+    }
     uint64_t kind = conn.protocol == Protocol::kLL ? kKindLL : kKindSimple;
     ucp_request_param_t param{};
     void* request = ucx().tagSendNbx(endpoint(conn.peer), conn.payload, conn.payloadBytes,
-                                     tagOf(kind, false, conn.sequence++, conn.channel, context().rank), &param);
+                                     tagOf(kind, false, sequence, conn.channel, context().rank), &param);
     if (UCS_PTR_IS_ERR(request)) {
       fail(conn, std::string("could not send: ") + statusText(UCS_PTR_STATUS(request)));
       return true;
     }
-    conn.inFrame = true;
-    progressed = true;
     if (request != nullptr) {
       conn.request = request;
       return progressed;
     }
-    conn.drain->release();  // sent at once
-    conn.inFrame = false;
-    ++sent_;
+    finishMessage(conn);  // sent at once
   }
+}
+
+// A CTS came back: where the message it names may be put, and, the first time, the key of the receiver's FIFO.
+bool UcxComm::takeCts(UcxConn& conn) {
+  const uint8_t* in = conn.backBuffer.data();
+  const size_t length = conn.backInfo.length;
+  if (length < kCtsBytes) {
+    fail(conn, "got a clear-to-send too short to read");
+    return false;
+  }
+  UcxConn::Cts cts;
+  std::memcpy(&cts.slot, in, 8);
+  std::memcpy(&cts.size, in + 8, 8);
+  std::memcpy(&cts.sequence, in + 16, 8);
+  if (length > kCtsBytes && conn.rkey == nullptr) {
+    ucs_status_t status = ucx().epRkeyUnpack(endpoint(conn.peer), in + kCtsBytes, &conn.rkey);
+    if (status != UCS_OK) {
+      // Without the key every message goes as a tagged send, which is still right.
+      LOOM_INFO(NET, "ucx: connection %s cannot use its receiver's key (%s): tagged sends only", conn.name().c_str(),
+                statusText(status));
+      conn.rkey = nullptr;
+    }
+  }
+  conn.cts[cts.sequence % conn.cts.size()] = cts;
+  return true;
+}
+
+// Puts the message and its size into the receiver's FIFO, then flushes the endpoint: `request` is the flush.
+bool UcxComm::startPut(UcxConn& conn, const UcxConn::Cts& cleared, uint64_t sequence) {
+  ucp_ep_h ep = endpoint(conn.peer);
+  conn.putting = true;
+  conn.flushed = false;
+  conn.putSize = conn.payloadBytes;
+  conn.putSequence = sequence;
+  const std::pair<const void*, std::pair<size_t, uint64_t>> puts[] = {
+      {conn.payload, {conn.payloadBytes, cleared.slot}}, {&conn.putSize, {sizeof(conn.putSize), cleared.size}}};
+  for (const auto& [from, where] : puts) {
+    ucp_request_param_t param{};
+    void* request = ucx().putNbx(ep, from, where.first, where.second, conn.rkey, &param);
+    if (UCS_PTR_IS_ERR(request)) {
+      fail(conn, std::string("could not put: ") + statusText(UCS_PTR_STATUS(request)));
+      return false;
+    }
+    if (request != nullptr) orphans_.push_back({request, nullptr});  // the flush below covers it; freed when done
+  }
+  ucp_request_param_t param{};
+  void* flush = ucx().epFlushNbx(ep, &param);
+  if (UCS_PTR_IS_ERR(flush)) {
+    fail(conn, std::string("could not flush its puts: ") + statusText(UCS_PTR_STATUS(flush)));
+    return false;
+  }
+  conn.request = flush;
+  if (flush != nullptr) return true;
+  conn.flushed = true;
+  if (!sendPutNotice(conn)) return false;
+  if (conn.request == nullptr) finishMessage(conn);
+  return true;
+}
+
+// The puts are complete at the receiver: the zero-length notice on the message's own tag hands it over.
+bool UcxComm::sendPutNotice(UcxConn& conn) {
+  ucp_request_param_t param{};
+  void* request = ucx().tagSendNbx(endpoint(conn.peer), nullptr, 0,
+                                   tagOf(kKindPut, false, conn.putSequence, conn.channel, context().rank), &param);
+  if (UCS_PTR_IS_ERR(request)) {
+    fail(conn, std::string("could not send: ") + statusText(UCS_PTR_STATUS(request)));
+    return false;
+  }
+  conn.request = request;
+  return true;
+}
+
+void UcxComm::finishMessage(UcxConn& conn) {
+  if (conn.putting) ++puts_;
+  conn.putting = false;
+  conn.flushed = false;
+  conn.drain->release();
+  conn.inFrame = false;
+  ++sent_;
+}
+
+// Receiving side: the FIFO's next Simple slot is free: a receive posted into it, and a CTS back for it.
+bool UcxComm::clearToSend(UcxConn& conn, uint64_t sequence) {
+  if (conn.memh == nullptr && conn.packedKey.empty()) {
+    // First: map the FIFO (header and slots) so that the sender can put into it, and pack its key.
+    ucp_mem_map_params_t params{};
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    params.address = conn.fifo.view().header;
+    params.length = conn.fifo.bytes();
+    void* packed = nullptr;
+    size_t packedBytes = 0;
+    ucs_status_t status = ucx().memMap(ucpContext_, &params, &conn.memh);
+    if (status == UCS_OK) status = ucx().rkeyPack(ucpContext_, conn.memh, &packed, &packedBytes);
+    if (status == UCS_OK && packedBytes <= kBackBytes - kCtsBytes) {
+      conn.packedKey.assign(static_cast<uint8_t*>(packed), static_cast<uint8_t*>(packed) + packedBytes);
+    } else {
+      LOOM_INFO(NET, "ucx: connection %s takes tagged sends only (mapping its FIFO: %s)", conn.name().c_str(),
+                statusText(status));
+      conn.packedKey.assign(1, 0);  // looked at once; the CTS carries no key
+    }
+    if (packed != nullptr) ucx().rkeyBufferRelease(packed);
+  }
+  const size_t index = sequence % static_cast<uint64_t>(conn.shape.depth);
+  const bool withKey = sequence == 0 && conn.memh != nullptr;
+  auto buffer = std::make_unique<uint8_t[]>(kCtsBytes + (withKey ? conn.packedKey.size() : 0));
+  uint64_t fields[3] = {reinterpret_cast<uint64_t>(conn.payload),
+                        reinterpret_cast<uint64_t>(&conn.fifo.view().header->sizes[index]), sequence};
+  std::memcpy(buffer.get(), fields, kCtsBytes);
+  if (withKey) std::memcpy(buffer.get() + kCtsBytes, conn.packedKey.data(), conn.packedKey.size());
+  ucp_request_param_t param{};
+  void* request = ucx().tagSendNbx(endpoint(conn.peer), buffer.get(), kCtsBytes + (withKey ? conn.packedKey.size() : 0),
+                                   tagOf(kKindCts, true, sequence, conn.channel, context().rank), &param);
+  if (UCS_PTR_IS_ERR(request)) {
+    fail(conn, std::string("could not clear its sender to send: ") + statusText(UCS_PTR_STATUS(request)));
+    return false;
+  }
+  if (request != nullptr) sending_.push_back({request, std::move(buffer)});
+  return true;
 }
 
 // Receiving side: one tagged receive in flight, straight into the FIFO's next Simple slot.
@@ -400,8 +621,9 @@ bool UcxComm::pumpIn(UcxConn& conn) {
       if (conn.wantSlot) return progressed;
       conn.payload = static_cast<std::byte*>(slot);
       conn.received = false;
+      const uint64_t sequence = conn.sequence++;
       void* request = postReceive(worker_, slot, fifoPayloadBytes(conn.shape, Protocol::kSimple),
-                                  tagOf(0, false, conn.sequence++, conn.channel, conn.peer), kMatchAllButKind, &conn,
+                                  tagOf(0, false, sequence, conn.channel, conn.peer), kMatchAllButKind, &conn,
                                   onReceived);
       if (UCS_PTR_IS_ERR(request)) {
         fail(conn, std::string("could not receive: ") + statusText(UCS_PTR_STATUS(request)));
@@ -409,6 +631,7 @@ bool UcxComm::pumpIn(UcxConn& conn) {
       }
       conn.receiving = true;
       conn.request = request;
+      if (!clearToSend(conn, sequence)) return true;
     }
     if (!conn.received) return progressed;
     if (conn.request != nullptr) ucx().requestFree(conn.request);
@@ -426,7 +649,16 @@ bool UcxComm::pumpIn(UcxConn& conn) {
       peerGaveUp(conn);
       return true;
     }
-    if (kind == kKindLL) {
+    if (kind == kKindPut) {
+      // The sender put the payload into this slot and its size into the FIFO's size of the slot.
+      const size_t index = (conn.sequence - 1) % static_cast<uint64_t>(conn.shape.depth);
+      bytes = conn.fifo.view().header->sizes[index].load(std::memory_order_acquire);
+      if (bytes > fifoPayloadBytes(conn.shape, Protocol::kSimple)) {
+        fail(conn, "was put a message larger than a slot");
+        return true;
+      }
+      conn.fill->post(Protocol::kSimple, bytes);
+    } else if (kind == kKindLL) {
       if (bytes > fifoPayloadBytes(conn.shape, Protocol::kLL)) {
         fail(conn, "received an LL message larger than an LL slot");
         return true;
@@ -460,9 +692,9 @@ void UcxComm::shutNetwork(ProxyConn& base, bool) {
   std::shared_ptr<ProxyConn> keep;
   for (auto& held : conns_)
     if (held.get() == &base) keep = held;
-  for (void** request : {&conn.request, &conn.notice}) {
+  for (void** request : {&conn.request, &conn.back}) {
     if (*request == nullptr) continue;
-    if (!conn.sends || request == &conn.notice) ucx().requestCancel(worker_, *request);
+    if (!conn.sends || request == &conn.back) ucx().requestCancel(worker_, *request);
     orphans_.push_back({*request, keep});
     *request = nullptr;
   }
@@ -484,6 +716,42 @@ void UcxComm::closeAll() {
     return;
   }
   const UcxApi& api = ucx();
+  // The requests first (a connection they keep holds a key that must go before its endpoint), then the endpoints.
+  Deadline deadline(kCloseWaitMs);
+  auto settle = [&](std::vector<Orphan>* list) {
+    while (!list->empty() && !deadline.expired()) {
+      api.workerProgress(worker_);
+      std::erase_if(*list, [&](const Orphan& orphan) {
+        if (api.requestCheckStatus(orphan.request) == UCS_INPROGRESS) return false;
+        api.requestFree(orphan.request);
+        return true;
+      });
+    }
+  };
+  for (const Orphan& orphan : orphans_) api.requestCancel(worker_, orphan.request);
+  for (auto& [request, buffer] : sending_) orphans_.push_back({request, nullptr});
+  settle(&orphans_);
+  if (!orphans_.empty()) {
+    LOOM_WARN(NET, "ucx: rank %d: %zu request(s) had not ended after %lld ms; leaving them", context().rank,
+              orphans_.size(), static_cast<long long>(kCloseWaitMs));
+    for (auto& [request, buffer] : sending_) (void)buffer.release();  // a send may still read it: never freed
+  }
+  sending_.clear();
+  orphans_.clear();  // the connections they kept go now, with their keys and mappings
+  // Messages no receive will take: the CTS for the message that never came after a connection's last, an abort
+  // notice too late. Taken here, or UCX complains of them when the worker goes.
+  std::vector<uint8_t> scratch;
+  for (ucp_tag_recv_info_t info{}; !deadline.expired();) {
+    ucp_tag_message_h message = api.tagProbeNb(worker_, 0, 0, 1, &info);
+    if (message == nullptr) break;
+    scratch.resize(std::max<size_t>(info.length, 1));
+    ucp_request_param_t take{};
+    void* request = api.tagMsgRecvNbx(worker_, scratch.data(), info.length, message, &take);
+    if (UCS_PTR_IS_ERR(request)) break;
+    std::vector<Orphan> one;
+    if (request != nullptr) one.push_back({request, nullptr});
+    settle(&one);
+  }
   std::vector<Orphan> closing;
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -492,21 +760,7 @@ void UcxComm::closeAll() {
     void* request = api.epCloseNbx(ep, &param);
     if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing.push_back({request, nullptr});
   }
-  for (const Orphan& orphan : orphans_) api.requestCancel(worker_, orphan.request);
-  Deadline deadline(kCloseWaitMs);
-  while ((!closing.empty() || !orphans_.empty()) && !deadline.expired()) {
-    api.workerProgress(worker_);
-    for (auto* list : {&closing, &orphans_}) {
-      std::erase_if(*list, [&](const Orphan& orphan) {
-        if (api.requestCheckStatus(orphan.request) == UCS_INPROGRESS) return false;
-        api.requestFree(orphan.request);
-        return true;
-      });
-    }
-  }
-  if (!orphans_.empty())
-    LOOM_WARN(NET, "ucx: rank %d: %zu request(s) had not ended after %lld ms; leaving them", context().rank,
-              orphans_.size(), static_cast<long long>(kCloseWaitMs));
+  settle(&closing);
   api.workerDestroy(worker_);
   api.cleanup(ucpContext_);
 }
@@ -544,7 +798,7 @@ class UcxTransport : public Transport {
   // Either end: UCX connects on the first message, so both are ready at once.
   static loomResult_t open(UcxComm* comm, bool sends, int peer, int channel, const FifoShape& shape,
                            std::unique_ptr<Endpoint>* out) {
-    auto conn = std::make_shared<UcxConn>(sends, peer, channel, shape, comm->doorbell());
+    auto conn = std::make_shared<UcxConn>(sends, peer, channel, shape, comm->doorbell(), comm->ucpContext());
     conn->connected = true;
     return comm->attach(std::move(conn), out);
   }
