@@ -10,7 +10,8 @@
 # 2. 2 ranks on one host, unshaped, over loopback: loom over tcp (LOOM_TRANSPORTS=tcp) against Gloo's TCP
 #    transport (perf/peers/gloo_perf), 1 to 64 MiB, in one run, with the ceiling: what TCP moves each way
 #    between two processes that send and receive at once (perf/tcp_ceiling), which bounds a 2-rank busbw.
-# 3. 2 hosts x 1 rank, unshaped: LOOM_NET=tcp against LOOM_NET=ucx (UCX over the hosts' eth0), 1 to 64 MiB.
+# 3. 2 hosts x 1 rank, unshaped: LOOM_NET=tcp against LOOM_NET=ucx (UCX over the hosts' eth0), 1 to 64 MiB, ucx
+#    with its RMA puts (LOOM_UCX_PUT_BYTES=16384, the default) and with tagged sends only (0).
 # Prints each table as the perf programs do and a summary of ratios at every size, with the command lines.
 set -u
 build=build
@@ -60,22 +61,25 @@ pair "$NETNS_WORK/ring.busbw" "$NETNS_WORK/hierarchical.busbw" |
 
 # 3. 2 hosts x 1 rank, unshaped: tcp against ucx between the hosts.
 netns_unshape 0 && netns_unshape 1
-for net in tcp ucx; do
-  if [ "$net" = ucx ] && ! ldconfig -p | grep -q 'libucp\.so\.0'; then
-    echo "## ucx: libucp.so.0 not installed: skipped"
+# ucx twice: as it runs by default (RMA puts from 16 KiB), and with tagged sends only (LOOM_UCX_PUT_BYTES=0).
+for net in tcp ucx ucx-tagged; do
+  if [ "$net" != tcp ] && ! ldconfig -p | grep -q 'libucp\.so\.0'; then
+    echo "## $net: libucp.so.0 not installed: skipped"
     continue
   fi
-  export LOOM_NET=$net UCX_NET_DEVICES=eth0
-  NETNS_PASS="LOOM_TIMEOUT_MS LOOM_NET UCX_NET_DEVICES"
+  export LOOM_NET=${net%-tagged} UCX_NET_DEVICES=eth0 LOOM_UCX_PUT_BYTES=16384
+  [ "$net" = ucx-tagged ] && LOOM_UCX_PUT_BYTES=0
+  NETNS_PASS="LOOM_TIMEOUT_MS LOOM_NET UCX_NET_DEVICES LOOM_UCX_PUT_BYTES"
   sizes="-b 1M -e 64M -f 4"
-  job "net-$net" 1 "2 hosts x 1 rank, unshaped veth, LOOM_NET=$net"
+  job "net-$net" 1 "2 hosts x 1 rank, unshaped veth, LOOM_NET=$LOOM_NET LOOM_UCX_PUT_BYTES=$LOOM_UCX_PUT_BYTES"
 done
-unset LOOM_NET UCX_NET_DEVICES
-if [ -s "$NETNS_WORK/net-ucx.busbw" ]; then
-  echo "## ucx / tcp busbw, 2 hosts x 1 rank"
-  pair "$NETNS_WORK/net-tcp.busbw" "$NETNS_WORK/net-ucx.busbw" |
-    awk '{ printf "%12d B  tcp %6.3f GB/s  ucx %6.3f GB/s  ratio %.2f\n", $1, $2, $3, ($2 > 0 ? $3 / $2 : 0) }'
-fi
+unset LOOM_NET UCX_NET_DEVICES LOOM_UCX_PUT_BYTES
+for variant in ucx ucx-tagged; do
+  [ -s "$NETNS_WORK/net-$variant.busbw" ] || continue
+  echo "## $variant / tcp busbw, 2 hosts x 1 rank"
+  pair "$NETNS_WORK/net-tcp.busbw" "$NETNS_WORK/net-$variant.busbw" |
+    awk -v v="$variant" '{ printf "%12d B  tcp %6.3f GB/s  %s %6.3f GB/s  ratio %.2f\n", $1, $2, v, $3, ($2 > 0 ? $3 / $2 : 0) }'
+done
 
 loomrun=$build/tools/loomrun
 echo "## the ceiling: TCP over loopback, both ways at once: $build/perf/tcp_ceiling 256M 5"

@@ -12,9 +12,9 @@
 // Messages. The receiving proxy posts a tagged receive for each message straight into the FIFO's next Simple slot,
 // and tells the sender that slot is free with a clear-to-send (CTS) back: the slot's address, where the FIFO keeps
 // its size, and, in the first one, the key of the FIFO, which the receiver maps with ucp_mem_map. A Simple
-// message of kPutMinBytes or more whose CTS has come goes by RMA: put into the slot, its size put beside it, the
-// endpoint flushed (the puts are then complete at the receiver), and a zero-length "put" notice sent on the
-// message's tag. Anything else is one tagged send of the payload, received in the slot as it is (an LL message is
+// message of LOOM_UCX_PUT_BYTES or more whose CTS has come goes by RMA: put into the slot, its size put beside
+// it, the endpoint flushed (the puts are then complete at the receiver), and a zero-length "put" notice sent on
+// the message's tag. Anything else is one tagged send of the payload, received in the slot as it is (an LL message is
 // then copied into its LL slot). Either way the receive posted for the message takes it.
 //
 // Tags: bits 63-60 the kind (0 Simple, 1 LL, 2 abort notice, 3 put notice, 4 CTS), bit 59 set for what goes back
@@ -39,12 +39,12 @@
 #include "src/core/bootstrap.h"
 #include "src/core/check.h"
 #include "src/core/log.h"
+#include "src/core/params.h"
 
 namespace loom {
 namespace {
 
 constexpr uint64_t kKindSimple = 0, kKindLL = 1, kKindAbort = 2, kKindPut = 3, kKindCts = 4;
-constexpr size_t kPutMinBytes = 16384;   // smaller messages go as tagged sends: one trip instead of three
 constexpr size_t kBackBytes = 4096;      // a sending connection's buffer for what comes back (a CTS with keys)
 constexpr size_t kCtsBytes = 24;         // a CTS without keys: slot address, size address, sequence
 constexpr uint64_t kBackward = uint64_t{1} << 59;
@@ -308,6 +308,7 @@ class UcxComm : public ProxyComm {
   // CTS sends on their way, with their buffers.
   std::vector<std::pair<void*, std::unique_ptr<uint8_t[]>>> sending_;
   uint64_t puts_ = 0;  // messages sent by RMA, for the log line at the end
+  const size_t putBytes_ = static_cast<size_t>(std::max<int64_t>(0, params::ucxPutBytes()));  // 0: never
   std::mutex failedMutex_;
   std::vector<std::pair<int, ucs_status_t>> failed_;  // peers whose endpoint failed, and why (the error handler)
 };
@@ -471,8 +472,8 @@ bool UcxComm::pumpOut(UcxConn& conn) {
     progressed = true;
     const uint64_t sequence = conn.sequence++;
     const UcxConn::Cts& cleared = conn.cts[sequence % conn.cts.size()];
-    if (conn.protocol == Protocol::kSimple && conn.payloadBytes >= kPutMinBytes && conn.rkey != nullptr &&
-        cleared.sequence == sequence) {
+    if (conn.protocol == Protocol::kSimple && putBytes_ > 0 && conn.payloadBytes >= putBytes_ &&
+        conn.rkey != nullptr && cleared.sequence == sequence) {
       if (!startPut(conn, cleared, sequence)) return true;
       if (conn.request != nullptr) return progressed;
       continue;  // flushed at once: the notice went out too, or is on its way
