@@ -186,10 +186,11 @@ void ProxyComm::peerGaveUp(ProxyConn& conn) {
 
 // Takes the connections other threads handed over.
 bool ProxyComm::adopt() {
-  std::vector<std::shared_ptr<ProxyConn>> added;
+  std::vector<std::shared_ptr<ProxyConn>> added, retired;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     added.swap(added_);
+    retired.swap(retired_);  // dropped here: a connection's last reference goes on this thread
   }
   for (auto& conn : added) {
     if (conn->sends) {
@@ -296,11 +297,18 @@ void ProxyComm::run() {
   conns_.clear();
   std::lock_guard<std::mutex> lock(mutex_);
   added_.clear();  // attached but never adopted (the flush ran out of time): nothing of theirs left
+  retired_.clear();
 }
 
-ProxyEndpoint::~ProxyEndpoint() {
-  conn_->released.store(true);
-  comm_->wake();
+ProxyEndpoint::~ProxyEndpoint() { comm_->release(std::move(conn_)); }
+
+void ProxyComm::release(std::shared_ptr<ProxyConn> conn) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    conn->released.store(true);
+    retired_.push_back(std::move(conn));
+  }
+  wake();
 }
 
 }  // namespace loom

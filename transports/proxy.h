@@ -118,6 +118,9 @@ class ProxyComm : public TransportComm {
   loomResult_t attach(std::shared_ptr<ProxyConn> conn, std::unique_ptr<Endpoint>* out);
   // Rings the proxy awake (new work from another thread, a released endpoint).
   void wake();
+  // An executor's endpoint is gone: marks the connection released and hands its reference to the proxy thread,
+  // so that the connection (its network resources) is always freed there.
+  void release(std::shared_ptr<ProxyConn> conn);
 
  protected:
   // Derived destructors call this first: the thread runs the virtual hooks below.
@@ -163,6 +166,7 @@ class ProxyComm : public TransportComm {
   std::thread thread_;
   std::mutex mutex_;  // guards what other threads hand the proxy
   std::vector<std::shared_ptr<ProxyConn>> added_;
+  std::vector<std::shared_ptr<ProxyConn>> retired_;  // released endpoints' references (release())
   bool stopping_ = false;
   mutable std::mutex lostMutex_;
   std::vector<std::pair<int, std::string>> lost_;  // (peer, what failed), most recent last

@@ -293,7 +293,7 @@ struct Inbox {
     UniqueFd fd;
   };
   std::vector<Handoff> handoffs;
-  Bootstrap::HandoffFn handoffHandler;
+  std::map<uint32_t, Bootstrap::HandoffFn> handoffHandlers;  // by the hello's kind (its first 4 bytes)
 };
 
 // A rank's listener: accepts the ring connection from rank-1 and p2p connections from any rank, and reads p2p
@@ -383,8 +383,9 @@ class PeerServer : public AuthServer {
     std::memcpy(handoff.hello, conn.io.input().data(), kHandoffHelloBytes);
     conn.dead = true;  // the connection now belongs to the handler
     std::lock_guard<std::mutex> lock(inbox_->mutex);
-    if (inbox_->handoffHandler)
-      inbox_->handoffHandler(handoff.peer, handoff.hello, std::move(handoff.fd));
+    auto handler = inbox_->handoffHandlers.find(handoffKind(handoff.hello));
+    if (handler != inbox_->handoffHandlers.end())
+      handler->second(handoff.peer, handoff.hello, std::move(handoff.fd));
     else
       inbox_->handoffs.push_back(std::move(handoff));
   }
@@ -788,13 +789,22 @@ loomResult_t Bootstrap::connectHandoff(int peer, const uint8_t hello[kHandoffHel
   return loomSuccess;
 }
 
-void Bootstrap::setHandoffHandler(HandoffFn handler) {
+void Bootstrap::setHandoffHandler(uint32_t kind, HandoffFn handler) {
   std::lock_guard<std::mutex> lock(impl_->inbox.mutex);
-  impl_->inbox.handoffHandler = std::move(handler);
-  if (!impl_->inbox.handoffHandler) return;
-  for (Inbox::Handoff& handoff : impl_->inbox.handoffs)
-    impl_->inbox.handoffHandler(handoff.peer, handoff.hello, std::move(handoff.fd));
-  impl_->inbox.handoffs.clear();
+  if (!handler) {
+    impl_->inbox.handoffHandlers.erase(kind);
+    return;
+  }
+  HandoffFn& installed = impl_->inbox.handoffHandlers[kind] = std::move(handler);
+  std::vector<Inbox::Handoff> kept;
+  for (Inbox::Handoff& handoff : impl_->inbox.handoffs) {
+    if (handoffKind(handoff.hello) == kind) {
+      installed(handoff.peer, handoff.hello, std::move(handoff.fd));
+    } else {
+      kept.push_back(std::move(handoff));
+    }
+  }
+  impl_->inbox.handoffs.swap(kept);
 }
 
 loomResult_t Bootstrap::recv(int peer, int tag, void* data, size_t bytes, int64_t timeoutMs) {

@@ -27,6 +27,12 @@ constexpr size_t kSecretBytes = 16;
 // What the opener of a handoff connection tells its new owner on the accepting side.
 constexpr size_t kHandoffHelloBytes = 16;
 
+// The kind of a handoff connection: the first 4 bytes of its hello, little-endian.
+inline uint32_t handoffKind(const uint8_t* hello) {
+  return static_cast<uint32_t>(hello[0]) | static_cast<uint32_t>(hello[1]) << 8 | static_cast<uint32_t>(hello[2]) << 16 |
+         static_cast<uint32_t>(hello[3]) << 24;
+}
+
 // What a loomUniqueId holds (it is packed into loomUniqueId::internal).
 struct UniqueIdInfo {
   std::string rootAddress;  // "host:port" or "[v6]:port" of the root listener
@@ -69,11 +75,12 @@ class Bootstrap {
 
   // Opens a new authenticated connection to `peer`'s listener and sends `hello`; the socket is then the caller's.
   loomResult_t connectHandoff(int peer, const uint8_t hello[kHandoffHelloBytes], int64_t timeoutMs, UniqueFd* out);
-  // Handoff connections that reach this rank go to `handler` (called on the listener's thread; it must not
-  // block), those that came before it was set first. An empty handler keeps later ones waiting for the next.
-  // Once this returns, the handler it replaced is no longer running.
+  // Handoff connections whose hello starts with `kind` (handoffKind: each transport has its own) that reach this
+  // rank go to `handler` (called on the listener's thread; it must not block), those that came before it was set
+  // first. An empty handler keeps later ones of that kind waiting for the next. Once this returns, the handler it
+  // replaced is no longer running.
   using HandoffFn = std::function<void(int peer, const uint8_t* hello, UniqueFd fd)>;
-  void setHandoffHandler(HandoffFn handler);
+  void setHandoffHandler(uint32_t kind, HandoffFn handler);
 
  private:
   struct Impl;

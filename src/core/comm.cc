@@ -48,6 +48,8 @@ struct RankSetup {
   uint64_t algorithmHash;  // would exchange mismatched messages; compared whole through its hash
   char torus[32];          // LOOM_TORUS_DIMS likewise
   uint64_t torusHash;
+  char transports[48];     // the transports this rank would use (LOOM_TRANSPORTS, LOOM_NET or the automatic
+  uint64_t transportsHash;  // choice between hosts), likewise: a sender on ib and its receiver on tcp never meet
 };
 
 // The transport that connects this rank to `peer`: the first in priority order that can (null: none can).
@@ -151,7 +153,6 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
 
 namespace {
 
-// Every rank's local view (LOOM_TOPO_FILE or discovery), exchanged as XML and fused into the communicator's.
 // Each rank's network device, as its transport to other hosts chose it, into the topology (Topology::setRankNic).
 loomResult_t recordNics(loomComm* comm, const Deadline& deadline) {
   constexpr size_t kNameBytes = 64;
@@ -175,6 +176,7 @@ loomResult_t recordNics(loomComm* comm, const Deadline& deadline) {
   return loomSuccess;
 }
 
+// Every rank's local view (LOOM_TOPO_FILE or discovery), exchanged as XML and fused into the communicator's.
 loomResult_t buildTopology(loomComm* comm, const std::vector<uint64_t>& hostHashes, const Deadline& deadline) {
   Topology local;
   LOOM_CHECK(loadLocalTopology(LocalPlacement{comm->rank, ""}, &local));
@@ -226,6 +228,11 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   mine.algorithmHash = std::hash<std::string>{}(comm->algorithm);
   snprintf(mine.torus, sizeof(mine.torus), "%s", comm->torusText.c_str());
   mine.torusHash = std::hash<std::string>{}(comm->torusText);
+  std::string transports;
+  for (Transport* transport : transportsInPriorityOrder())
+    transports += (transports.empty() ? "" : ",") + std::string(transport->name());
+  snprintf(mine.transports, sizeof(mine.transports), "%s", transports.c_str());
+  mine.transportsHash = std::hash<std::string>{}(transports);
   mine.probeAddress = reinterpret_cast<uint64_t>(&kProbeWord);
   LOOM_CHECK(comm->bootstrap->allGather(setups.data(), sizeof(RankSetup), deadline.remainingMs()));
   for (const RankSetup& setup : setups) {
@@ -237,6 +244,12 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
       return LOOM_FAIL(loomInvalidUsage, INIT,
                        "rank %d uses LOOM_TORUS_DIMS=\"%.32s\", rank %d uses \"%.32s\": it must match on every rank",
                        setup.info.rank, setup.torus, rank, mine.torus);
+    if (setup.transportsHash != mine.transportsHash)
+      return LOOM_FAIL(loomInvalidUsage, INIT,
+                       "rank %d would use the transports %.48s, rank %d %.48s: set LOOM_NET (or LOOM_TRANSPORTS) alike "
+                       "on every rank (without it, a rank takes ib between hosts where it has an active RDMA port, else "
+                       "tcp)",
+                       setup.info.rank, setup.transports, rank, mine.transports);
     if (setup.fifoDepth != mine.fifoDepth || setup.slotBytes != mine.slotBytes ||
         setup.llSlotBytes != mine.llSlotBytes || setup.nChannels != mine.nChannels ||
         setup.llThresholdBytes != mine.llThresholdBytes || setup.forcedProtocol != mine.forcedProtocol ||

@@ -387,12 +387,17 @@ loomResult_t HostExecutor::run(std::vector<std::vector<ExecTask>>& queues, const
       int peer = -1;
       uint32_t code = run->active() ? run->peerAborted(&peer) : 0;
       if (code == kConnectionLost) {
+        // What the transport saw of it; else, a connection of this rank that failed before (it names its peer).
         std::string why = run->task().links->whyLost(peer);
-        if (why.empty()) why = run->task().links->whyLost(-1);
+        const char* lead = "; ";
+        if (why.empty()) {
+          why = run->task().links->whyLost(-1);
+          lead = "; this rank lost a connection before: ";
+        }
         return stopAll(LOOM_FAIL(loomRemoteError, COLL,
                                  "%s: the connection to rank %d was lost (it exited, closed its communicator, or the "
                                  "network failed)%s%s",
-                                 run->task().what, peer, why.empty() ? "" : "; ", why.c_str()));
+                                 run->task().what, peer, why.empty() ? "" : lead, why.c_str()));
       }
       if (code != 0) {
         // A connection of this rank that failed may be why: its peer gave up first, and the others followed.

@@ -451,6 +451,33 @@ TEST(FailureTest, QpErrorInTheMiddleOfAllReduceOverIb) {
   expectNoChildrenLeft("QpErrorInTheMiddleOfAllReduceOverIb");
 }
 
+// Ranks that would use different transports (here LOOM_TRANSPORTS; without it, the automatic choice between
+// hosts can differ from machine to machine) fail init at once with loomInvalidUsage naming LOOM_NET, instead of
+// waiting for connections that never meet.
+TEST(FailureTest, RanksDisagreeingOnTransportsFailInit) {
+  ShmDir shm;
+  ASSERT_FALSE(shm.path().empty()) << "mkdtemp in /dev/shm: " << strerror(errno);
+  {
+    Children children;
+    for (int rank = 0; rank < 2; ++rank)
+      ASSERT_TRUE(children.spawn([&, rank](const ChildPipes& pipes) {
+        return allReduceUntilError(pipes, rank, 2, shm.path(), rank == 0 ? "shm,tcp" : "shm");
+      })) << "fork: "
+          << strerror(errno);
+    loomUniqueId id;
+    ASSERT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);
+    ASSERT_TRUE(children.sendToAll(&id, sizeof(id)));
+    ASSERT_TRUE(children.waitAll(kHardBoundSeconds)) << children.report();
+    const std::string report = children.report();
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(WIFEXITED(children[rank].status)) << report;
+      EXPECT_EQ(WEXITSTATUS(children[rank].status), kInitFailed + loomInvalidUsage) << "rank " << rank << report;
+      EXPECT_NE(children[rank].said.find("LOOM_NET"), std::string::npos) << report;
+    }
+  }
+  expectNoChildrenLeft("RanksDisagreeingOnTransportsFailInit");
+}
+
 // ---- A rank that leaves right after init ----
 
 // Rank 3 joins, then _exits (status 0) 300 ms later, while ranks 0-2 are already in an AllReduce that needs it

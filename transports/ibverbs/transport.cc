@@ -198,7 +198,7 @@ class IbComm : public ProxyComm {
   IbComm(const TransportCommContext& context, const VerbsApi* verbs) : ProxyComm(context, "ib"), verbs_(verbs) {}
 
   ~IbComm() override {
-    context().bootstrap->setHandoffHandler(nullptr);
+    context().bootstrap->setHandoffHandler(kHelloMagic, nullptr);
     stopProxy();
     if (cq_ != nullptr) verbs_->destroyCq(cq_);
     if (channel_ != nullptr) verbs_->destroyCompChannel(channel_);
@@ -220,7 +220,12 @@ class IbComm : public ProxyComm {
   void shutNetwork(ProxyConn& conn, bool graceful) override;
   void sleep(int64_t micros) override;
 
+  uint32_t newPsn() {
+    std::lock_guard<std::mutex> lock(idMutex_);
+    return random_() & 0xffffff;
+  }
   loomResult_t newConn(bool sends, int peer, int channel, const FifoShape& shape, std::shared_ptr<IbConn>* out);
+  int chooseGid();
   loomResult_t createQps(IbConn& conn, int count);
   int connectQps(IbConn& conn, const QpInfo& remote, uint32_t psn);
   QpInfo localInfo(const IbConn& conn, uint32_t psn) const;
@@ -248,8 +253,8 @@ class IbComm : public ProxyComm {
   ibv_gid gid_{};
   int gidIndex_ = 0;
   int qpsPerConnection_ = 1;
+  std::mutex idMutex_;  // guards nextId_ and random_ (the caller's thread and the proxy's both draw)
   std::mt19937 random_{std::random_device{}()};
-  std::mutex idMutex_;
   uint32_t nextId_ = 1;
   std::mutex arrivedMutex_;
   std::vector<Arrival> arrivedQueue_;  // from the bootstrap listener's thread
@@ -306,6 +311,7 @@ loomResult_t IbComm::start() {
   if (verbs_->queryPort(device_, static_cast<uint8_t>(port_), &portAttr_) != 0)
     return LOOM_FAIL(loomSystemError, NET, "ib: cannot query %s port %d", deviceName_.c_str(), port_);
   gidIndex_ = static_cast<int>(params::ibGidIndex());
+  if (gidIndex_ == -1) gidIndex_ = chooseGid();
   if (gidIndex_ < 0 || gidIndex_ >= portAttr_.gid_tbl_len)
     return LOOM_FAIL(loomInvalidArgument, NET, "LOOM_IB_GID_INDEX=%d: %s port %d has GIDs 0 to %d", gidIndex_,
                      deviceName_.c_str(), port_, portAttr_.gid_tbl_len - 1);
@@ -332,7 +338,7 @@ loomResult_t IbComm::start() {
   LOOM_CHECK(openDoorbell());
   LOOM_INFO(NET, "ib: rank %d uses %s port %d (%s, GID index %d) through %s", rank, deviceName_.c_str(), port_,
             portAttr_.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", gidIndex_, verbs_->provider);
-  context().bootstrap->setHandoffHandler([this](int peer, const uint8_t* hello, UniqueFd socket) {
+  context().bootstrap->setHandoffHandler(kHelloMagic, [this](int peer, const uint8_t* hello, UniqueFd socket) {
     uint32_t magic = getU32(hello), channel = getU32(hello + 4), receiver = getU32(hello + 8);
     int qps = hello[12];
     if (magic != kHelloMagic || receiver != static_cast<uint32_t>(context().rank) || qps < 1 || qps > kMaxQps) {
@@ -345,6 +351,20 @@ loomResult_t IbComm::start() {
     wake();
   });
   return loomSuccess;
+}
+
+// LOOM_IB_GID_INDEX=-1: on a RoCE port the first GID that holds an IPv4 address (::ffff:a.b.c.d, RoCE v2's,
+// routable across subnets), else GID 0 (InfiniBand's, and a RoCE port's link-local one).
+int IbComm::chooseGid() {
+  if (portAttr_.link_layer != IBV_LINK_LAYER_ETHERNET) return 0;
+  for (int index = 0; index < portAttr_.gid_tbl_len; ++index) {
+    ibv_gid gid{};
+    if (verbs_->queryGid(device_, static_cast<uint8_t>(port_), index, &gid) != 0) continue;
+    static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (std::memcmp(gid.raw, kMapped, sizeof(kMapped)) == 0 && (gid.raw[12] | gid.raw[13] | gid.raw[14] | gid.raw[15]))
+      return index;
+  }
+  return 0;
 }
 
 // Creates `count` RC queue pairs on the communicator's completion queue and takes them to INIT.
@@ -466,7 +486,7 @@ loomResult_t IbComm::newSender(const ConnectionKey& key, const FifoShape& shape,
   LOOM_CHECK(check());
   std::shared_ptr<IbConn> conn;
   LOOM_CHECK(newConn(true, key.receiver, key.channel, shape, &conn));
-  const uint32_t psn = random_() & 0xffffff;
+  const uint32_t psn = newPsn();
   LOOM_CHECK(createQps(*conn, qpsPerConnection_));
 
   uint8_t hello[kHandoffHelloBytes] = {};
@@ -538,7 +558,7 @@ bool IbComm::acceptSender(IbConn& conn, Arrival& arrival) {
   conn.control = std::move(arrival.fd);
   QpInfo theirs;
   theirs.read(info);
-  const uint32_t psn = random_() & 0xffffff;
+  const uint32_t psn = newPsn();
   int error = 0;
   if (theirs.count != static_cast<uint32_t>(arrival.qps)) error = EPROTO;
   if (error == 0 && createQps(conn, arrival.qps) != loomSuccess) error = errno != 0 ? errno : ENOMEM;
@@ -630,7 +650,12 @@ void IbComm::complete(const ibv_wc& wc) {
       uint32_t imm = ntohl(wc.imm_data);
       int qp = wrQp(wc.wr_id);
       if (conn->sends) {
-        conn->granted = std::max<uint64_t>(conn->granted, static_cast<uint64_t>(imm) + 1);
+        // CTS come in order on queue pair 0; the immediate is the message's number modulo 2^32.
+        if (imm != static_cast<uint32_t>(conn->granted)) {
+          fail(*conn, "got a clear-to-send out of order");
+          return;
+        }
+        ++conn->granted;
       } else {
         conn->arrived[static_cast<size_t>(qp)].push_back(imm);
       }
@@ -818,7 +843,14 @@ void IbComm::controlClosed(IbConn& conn) {
   // of a sender), writes it sent (which a receiver delivers).
   pollCompletions();
   if (!conn.closed && !conn.sends) pumpIn(conn);
-  if (!conn.closed) peerClosed(conn);
+  if (conn.closed) return;
+  if (!conn.sends && conn.byeCount != UINT64_MAX) {
+    // A sender that said bye finished: its last writes' completions may still be on their way here (the network
+    // acknowledges a write before the completion lands); pumpIn closes once the count is reached.
+    conn.control.reset();
+    return;
+  }
+  peerClosed(conn);
 }
 
 // Appends a pollfd for each open control socket to *fds, and its connection to *polled.
@@ -860,12 +892,11 @@ void IbComm::shutNetwork(ProxyConn& base, bool graceful) {
   }
   if (conn.control.valid()) shutdown(conn.control.get(), graceful ? SHUT_WR : SHUT_RDWR);
   conn.control.reset();
-  // Queue pairs in error flush what is outstanding; their completions find the connection closed.
-  for (ibv_qp* qp : conn.qps) {
-    ibv_qp_attr attr{};
-    attr.qp_state = IBV_QPS_ERR;
-    verbs_->modifyQp(qp, &attr, IBV_QP_STATE);
-  }
+  // Destroyed rather than moved to the error state, which would flush every posted receive into the shared
+  // completion queue at once (a burst that overruns it when a communicator with many connections closes).
+  // Completions already queued find no connection of theirs and are dropped.
+  for (ibv_qp* qp : conn.qps) verbs_->destroyQp(qp);
+  conn.qps.clear();
 }
 
 // Sleeps until a completion, a control socket or the doorbell needs the proxy, or `micros` pass (0: only looks).
@@ -884,9 +915,24 @@ void IbComm::sleep(int64_t micros) {
   std::vector<pollfd> fds{{doorbell(), POLLIN, 0}, {channel_->fd, POLLIN, 0}};
   std::vector<IbConn*> polled;
   addControls(&fds, &polled);
-  for (const Arrival& arrival : waiting_) fds.push_back({arrival.fd.get(), POLLIN, 0});
+  // A sender's socket waits for its receiving end: the proxy wakes when the sender's description arrives for a
+  // connection that exists, and otherwise only when the socket hangs up (then dropped).
+  const size_t firstWaiting = fds.size();
+  for (const Arrival& arrival : waiting_) {
+    bool wanted = std::any_of(conns_.begin(), conns_.end(), [&](const auto& conn) {
+      return !conn->sends && !conn->closed && !conn->connected && conn->peer == arrival.peer &&
+             conn->channel == arrival.channel;
+    });
+    fds.push_back({arrival.fd.get(), static_cast<short>(wanted ? POLLIN : 0), 0});
+  }
   timespec timeout{0, static_cast<long>(micros * 1000)};
   if (ppoll(fds.data(), fds.size(), &timeout, nullptr) <= 0) return;
+  for (size_t i = waiting_.size(); i-- > 0;) {
+    if ((fds[firstWaiting + i].revents & (POLLHUP | POLLERR)) == 0 || fds[firstWaiting + i].events != 0) continue;
+    LOOM_INFO(NET, "ib: rank %d closed its connection on channel %d before this rank made its end",
+              waiting_[i].peer, waiting_[i].channel);
+    waiting_.erase(waiting_.begin() + static_cast<long>(i));
+  }
   if (fds[0].revents & POLLIN) drainDoorbell();
   if (fds[1].revents & POLLIN) {
     ibv_cq* cq = nullptr;
@@ -900,20 +946,56 @@ void IbComm::sleep(int64_t micros) {
     if (fds[2 + i].revents != 0) readControl(*polled[i]);
 }
 
+// Whether `verbs` lists a device with an active port; each provider is asked once per process.
+bool activePortExists(const VerbsApi* verbs) {
+  static std::mutex mutex;
+  static std::map<const VerbsApi*, bool> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = known.find(verbs);
+  if (found != known.end()) return found->second;
+  int count = 0;
+  ibv_device** list = verbs->getDeviceList(&count);
+  bool active = false;
+  for (int d = 0; d < count && !active; ++d) {
+    ibv_context* context = verbs->openDevice(list[d]);
+    if (context == nullptr) continue;
+    ibv_device_attr attr{};
+    if (verbs->queryDevice(context, &attr) == 0) {
+      for (int port = 1; port <= attr.phys_port_cnt && !active; ++port) {
+        ibv_port_attr portAttr{};
+        active = verbs->queryPort(context, static_cast<uint8_t>(port), &portAttr) == 0 &&
+                 portAttr.state == IBV_PORT_ACTIVE;
+      }
+    }
+    verbs->closeDevice(context);
+  }
+  if (list != nullptr) verbs->freeDeviceList(list);
+  known[verbs] = active;
+  return active;
+}
+
 class IbTransport : public Transport {
  public:
   const char* name() const override { return "ib"; }
 
   bool canConnect(const PeerInfo&, const PeerInfo&, std::string* why) const override {
-    return verbsApi(why) != nullptr;
+    const VerbsApi* verbs = verbsApi(why);
+    if (verbs == nullptr) return false;
+    if (activePortExists(verbs)) return true;
+    *why = std::string(verbs->provider) + " lists no RDMA device with an active port";
+    return false;
   }
   bool movesByProxy() const override { return true; }
   bool proxySendsFromCallerMemory() const override { return false; }
 
   loomResult_t openComm(const TransportCommContext& context, std::unique_ptr<TransportComm>* out) override {
     std::string why;
+    PeerInfo anyone{0, 0, 0, 0};
+    if (!canConnect(anyone, anyone, &why)) {
+      out->reset();  // no peer will be given to ib here (canConnect says so to each), so it keeps nothing
+      return loomSuccess;
+    }
     const VerbsApi* verbs = verbsApi(&why);
-    if (verbs == nullptr) return LOOM_FAIL(loomSystemError, NET, "ib: %s", why.c_str());
     auto comm = std::make_unique<IbComm>(context, verbs);
     LOOM_CHECK(comm->start());
     *out = std::move(comm);
@@ -938,29 +1020,11 @@ Transport* ibTransport() {
   return &transport;
 }
 
-// Whether this machine has an active RDMA port libibverbs can use (LOOM_NET's automatic choice).
+// Whether LOOM_NET's automatic choice should take ib: libibverbs lists an active port here.
 bool rdmaPortActive() {
   std::string why;
   const VerbsApi* verbs = libibverbsApi(&why);
-  if (verbs == nullptr) return false;
-  int count = 0;
-  ibv_device** list = verbs->getDeviceList(&count);
-  bool active = false;
-  for (int d = 0; d < count && !active; ++d) {
-    ibv_context* context = verbs->openDevice(list[d]);
-    if (context == nullptr) continue;
-    ibv_device_attr attr{};
-    if (verbs->queryDevice(context, &attr) == 0) {
-      for (int port = 1; port <= attr.phys_port_cnt && !active; ++port) {
-        ibv_port_attr portAttr{};
-        active = verbs->queryPort(context, static_cast<uint8_t>(port), &portAttr) == 0 &&
-                 portAttr.state == IBV_PORT_ACTIVE;
-      }
-    }
-    verbs->closeDevice(context);
-  }
-  if (list != nullptr) verbs->freeDeviceList(list);
-  return active;
+  return verbs != nullptr && activePortExists(verbs);
 }
 
 }  // namespace loom

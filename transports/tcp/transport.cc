@@ -87,12 +87,12 @@ class TcpComm : public ProxyComm {
   loomResult_t start() {
     LOOM_CHECK(openDoorbell());
     context().bootstrap->setHandoffHandler(
-        [this](int peer, const uint8_t* hello, UniqueFd socket) { arrive(peer, hello, std::move(socket)); });
+        kHelloMagic, [this](int peer, const uint8_t* hello, UniqueFd socket) { arrive(peer, hello, std::move(socket)); });
     return loomSuccess;
   }
 
   ~TcpComm() override {
-    context().bootstrap->setHandoffHandler(nullptr);
+    context().bootstrap->setHandoffHandler(kHelloMagic, nullptr);
     stopProxy();
   }
 

@@ -284,6 +284,11 @@ class UcxComm : public ProxyComm {
   bool pumpOut(UcxConn& conn);
   bool pumpIn(UcxConn& conn);
   bool takeCts(UcxConn& conn);
+  std::shared_ptr<ProxyConn> held(const ProxyConn& conn) const {
+    for (const auto& kept : conns_)
+      if (kept.get() == &conn) return kept;
+    return nullptr;
+  }
   bool startPut(UcxConn& conn, const UcxConn::Cts& cleared, uint64_t sequence);
   bool sendPutNotice(UcxConn& conn);
   void finishMessage(UcxConn& conn);
@@ -535,7 +540,7 @@ bool UcxComm::startPut(UcxConn& conn, const UcxConn::Cts& cleared, uint64_t sequ
       fail(conn, std::string("could not put: ") + statusText(UCS_PTR_STATUS(request)));
       return false;
     }
-    if (request != nullptr) orphans_.push_back({request, nullptr});  // the flush below covers it; freed when done
+    if (request != nullptr) orphans_.push_back({request, held(conn)});  // the flush covers it; freed when done
   }
   ucp_request_param_t param{};
   void* flush = ucx().epFlushNbx(ep, &param);
@@ -589,8 +594,10 @@ bool UcxComm::clearToSend(UcxConn& conn, uint64_t sequence) {
       conn.packedKey.assign(static_cast<uint8_t*>(packed), static_cast<uint8_t*>(packed) + packedBytes);
     } else {
       LOOM_INFO(NET, "ucx: connection %s takes tagged sends only (mapping its FIFO: %s)", conn.name().c_str(),
-                statusText(status));
+                status == UCS_OK ? "its key is too large" : statusText(status));
       conn.packedKey.assign(1, 0);  // looked at once; the CTS carries no key
+      if (conn.memh != nullptr) ucx().memUnmap(ucpContext_, conn.memh);
+      conn.memh = nullptr;
     }
     if (packed != nullptr) ucx().rkeyBufferRelease(packed);
   }
@@ -680,7 +687,9 @@ void UcxComm::notifyGaveUp(ProxyConn& conn) {
   ucp_request_param_t param{};
   // Forward on a sending connection; back to the sender on a receiving one.
   // A forward notice takes the next message's place, so the receiver's exact match finds it.
-  uint64_t sequence = conn.sends ? static_cast<UcxConn&>(conn).sequence : 0;
+  // (A message whose puts are still being flushed never gets its notice: the abort takes its place.)
+  const auto& ucxConn = static_cast<UcxConn&>(conn);
+  uint64_t sequence = !conn.sends ? 0 : ucxConn.putting && !ucxConn.flushed ? ucxConn.putSequence : ucxConn.sequence;
   void* request =
       ucx().tagSendNbx(ep, nullptr, 0, tagOf(kKindAbort, !conn.sends, sequence, conn.channel, context().rank), &param);
   if (request != nullptr && !UCS_PTR_IS_ERR(request)) orphans_.push_back({request, nullptr});
@@ -690,9 +699,7 @@ void UcxComm::notifyGaveUp(ProxyConn& conn) {
 // end (progress()).
 void UcxComm::shutNetwork(ProxyConn& base, bool) {
   auto& conn = static_cast<UcxConn&>(base);
-  std::shared_ptr<ProxyConn> keep;
-  for (auto& held : conns_)
-    if (held.get() == &base) keep = held;
+  std::shared_ptr<ProxyConn> keep = held(base);
   for (void** request : {&conn.request, &conn.back}) {
     if (*request == nullptr) continue;
     if (!conn.sends || request == &conn.back) ucx().requestCancel(worker_, *request);
@@ -717,10 +724,9 @@ void UcxComm::closeAll() {
     return;
   }
   const UcxApi& api = ucx();
-  // The requests first (a connection they keep holds a key that must go before its endpoint), then the endpoints.
   Deadline deadline(kCloseWaitMs);
-  auto settle = [&](std::vector<Orphan>* list) {
-    while (!list->empty() && !deadline.expired()) {
+  auto settle = [&](std::vector<Orphan>* list, const Deadline& until) {
+    while (!list->empty() && !until.expired()) {
       api.workerProgress(worker_);
       std::erase_if(*list, [&](const Orphan& orphan) {
         if (api.requestCheckStatus(orphan.request) == UCS_INPROGRESS) return false;
@@ -729,16 +735,26 @@ void UcxComm::closeAll() {
       });
     }
   };
+  // Receives are cancelled; sends get a moment to end by themselves. Then the keys of the connections still held
+  // go (before their endpoints), the endpoints close, which ends what is left, and everything settles.
   for (const Orphan& orphan : orphans_) api.requestCancel(worker_, orphan.request);
-  for (auto& [request, buffer] : sending_) orphans_.push_back({request, nullptr});
-  settle(&orphans_);
-  if (!orphans_.empty()) {
-    LOOM_WARN(NET, "ucx: rank %d: %zu request(s) had not ended after %lld ms; leaving them", context().rank,
-              orphans_.size(), static_cast<long long>(kCloseWaitMs));
-    for (auto& [request, buffer] : sending_) (void)buffer.release();  // a send may still read it: never freed
+  std::vector<Orphan> requests = std::move(orphans_);
+  orphans_.clear();
+  for (auto& [request, buffer] : sending_) requests.push_back({request, nullptr});
+  settle(&requests, Deadline(std::min<int64_t>(200, kCloseWaitMs)));
+  for (const Orphan& orphan : requests) {
+    auto* conn = static_cast<UcxConn*>(orphan.conn.get());
+    if (conn != nullptr && conn->rkey != nullptr) api.rkeyDestroy(conn->rkey);
+    if (conn != nullptr) conn->rkey = nullptr;
   }
-  sending_.clear();
-  orphans_.clear();  // the connections they kept go now, with their keys and mappings
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  for (auto& [peer, ep] : endpoints_) {
+    void* request = api.epCloseNbx(ep, &param);
+    if (request != nullptr && !UCS_PTR_IS_ERR(request)) requests.push_back({request, nullptr});
+  }
+  settle(&requests, deadline);
   // Messages no receive will take: the CTS for the message that never came after a connection's last, an abort
   // notice too late. Taken here, or UCX complains of them when the worker goes.
   std::vector<uint8_t> scratch;
@@ -751,17 +767,17 @@ void UcxComm::closeAll() {
     if (UCS_PTR_IS_ERR(request)) break;
     std::vector<Orphan> one;
     if (request != nullptr) one.push_back({request, nullptr});
-    settle(&one);
+    settle(&one, deadline);
   }
-  std::vector<Orphan> closing;
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  for (auto& [peer, ep] : endpoints_) {
-    void* request = api.epCloseNbx(ep, &param);
-    if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing.push_back({request, nullptr});
+  if (!requests.empty()) {
+    // UCX may still write into a connection's FIFO or read a CTS buffer: those are never freed.
+    LOOM_WARN(NET, "ucx: rank %d: %zu request(s) had not ended after %lld ms; leaving them", context().rank,
+              requests.size(), static_cast<long long>(kCloseWaitMs));
+    for (auto& [request, buffer] : sending_) (void)buffer.release();
+    for (Orphan& orphan : requests)
+      if (orphan.conn != nullptr) new std::shared_ptr<ProxyConn>(std::move(orphan.conn));
   }
-  settle(&closing);
+  sending_.clear();
   api.workerDestroy(worker_);
   api.cleanup(ucpContext_);
 }
