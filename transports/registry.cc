@@ -42,8 +42,8 @@ std::vector<Transport*> allTransports() {
 }  // namespace
 
 // The transport between hosts when LOOM_NET is empty: ib where this machine has an active RDMA port, else tcp.
-// (ucx comes after ib in that order and counts only with an RDMA port too, so it is taken only when asked for:
-// over plain Ethernet it brings nothing tcp lacks.) Every rank decides alone, so a job's machines should agree.
+// ucx, between the two in order of preference, is taken only when named: where RDMA is there ib comes first, and
+// over plain Ethernet it brings nothing tcp lacks. Every rank decides alone; init checks that they agree.
 static Transport* automaticNet() {
 #ifdef LOOM_HAVE_IBVERBS
   static const bool rdma = rdmaPortActive();

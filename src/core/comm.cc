@@ -154,7 +154,12 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
 namespace {
 
 // Each rank's network device, as its transport to other hosts chose it, into the topology (Topology::setRankNic).
+// Only where some peer is reached over the network (every rank then has one: the ranks share their transports'
+// list), so a communicator within a host pays nothing for it at init.
 loomResult_t recordNics(loomComm* comm, const Deadline& deadline) {
+  if (std::none_of(comm->transportTo.begin(), comm->transportTo.end(),
+                   [](const Transport* transport) { return transport != nullptr && transport->movesByProxy(); }))
+    return loomSuccess;
   constexpr size_t kNameBytes = 64;
   std::vector<char> names(kNameBytes * comm->nranks, '\0');
   for (const auto& [transport, state] : comm->transportComms) {

@@ -35,7 +35,6 @@
 #include <map>
 #include <mutex>
 #include <random>
-#include <sstream>
 #include <vector>
 
 #include "src/core/bootstrap.h"
@@ -128,27 +127,47 @@ struct Registered {
   }
 };
 
-// Whether LOOM_IB_HCA allows port `port` of device `name`: entries "name" or "name:port", prefixes unless "=".
+// Whether LOOM_IB_HCA allows port `port` of device `name`: LOOM_SOCKET_IFNAME's syntax (socket.h), each entry
+// a device name or "name:port".
 bool hcaAllowed(const std::string& spec, const std::string& name, int port) {
   if (spec.empty()) return true;
-  std::string list = spec;
-  const bool exclude = !list.empty() && list[0] == '^';
-  if (exclude) list.erase(0, 1);
-  const bool exact = !list.empty() && list[0] == '=';
-  if (exact) list.erase(0, 1);
-  bool listed = false;
-  std::stringstream entries(list);
-  for (std::string entry; std::getline(entries, entry, ',');) {
-    if (entry.empty()) continue;
+  const InterfaceFilter filter = parseInterfaceFilter(spec);
+  bool listed = std::any_of(filter.names.begin(), filter.names.end(), [&](std::string entry) {
     int wantPort = -1;
     if (size_t colon = entry.find(':'); colon != std::string::npos) {
       wantPort = std::atoi(entry.c_str() + colon + 1);
       entry.resize(colon);
     }
-    bool nameMatches = exact ? name == entry : name.compare(0, entry.size(), entry) == 0;
-    if (nameMatches && (wantPort < 0 || wantPort == port)) listed = true;
+    return interfaceMatches({false, filter.exact, {entry}}, name) && (wantPort < 0 || wantPort == port);
+  });
+  return listed != filter.exclude;
+}
+
+// An active port of a device in a provider's list.
+struct ActivePort {
+  ibv_device* device;
+  std::string name;
+  int port;
+};
+
+// The active ports of the devices in `list` that LOOM_IB_HCA's `spec` allows, in the list's order.
+std::vector<ActivePort> activePorts(const VerbsApi* verbs, ibv_device** list, int count, const std::string& spec) {
+  std::vector<ActivePort> ports;
+  for (int d = 0; d < count; ++d) {
+    std::string name = verbs->getDeviceName(list[d]);
+    ibv_context* probe = verbs->openDevice(list[d]);
+    if (probe == nullptr) continue;
+    ibv_device_attr attr{};
+    if (verbs->queryDevice(probe, &attr) == 0) {
+      for (int port = 1; port <= attr.phys_port_cnt; ++port) {
+        ibv_port_attr portAttr{};
+        if (verbs->queryPort(probe, static_cast<uint8_t>(port), &portAttr) != 0) continue;
+        if (portAttr.state == IBV_PORT_ACTIVE && hcaAllowed(spec, name, port)) ports.push_back({list[d], name, port});
+      }
+    }
+    verbs->closeDevice(probe);
   }
-  return listed != exclude;
+  return ports;
 }
 
 class IbComm;
@@ -271,28 +290,8 @@ loomResult_t IbComm::start() {
     return LOOM_FAIL(loomSystemError, NET, "ib: rank %d: %s lists no RDMA device", rank, verbs_->provider);
   }
   // Every allowed active port, in the device list's order; rank r takes port r % count of them.
-  struct Candidate {
-    ibv_device* device;
-    std::string name;
-    int port;
-  };
-  std::vector<Candidate> candidates;
   const std::string spec = params::ibHca();
-  for (int d = 0; d < count; ++d) {
-    std::string name = verbs_->getDeviceName(list[d]);
-    ibv_context* probe = verbs_->openDevice(list[d]);
-    if (probe == nullptr) continue;
-    ibv_device_attr attr{};
-    if (verbs_->queryDevice(probe, &attr) == 0) {
-      for (int port = 1; port <= attr.phys_port_cnt; ++port) {
-        ibv_port_attr portAttr{};
-        if (verbs_->queryPort(probe, static_cast<uint8_t>(port), &portAttr) != 0) continue;
-        if (portAttr.state == IBV_PORT_ACTIVE && hcaAllowed(spec, name, port))
-          candidates.push_back({list[d], name, port});
-      }
-    }
-    verbs_->closeDevice(probe);
-  }
+  const std::vector<ActivePort> candidates = activePorts(verbs_, list, count, spec);
   if (candidates.empty()) {
     verbs_->freeDeviceList(list);
     if (!spec.empty())
@@ -301,7 +300,7 @@ loomResult_t IbComm::start() {
     return LOOM_FAIL(loomSystemError, NET, "ib: rank %d: no active port on the %d RDMA device(s) of %s", rank, count,
                      verbs_->provider);
   }
-  const Candidate& chosen = candidates[static_cast<size_t>(rank) % candidates.size()];
+  const ActivePort& chosen = candidates[static_cast<size_t>(rank) % candidates.size()];
   deviceName_ = chosen.name;
   port_ = chosen.port;
   device_ = verbs_->openDevice(chosen.device);
@@ -955,20 +954,7 @@ bool activePortExists(const VerbsApi* verbs) {
   if (found != known.end()) return found->second;
   int count = 0;
   ibv_device** list = verbs->getDeviceList(&count);
-  bool active = false;
-  for (int d = 0; d < count && !active; ++d) {
-    ibv_context* context = verbs->openDevice(list[d]);
-    if (context == nullptr) continue;
-    ibv_device_attr attr{};
-    if (verbs->queryDevice(context, &attr) == 0) {
-      for (int port = 1; port <= attr.phys_port_cnt && !active; ++port) {
-        ibv_port_attr portAttr{};
-        active = verbs->queryPort(context, static_cast<uint8_t>(port), &portAttr) == 0 &&
-                 portAttr.state == IBV_PORT_ACTIVE;
-      }
-    }
-    verbs->closeDevice(context);
-  }
+  const bool active = list != nullptr && !activePorts(verbs, list, count, "").empty();
   if (list != nullptr) verbs->freeDeviceList(list);
   known[verbs] = active;
   return active;
