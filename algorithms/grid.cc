@@ -9,7 +9,10 @@
 // reduce-scatter of level i a rank holds 1 / (size(0) ... size(i)) of the lane's data, reduced over the ranks
 // that share its coordinates from level i+1 on. Steps per lane: 2 sum(size(i) - 1); bytes sent per rank:
 // 2 (n-1)/n of the data, as in the ring, but the first level moves the most and the later ones little: put the
-// fast links first.
+// fast links first. A large lane goes as a pipeline of pieces (up to 16; see pipelinePieces): phase j runs stage s
+// (a level's reduce-scatter or all-gather) of piece j - s for every s, so that while one piece crosses the slow
+// level the next is reduced, and the one before gathered, on the fast one. Only the first piece's fast stages
+// and the last's stay exposed, where one piece would expose them all.
 // ReduceScatter: the same reduce-scatters over the per-rank blocks. At level i chunk q is the blocks of the
 // ranks that share this rank's coordinates before level i and have coordinate q at level i; after the last
 // level only this rank's block is left. Partial sums live in scratch, laid out like the input, and the last one
@@ -26,9 +29,11 @@
 // a rank never has more than one message of a ring in flight, so chunks of many blocks cannot fill a FIFO
 // before anyone receives. Bytes sent per rank: (n-1)/n of the data.
 //
-// Each level's rings read what the previous level's wrote, at other offsets: one phase each (plan.h).
+// Each level's rings read what the previous level's wrote, at other offsets: one phase each (plan.h); the
+// AllReduce's pipeline puts the stages of different pieces, which touch disjoint data, in one phase.
 #include "algorithms/grid.h"
 
+#include <algorithm>
 #include <functional>
 
 namespace loom {
@@ -146,50 +151,114 @@ Chunk blocksOf(const CollArgs& args, Buffer buffer, const std::vector<int>& rank
   return chunk;
 }
 
+// A lane's share of an AllReduce, or a part of it: elements [offset, offset + count).
+struct Block {
+  size_t offset, count;
+};
+
+// Chunk q (mod n) of n of a block.
+Block chunkOf(Block b, int n, int q) {
+  q = ((q % n) + n) % n;
+  return Block{b.offset + partOffset(b.count, n, q), partCount(b.count, n, q)};
+}
+
+// Whether a step writes memory that `region` may share: its destination overlaps it, the input and the output
+// taken as one buffer (in place they are).
+bool writesInto(const Step& step, const Region& region) {
+  if (step.action == Action::kSend || step.action == Action::kRecvReduceSend) return false;
+  const Region& dst = step.dst;
+  bool sameBuffer = dst.buffer == region.buffer || (dst.buffer != Buffer::kScratch && region.buffer != Buffer::kScratch);
+  return sameBuffer && dst.bufferIndex == region.bufferIndex && dst.offset < region.offset + region.count &&
+         region.offset < dst.offset + dst.count;
+}
+
+// Appends `phase` to `steps` with each plain send moved as early as it may go: past steps that neither send to
+// its peer (each connection keeps its order of messages) nor write what it sends. A lane runs a round's slices
+// in step order and waits at the first receive whose message has not come, so the sends of every stage of the
+// phase go out before it waits: a pipeline's slow level then carries two stages' messages at once.
+void appendSendsFirst(std::vector<Step> phase, std::vector<Step>* steps) {
+  std::vector<Step> ordered;
+  for (Step& step : phase) {
+    size_t at = ordered.size();
+    if (step.action == Action::kSend) {
+      for (; at > 0; --at) {
+        const Step& before = ordered[at - 1];
+        if ((actionSends(before.action) && before.sendPeer == step.sendPeer) || writesInto(before, step.src)) break;
+      }
+    }
+    ordered.insert(ordered.begin() + static_cast<ptrdiff_t>(at), std::move(step));
+  }
+  steps->insert(steps->end(), ordered.begin(), ordered.end());
+}
+
+// Pieces an AllReduce lane of `count` elements is pipelined in: with two or more levels, as many as keep the
+// smallest chunk (what a rank holds after the last reduce-scatter) at kPieceChunkElements or more, up to
+// kMaxPieces. One level has nothing to overlap: one piece.
+constexpr size_t kPieceChunkElements = size_t{1} << 16;
+constexpr size_t kMaxPieces = 16;
+int pipelinePieces(const Grid& grid, const std::vector<int>& levels, size_t count) {
+  if (levels.size() < 2) return 1;
+  size_t points = 1;
+  for (int level : levels) points *= static_cast<size_t>(grid.size(level));
+  return static_cast<int>(std::clamp<size_t>(count / (points * kPieceChunkElements), 1, kMaxPieces));
+}
+
 }  // namespace
 
 RankPlan gridAllReduce(const CollArgs& args, const Grid& grid, const char* name) {
   RankPlan plan = planShell(args, name);
   std::vector<int> levels = ringLevels(grid);
   forEachLane(args, &plan, [&](Lane* lane, int direction, int part, int parts) {
-    struct Block {
-      size_t offset, count;
-    };
     Block block{partOffset(args.count, parts, part), partCount(args.count, parts, part)};
     if (block.count == 0) return;
-    auto chunkOf = [](Block b, int n, int q) {
-      q = ((q % n) + n) % n;
-      return Block{b.offset + partOffset(b.count, n, q), partCount(b.count, n, q)};
-    };
-    std::vector<Block> held{block};  // the block held after each level's reduce-scatter
-    bool reduced = false;            // whether the partial sums are in the output yet
-    for (int level : levels) {
-      Ring ring{grid, args.rank, level, direction};
-      Block whole = held.back();
-      Buffer from = reduced ? Buffer::kOutput : Buffer::kInput;
-      auto local = [&](int q) {
-        Block b = chunkOf(whole, ring.size(), q);
-        return Chunk{{from, b.offset, b.count}};
-      };
-      auto out = [&](int q) {
-        Block b = chunkOf(whole, ring.size(), q);
-        return Chunk{output(b.offset, b.count)};
-      };
-      lane->startPhase();
-      ringReduceScatter(ring, local, out, lane);
-      reduced = true;
-      held.push_back(chunkOf(whole, ring.size(), ring.position()));
+    if (levels.empty()) {
+      lane->steps.push_back(copy(input(block.offset, block.count), output(block.offset, block.count)));
+      return;
     }
-    if (!reduced) lane->steps.push_back(copy(input(block.offset, block.count), output(block.offset, block.count)));
-    for (auto level = levels.rbegin(); level != levels.rend(); ++level) {
-      Ring ring{grid, args.rank, *level, direction};
-      held.pop_back();
-      Block whole = held.back();
+    // Stage s of piece p: stages[p][s]; a stage is one level's reduce-scatter or all-gather.
+    int pieces = pipelinePieces(grid, levels, block.count);
+    std::vector<std::vector<std::vector<Step>>> stages(pieces);
+    for (int p = 0; p < pieces; ++p) {
+      Block piece{block.offset + partOffset(block.count, pieces, p), partCount(block.count, pieces, p)};
+      std::vector<Block> held{piece};  // the block held after each level's reduce-scatter
+      for (int level : levels) {
+        Ring ring{grid, args.rank, level, direction};
+        Block whole = held.back();
+        Buffer from = held.size() == 1 ? Buffer::kInput : Buffer::kOutput;
+        Lane stage;
+        ringReduceScatter(ring, [&](int q) {
+          Block b = chunkOf(whole, ring.size(), q);
+          return Chunk{{from, b.offset, b.count}};
+        }, [&](int q) {
+          Block b = chunkOf(whole, ring.size(), q);
+          return Chunk{output(b.offset, b.count)};
+        }, &stage);
+        stages[p].push_back(std::move(stage.steps));
+        held.push_back(chunkOf(whole, ring.size(), ring.position()));
+      }
+      for (auto level = levels.rbegin(); level != levels.rend(); ++level) {
+        Ring ring{grid, args.rank, *level, direction};
+        held.pop_back();
+        Block whole = held.back();
+        Lane stage;
+        ringAllGather(ring, [&](int q) {
+          Block b = chunkOf(whole, ring.size(), q);
+          return Chunk{output(b.offset, b.count)};
+        }, &stage);
+        stages[p].push_back(std::move(stage.steps));
+      }
+    }
+    // Phase j: stage s of piece j - s, for every s. Each stage reads what the stage before it wrote (at other
+    // offsets), a phase earlier; the pieces of one phase touch disjoint data.
+    int stageCount = static_cast<int>(stages[0].size());
+    for (int j = 0; j < pieces + stageCount - 1; ++j) {
+      std::vector<Step> phase;
+      for (int s = 0; s < stageCount; ++s) {
+        int p = j - s;
+        if (p >= 0 && p < pieces) phase.insert(phase.end(), stages[p][s].begin(), stages[p][s].end());
+      }
       lane->startPhase();
-      ringAllGather(ring, [&](int q) {
-        Block b = chunkOf(whole, ring.size(), q);
-        return Chunk{output(b.offset, b.count)};
-      }, lane);
+      appendSendsFirst(std::move(phase), &lane->steps);
     }
   });
   plan.reducedOutput = output(0, args.count);

@@ -63,8 +63,10 @@ class PlanTimer {
       offCore_.push_back(std::max(0.0, 1.0 - cores / ranksOnHost[hostOf_[r]]));
       onDevice_.push_back(placed_ && topo->node(topo->rankNode(r)).kind == NodeKind::kGpu);
     }
-    // Units per step: enough slices to show pipelining, few enough that large jobs stay cheap to time.
-    maxUnits_ = n_ <= 16 ? 64 : n_ <= 128 ? 8 : 2;
+    // Units per step: enough slices to show pipelining, few enough that large jobs stay cheap to time. A unit
+    // pays one message's latency for all its slices, so too few of them favour plans of few large steps: at 64
+    // per step a 16-rank AllReduce of 256 MiB cut into pipelined pieces was predicted slower than in one piece.
+    maxUnits_ = n_ <= 16 ? 128 : n_ <= 128 ? 8 : 2;
   }
 
   // The call's buffers on a rank (input, output, scratch), for the copy rate.

@@ -126,6 +126,8 @@ TEST(HierarchicalMp, EmulatedHosts) {
   EXPECT_NE(output.find("ready on 2 host(s)"), std::string::npos);
   EXPECT_GT(tcpMessages(output), 0) << output;
   EXPECT_NE(runCheck(6, "7,5000 70000 plain", "host$((LOOM_RANK / 2))").find("ready on 3 host(s)"), std::string::npos);
+  // An AllReduce large enough to run as a pipeline of pieces (two per lane here, algorithms/grid.cc).
+  runCheck(4, "7 1100001 plain", "host$((LOOM_RANK / 2))");
   EXPECT_NE(runCheck(6, "7,5000 70000 plain", "host$((LOOM_RANK % 2))").find("ready on 2 host(s)"), std::string::npos);
   EXPECT_NE(runCheck(5, "7,5000 70000 plain", "host$((LOOM_RANK / 2))").find("ready on 3 host(s)"), std::string::npos);
   // The same between hosts over ucx (LOOM_NET), where libucp loads.

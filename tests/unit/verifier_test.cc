@@ -293,6 +293,46 @@ TEST(Verifier, HierarchicalHostLayouts) {
   }
 }
 
+// A large AllReduce over two or more levels runs as a pipeline of pieces (grid.cc): stages of different pieces
+// share a phase. Proven whole, sliced as the executor runs it with tight FIFOs, and in place, for piece counts
+// from 2 to the most (16), over hosts and tori; a single host keeps one piece.
+TEST(Verifier, PipelinedGridAllReduce) {
+  constexpr size_t kChunk = size_t{1} << 16;  // the smallest chunk a piece must keep (grid.cc)
+  struct Shape {
+    std::vector<int> hostOf, torus;
+    int points;
+  };
+  const std::vector<Shape> shapes = {{{0, 0, 1, 1}, {}, 4}, {{0, 1, 0, 1}, {}, 4}, {{0, 0, 0, 1, 1, 1, 2, 2, 2}, {}, 9},
+                                     {{}, {2, 2}, 4},       {{}, {2, 3, 2}, 12}};
+  for (const Shape& shape : shapes) {
+    for (size_t pieces : {size_t{2}, size_t{3}, size_t{16}, size_t{19}}) {
+      for (int channels : {1, 2}) {
+        size_t count = 2 * channels * pieces * shape.points * kChunk + 5;
+        CollArgs args = uniformArgs(Collective::kAllReduce, static_cast<int>(shape.points), count, 0, channels);
+        args.hostOf = shape.hostOf;
+        args.torusDimCount = static_cast<int>(shape.torus.size());
+        std::copy(shape.torus.begin(), shape.torus.end(), args.torusDims);
+        const char* algorithm = shape.torus.empty() ? "hierarchical" : "torus";
+        RankPlan plan;
+        ASSERT_TRUE(buildPlan(args, algorithm, &plan));
+        size_t stages = 2 * (shape.torus.empty() ? 2 : shape.torus.size());
+        for (const Lane& lane : plan.lanes)
+          EXPECT_EQ(lane.phaseCount(), std::min<size_t>(pieces, 16) + stages - 1) << algorithm << " count " << count;
+        expectProven(args, algorithm, {});
+        expectProven(args, algorithm, {false, kChunk / 3, 2});
+        expectProven(args, algorithm, {true, kChunk / 3, 2});
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  // One host: one level, one piece.
+  CollArgs args = uniformArgs(Collective::kAllReduce, 4, 64 * 4 * kChunk, 0, 1);
+  args.hostOf = std::vector<int>{0, 0, 0, 0};
+  RankPlan plan;
+  ASSERT_TRUE(buildPlan(args, "hierarchical", &plan));
+  for (const Lane& lane : plan.lanes) EXPECT_EQ(lane.phaseCount(), 2u);
+}
+
 // Every algorithm on the rank layouts of the topology presets: their hosts (hierarchical) and tori (torus).
 TEST(Verifier, EveryAlgorithmOnThePresets) {
   for (const char* spec : {"dgx-h100", "pcie-8gpu", "torus2d:4x4", "torus3d:4x4x4", "fattree:2", "fullmesh:8"}) {
