@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "src/core/check.h"
 #include "src/core/params.h"
@@ -39,6 +42,7 @@ struct RankSetup {
   uint64_t probeAddress;
   int fifoDepth;
   uint64_t slotBytes;
+  uint64_t netSlotBytes;
   uint64_t llSlotBytes;
   uint64_t llThresholdBytes;
   uint64_t chunkBytes;
@@ -60,6 +64,27 @@ Transport* firstTransportTo(const loomComm* comm, int peer, std::string* reasons
     if (reasons != nullptr) *reasons += std::string(reasons->empty() ? "" : "; ") + candidate->name() + ": " + why;
   }
   return nullptr;
+}
+
+// Whether no two ranks of the communicator would connect through a transport without a proxy (shared memory):
+// then every message crosses a network, and its FIFOs take LOOM_NET_SLOT_BYTES slots. Such transports connect
+// ranks of one host only, by what every rank knows of every other, and the ranks' transports match: every rank
+// decides alike.
+bool noSharedMemory(const loomComm* comm) {
+  std::unordered_map<uint64_t, std::vector<int>> hosts;
+  for (int r = 0; r < comm->nranks; ++r) hosts[comm->peers[r].hostHash].push_back(r);
+  for (Transport* transport : transportsInPriorityOrder()) {
+    if (transport->movesByProxy()) continue;
+    for (const auto& [host, ranks] : hosts) {
+      for (size_t a = 0; a < ranks.size(); ++a) {
+        for (size_t b = a + 1; b < ranks.size(); ++b) {
+          std::string why;
+          if (transport->canConnect(comm->peers[ranks[a]], comm->peers[ranks[b]], &why)) return false;
+        }
+      }
+    }
+  }
+  return true;
 }
 
 // Collectives spin long where every thread that moves this host's data (these are all the host's ranks the
@@ -84,6 +109,9 @@ int64_t spinPollsFor(const loomComm* comm) {
 }
 
 int64_t clampParam(int64_t value, int64_t lo, int64_t hi) { return value < lo ? lo : value > hi ? hi : value; }
+
+// A Simple slot's bytes from a setting: 4 KiB to 64 MiB, a multiple of 64.
+size_t simpleSlotBytes(int64_t setting) { return static_cast<size_t>(clampParam(setting, 4096, 64 << 20)) / 64 * 64; }
 
 // Each rank probes which same-host peers' memory it can read, over transports that carry DirectDescriptors;
 // the rows are exchanged so that every rank knows which peers may be sent them.
@@ -215,7 +243,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   LOOM_CHECK(Bootstrap::create(id, rank, nranks, deadline, &comm->abortFlag, &comm->bootstrap));
   comm->commHash = comm->bootstrap->commHash();
   comm->fifoShape = {static_cast<int>(clampParam(params::fifoDepth(), 2, kMaxFifoDepth)),
-                     static_cast<size_t>(clampParam(params::simpleSlotBytes(), 4096, 64 << 20)) / 64 * 64,
+                     simpleSlotBytes(params::simpleSlotBytes()),
                      static_cast<size_t>(clampParam(params::llSlotBytes(), 256, 1 << 20)) / 64 * 64};
 
   std::vector<RankSetup> setups(nranks);
@@ -224,6 +252,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   mine.info = {rank, static_cast<int>(getpid()), localHostHash(), machineHash()};
   mine.fifoDepth = comm->fifoShape.depth;
   mine.slotBytes = comm->fifoShape.slotBytes;
+  mine.netSlotBytes = simpleSlotBytes(params::netSlotBytes());
   mine.llSlotBytes = comm->fifoShape.llSlotBytes;
   mine.nChannels = comm->nChannels;
   mine.llThresholdBytes = comm->llThresholdBytes;
@@ -255,20 +284,20 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
                        "on every rank (without it, a rank takes ib between hosts where it has an active RDMA port, else "
                        "tcp)",
                        setup.info.rank, setup.transports, rank, mine.transports);
-    if (setup.fifoDepth != mine.fifoDepth || setup.slotBytes != mine.slotBytes ||
+    if (setup.fifoDepth != mine.fifoDepth || setup.slotBytes != mine.slotBytes || setup.netSlotBytes != mine.netSlotBytes ||
         setup.llSlotBytes != mine.llSlotBytes || setup.nChannels != mine.nChannels ||
         setup.llThresholdBytes != mine.llThresholdBytes || setup.forcedProtocol != mine.forcedProtocol ||
         setup.chunkBytes != mine.chunkBytes)
       return LOOM_FAIL(loomInvalidUsage, INIT,
-                       "rank %d uses FIFO depth %d, slots of %llu/%llu bytes, %d channels, LL up to %llu bytes, "
-                       "protocol %d, chunks of %llu bytes; rank %d uses %d, %llu/%llu, %d, %llu, %d, %llu: "
+                       "rank %d uses FIFO depth %d, slots of %llu/%llu/%llu bytes, %d channels, LL up to %llu bytes, "
+                       "protocol %d, chunks of %llu bytes; rank %d uses %d, %llu/%llu/%llu, %d, %llu, %d, %llu: "
                        "LOOM_FIFO_DEPTH, LOOM_*_SLOT_BYTES, LOOM_NCHANNELS, LOOM_LL_THRESHOLD, LOOM_PROTO and "
                        "LOOM_CHUNK_BYTES must match on every rank",
                        setup.info.rank, setup.fifoDepth, (unsigned long long)setup.slotBytes,
-                       (unsigned long long)setup.llSlotBytes, setup.nChannels,
+                       (unsigned long long)setup.netSlotBytes, (unsigned long long)setup.llSlotBytes, setup.nChannels,
                        (unsigned long long)setup.llThresholdBytes, setup.forcedProtocol,
                        (unsigned long long)setup.chunkBytes, rank, mine.fifoDepth, (unsigned long long)mine.slotBytes,
-                       (unsigned long long)mine.llSlotBytes, mine.nChannels, (unsigned long long)mine.llThresholdBytes,
+                       (unsigned long long)mine.netSlotBytes, (unsigned long long)mine.llSlotBytes, mine.nChannels, (unsigned long long)mine.llThresholdBytes,
                        mine.forcedProtocol, (unsigned long long)mine.chunkBytes);
     comm->peers.push_back(setup.info);
     if (setup.info.machineHash == mine.info.machineHash && setup.info.rank != rank)
@@ -290,6 +319,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
       std::copy(dims.begin(), dims.end(), comm->torusDims);
     }
   }
+  if (noSharedMemory(comm)) comm->fifoShape.slotBytes = mine.netSlotBytes;
   // Each peer's transport, once: the direct-access probe, the spin policy and every connection use it.
   comm->transportTo.assign(nranks, nullptr);
   for (int p = 0; p < nranks; ++p)
