@@ -1,15 +1,17 @@
 #!/bin/bash
 # Network benchmarks on hosts made of network namespaces (tests/net/netns.sh), as root:
 #
-#   perf/netns_bench.sh [BUILD_DIR] [--rate 2gbit] [--iters 10]
+#   perf/netns_bench.sh [BUILD_DIR] [--rate 2gbit] [--iters 10] [--rounds 3]
 #
+# The two comparisons with targets (1 and 2) run ROUNDS times, the two sides alternating, and compare medians:
+# on a shared machine the rate of one run moves by a factor of two from one minute to the next.
 # 1. 2 hosts x 2 ranks, each host's link shaped to RATE both ways by tc's tbf: AllReduce busbw with the flat ring
 #    against the hierarchical algorithm (reduce-scatter on each host over shm, all-reduce between hosts over tcp,
-#    all-gather on each host), 16 to 64 MiB, in one run. The hierarchical one sends 1/2 of the data across the
-#    link per host where the ring sends all of it twice.
+#    all-gather on each host), 16 to 64 MiB. The hierarchical one sends the buffer across the link once each way
+#    where the ring sends 1.5 times it: 1.5 is the most their ratio can be.
 # 2. 2 ranks on one host, unshaped, over loopback: loom over tcp (LOOM_TRANSPORTS=tcp) against Gloo's TCP
-#    transport (perf/peers/gloo_perf), 1 to 64 MiB, in one run, with the ceiling: what TCP moves each way
-#    between two processes that send and receive at once (perf/tcp_ceiling), which bounds a 2-rank busbw.
+#    transport (perf/peers/gloo_perf), 1 to 64 MiB, beside what one TCP socket moves each way between two
+#    processes that send and receive at once (perf/tcp_ceiling): a 2-rank busbw over one socket each way.
 # 3. 2 hosts x 1 rank, unshaped: LOOM_NET=tcp against LOOM_NET=ucx (UCX over the hosts' eth0), 1 to 64 MiB, ucx
 #    with its RMA puts (LOOM_UCX_PUT_BYTES=16384, the default) and with tagged sends only (0).
 # Prints each table as the perf programs do and a summary of ratios at every size, with the command lines.
@@ -17,10 +19,12 @@ set -u
 build=build
 rate=2gbit
 iters=10
+rounds=3
 while [ $# -gt 0 ]; do
   case $1 in
     --rate) rate=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     *) build=$1; shift ;;
   esac
 done
@@ -33,6 +37,27 @@ gloo=$build/perf/peers/gloo_perf
 busbw_column() { awk '/^ +[0-9]/ { print $1, $8 }' "$1"; }
 # pair A B: "size a b" for the sizes both "size value" files have, in A's order.
 pair() { awk 'NR == FNR { b[$1] = $2; next } ($1 in b) { print $1, $2, b[$1] }' "$2" "$1"; }
+# median FILES...: "size median" over "size value" files, by size.
+median() {
+  awk '{ v[$1] = v[$1] " " $2 } END { for (s in v) print s, v[s] }' "$@" | sort -n |
+    awk '{ n = NF - 1; for (i = 2; i <= NF; ++i) x[i - 1] = $i
+           for (i = 1; i <= n; ++i) for (j = i + 1; j <= n; ++j) if (x[j] < x[i]) { t = x[i]; x[i] = x[j]; x[j] = t }
+           print $1, (n % 2 ? x[(n + 1) / 2] : (x[n / 2] + x[n / 2 + 1]) / 2) }'
+}
+# rounds_summary A B LABEL_A LABEL_B: per size, every round's B/A ratio and the ratio of the medians, from
+# $NETNS_WORK/A.R.busbw and B.R.busbw.
+rounds_summary() {
+  local a=$1 b=$2 r ratios=$NETNS_WORK/$1-$2.ratios
+  : >"$ratios"
+  for ((r = 1; r <= rounds; ++r)); do pair "$NETNS_WORK/$a.$r.busbw" "$NETNS_WORK/$b.$r.busbw" >>"$ratios"; done
+  pair <(median "$NETNS_WORK"/$a.*.busbw) <(median "$NETNS_WORK"/$b.*.busbw) |
+    while read -r size va vb; do
+      printf "%12d B  %s %6.3f GB/s  %s %6.3f GB/s  ratio of medians %.2f  rounds:" "$size" "$3" "$va" "$4" "$vb" \
+        "$(awk -v a="$va" -v b="$vb" 'BEGIN { print (a > 0 ? b / a : 0) }')"
+      awk -v s="$size" '$1 == s { printf " %.2f", ($2 > 0 ? $3 / $2 : 0) }' "$ratios"
+      echo
+    done
+}
 # job NAME RANKS_PER_HOST TITLE: runs all_reduce_perf on every host with $sizes, prints its table under TITLE
 # and keeps its busbw column in $NETNS_WORK/NAME.busbw.
 job() {
@@ -49,15 +74,16 @@ netns_hosts 2 || exit $?
 netns_shape 0 "$rate" && netns_shape 1 "$rate" || { echo "netns_bench: tc tbf is unavailable"; exit 1; }
 export LOOM_TIMEOUT_MS=600000
 sizes="-b 16M -e 64M -f 2"
-for algo in ring hierarchical; do
-  export LOOM_ALGO=$algo
-  NETNS_PASS="LOOM_TIMEOUT_MS LOOM_ALGO"
-  job "$algo" 2 "2 hosts x 2 ranks, links shaped to $rate, LOOM_ALGO=$algo"
+for ((round = 1; round <= rounds; ++round)); do
+  for algo in ring hierarchical; do
+    export LOOM_ALGO=$algo
+    NETNS_PASS="LOOM_TIMEOUT_MS LOOM_ALGO"
+    job "$algo.$round" 2 "round $round: 2 hosts x 2 ranks, links shaped to $rate, LOOM_ALGO=$algo"
+  done
 done
 unset LOOM_ALGO
-echo "## hierarchical / ring busbw, links shaped to $rate"
-pair "$NETNS_WORK/ring.busbw" "$NETNS_WORK/hierarchical.busbw" |
-  awk '{ printf "%12d B  ring %6.3f GB/s  hierarchical %6.3f GB/s  ratio %.2f\n", $1, $2, $3, $3 / $2 }'
+echo "## hierarchical / ring busbw, links shaped to $rate, $rounds rounds"
+rounds_summary ring hierarchical ring hierarchical
 
 # 3. 2 hosts x 1 rank, unshaped: tcp against ucx between the hosts.
 netns_unshape 0 && netns_unshape 1
@@ -84,18 +110,22 @@ done
 loomrun=$build/tools/loomrun
 echo "## the ceiling: TCP over loopback, both ways at once: $build/perf/tcp_ceiling 256M 5"
 "$build/perf/tcp_ceiling" 256M 5
-command="-n 2 $perf -b 1M -e 64M -f 4 -n $iters -w 2"
-echo "## 2 ranks, one host, loopback: loom over tcp: LOOM_TRANSPORTS=tcp $loomrun $command"
-LOOM_TRANSPORTS=tcp $loomrun $command >"$NETNS_WORK/loom-tcp.log" 2>&1 || { cat "$NETNS_WORK/loom-tcp.log"; exit 1; }
-grep -E "^ +[0-9]" "$NETNS_WORK/loom-tcp.log"
+loom_command="-n 2 $perf -b 1M -e 64M -f 4 -n $iters -w 2"
+gloo_command="-n 2 $gloo -C all_reduce -b 1M -e 64M -f 4 -n $iters -w 2"
+[ -x "$gloo" ] || echo "## Gloo: perf/peers/gloo_perf is not built (no libgloo-dev): loom alone"
+for ((round = 1; round <= rounds; ++round)); do
+  echo "## round $round, 2 ranks, one host, loopback: loom over tcp: LOOM_TRANSPORTS=tcp $loomrun $loom_command"
+  LOOM_TRANSPORTS=tcp $loomrun $loom_command >"$NETNS_WORK/loom-tcp.$round.log" 2>&1 ||
+    { cat "$NETNS_WORK/loom-tcp.$round.log"; exit 1; }
+  grep -E "^ +[0-9]" "$NETNS_WORK/loom-tcp.$round.log"
+  busbw_column "$NETNS_WORK/loom-tcp.$round.log" >"$NETNS_WORK/loom.$round.busbw"
+  [ -x "$gloo" ] || continue
+  echo "## round $round, the same with Gloo (TCP over loopback): $loomrun $gloo_command"
+  $loomrun $gloo_command >"$NETNS_WORK/gloo.$round.log" 2>&1 || { cat "$NETNS_WORK/gloo.$round.log"; exit 1; }
+  grep -E "^ +[0-9]" "$NETNS_WORK/gloo.$round.log"
+  busbw_column "$NETNS_WORK/gloo.$round.log" >"$NETNS_WORK/gloo.$round.busbw"
+done
 if [ -x "$gloo" ]; then
-  command="-n 2 $gloo -C all_reduce -b 1M -e 64M -f 4 -n $iters -w 2"
-  echo "## the same with Gloo (TCP over loopback): $loomrun $command"
-  $loomrun $command >"$NETNS_WORK/gloo.log" 2>&1 || { cat "$NETNS_WORK/gloo.log"; exit 1; }
-  grep -E "^ +[0-9]" "$NETNS_WORK/gloo.log"
-  echo "## loom (tcp) / Gloo busbw"
-  pair <(busbw_column "$NETNS_WORK/loom-tcp.log") <(busbw_column "$NETNS_WORK/gloo.log") |
-    awk '{ printf "%12d B  loom %6.3f GB/s  Gloo %6.3f GB/s  ratio %.2f\n", $1, $2, $3, ($3 > 0 ? $2 / $3 : 0) }'
-else
-  echo "## Gloo: perf/peers/gloo_perf is not built (no libgloo-dev): skipped"
+  echo "## loom (tcp) / Gloo busbw, $rounds rounds"
+  rounds_summary gloo loom Gloo loom
 fi

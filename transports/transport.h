@@ -84,6 +84,9 @@ class Transport {
   // Whether that proxy can send a message straight from the caller's memory (a DirectDescriptor of this process,
   // Links::proxySends): tcp and ucx can; ib needs registered memory, so its messages come through the FIFO.
   virtual bool proxySendsFromCallerMemory() const { return movesByProxy(); }
+  // The Simple slot bytes this transport asks for in a communicator whose every connection is a network one
+  // (no two ranks share memory); 0: LOOM_SIMPLE_SLOT_BYTES. Ranks with the same transports decide alike.
+  virtual size_t networkSlotBytes() const { return 0; }
   // Made once per communicator at init, before any connection; passed back to createReceiver and attachSender.
   // Transports that keep nothing per communicator leave *out empty.
   virtual loomResult_t openComm(const TransportCommContext& context, std::unique_ptr<TransportComm>* out) {

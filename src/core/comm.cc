@@ -42,7 +42,7 @@ struct RankSetup {
   uint64_t probeAddress;
   int fifoDepth;
   uint64_t slotBytes;
-  uint64_t netSlotBytes;
+  uint64_t networkSlotBytes;  // what the network transports ask for where no two ranks share memory (0: none)
   uint64_t llSlotBytes;
   uint64_t llThresholdBytes;
   uint64_t chunkBytes;
@@ -67,7 +67,7 @@ Transport* firstTransportTo(const loomComm* comm, int peer, std::string* reasons
 }
 
 // Whether no two ranks of the communicator would connect through a transport without a proxy (shared memory):
-// then every message crosses a network, and its FIFOs take LOOM_NET_SLOT_BYTES slots. Such transports connect
+// then every message crosses a network, and its FIFOs take the slots the network transports ask for. Such transports connect
 // ranks of one host only, by what every rank knows of every other, and the ranks' transports match: every rank
 // decides alike.
 bool noSharedMemory(const loomComm* comm) {
@@ -112,6 +112,20 @@ int64_t clampParam(int64_t value, int64_t lo, int64_t hi) { return value < lo ? 
 
 // A Simple slot's bytes from a setting: 4 KiB to 64 MiB, a multiple of 64.
 size_t simpleSlotBytes(int64_t setting) { return static_cast<size_t>(clampParam(setting, 4096, 64 << 20)) / 64 * 64; }
+
+// The Simple slot bytes the network transports this rank would use ask for (the smallest; 0 when any of them
+// asks for none): a communicator whose every connection is a network one takes it.
+size_t networkSlotBytes() {
+  size_t bytes = 0;
+  for (Transport* transport : transportsInPriorityOrder()) {
+    if (!transport->movesByProxy()) continue;
+    size_t asked = transport->networkSlotBytes();
+    if (asked == 0) return 0;
+    size_t slot = simpleSlotBytes(static_cast<int64_t>(asked));
+    bytes = bytes == 0 ? slot : std::min(bytes, slot);
+  }
+  return bytes;
+}
 
 // Each rank probes which same-host peers' memory it can read, over transports that carry DirectDescriptors;
 // the rows are exchanged so that every rank knows which peers may be sent them.
@@ -252,7 +266,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   mine.info = {rank, static_cast<int>(getpid()), localHostHash(), machineHash()};
   mine.fifoDepth = comm->fifoShape.depth;
   mine.slotBytes = comm->fifoShape.slotBytes;
-  mine.netSlotBytes = simpleSlotBytes(params::netSlotBytes());
+  mine.networkSlotBytes = networkSlotBytes();
   mine.llSlotBytes = comm->fifoShape.llSlotBytes;
   mine.nChannels = comm->nChannels;
   mine.llThresholdBytes = comm->llThresholdBytes;
@@ -284,7 +298,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
                        "on every rank (without it, a rank takes ib between hosts where it has an active RDMA port, else "
                        "tcp)",
                        setup.info.rank, setup.transports, rank, mine.transports);
-    if (setup.fifoDepth != mine.fifoDepth || setup.slotBytes != mine.slotBytes || setup.netSlotBytes != mine.netSlotBytes ||
+    if (setup.fifoDepth != mine.fifoDepth || setup.slotBytes != mine.slotBytes || setup.networkSlotBytes != mine.networkSlotBytes ||
         setup.llSlotBytes != mine.llSlotBytes || setup.nChannels != mine.nChannels ||
         setup.llThresholdBytes != mine.llThresholdBytes || setup.forcedProtocol != mine.forcedProtocol ||
         setup.chunkBytes != mine.chunkBytes)
@@ -294,10 +308,10 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
                        "LOOM_FIFO_DEPTH, LOOM_*_SLOT_BYTES, LOOM_NCHANNELS, LOOM_LL_THRESHOLD, LOOM_PROTO and "
                        "LOOM_CHUNK_BYTES must match on every rank",
                        setup.info.rank, setup.fifoDepth, (unsigned long long)setup.slotBytes,
-                       (unsigned long long)setup.netSlotBytes, (unsigned long long)setup.llSlotBytes, setup.nChannels,
+                       (unsigned long long)setup.networkSlotBytes, (unsigned long long)setup.llSlotBytes, setup.nChannels,
                        (unsigned long long)setup.llThresholdBytes, setup.forcedProtocol,
                        (unsigned long long)setup.chunkBytes, rank, mine.fifoDepth, (unsigned long long)mine.slotBytes,
-                       (unsigned long long)mine.netSlotBytes, (unsigned long long)mine.llSlotBytes, mine.nChannels, (unsigned long long)mine.llThresholdBytes,
+                       (unsigned long long)mine.networkSlotBytes, (unsigned long long)mine.llSlotBytes, mine.nChannels, (unsigned long long)mine.llThresholdBytes,
                        mine.forcedProtocol, (unsigned long long)mine.chunkBytes);
     comm->peers.push_back(setup.info);
     if (setup.info.machineHash == mine.info.machineHash && setup.info.rank != rank)
@@ -319,7 +333,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
       std::copy(dims.begin(), dims.end(), comm->torusDims);
     }
   }
-  if (noSharedMemory(comm)) comm->fifoShape.slotBytes = mine.netSlotBytes;
+  if (mine.networkSlotBytes > 0 && noSharedMemory(comm)) comm->fifoShape.slotBytes = mine.networkSlotBytes;
   // Each peer's transport, once: the direct-access probe, the spin policy and every connection use it.
   comm->transportTo.assign(nranks, nullptr);
   for (int p = 0; p < nranks; ++p)
