@@ -167,7 +167,8 @@ Block chunkOf(Block b, int n, int q) {
 bool writesInto(const Step& step, const Region& region) {
   if (step.action == Action::kSend || step.action == Action::kRecvReduceSend) return false;
   const Region& dst = step.dst;
-  bool sameBuffer = dst.buffer == region.buffer || (dst.buffer != Buffer::kScratch && region.buffer != Buffer::kScratch);
+  bool sameBuffer =
+      dst.buffer == region.buffer || (dst.buffer != Buffer::kScratch && region.buffer != Buffer::kScratch);
   return sameBuffer && dst.bufferIndex == region.bufferIndex && dst.offset < region.offset + region.count &&
          region.offset < dst.offset + dst.count;
 }

@@ -67,9 +67,9 @@ Transport* firstTransportTo(const loomComm* comm, int peer, std::string* reasons
 }
 
 // Whether no two ranks of the communicator would connect through a transport without a proxy (shared memory):
-// then every message crosses a network, and its FIFOs take the slots the network transports ask for. Such transports connect
-// ranks of one host only, by what every rank knows of every other, and the ranks' transports match: every rank
-// decides alike.
+// then every message crosses a network, and its FIFOs take the slots the network transports ask for. Such
+// transports connect ranks of one host only, by what every rank knows of every other, and the ranks' transports
+// match: every rank decides alike.
 bool noSharedMemory(const loomComm* comm) {
   std::unordered_map<uint64_t, std::vector<int>> hosts;
   for (int r = 0; r < comm->nranks; ++r) hosts[comm->peers[r].hostHash].push_back(r);
@@ -298,21 +298,22 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
                        "on every rank (without it, a rank takes ib between hosts where it has an active RDMA port, else "
                        "tcp)",
                        setup.info.rank, setup.transports, rank, mine.transports);
-    if (setup.fifoDepth != mine.fifoDepth || setup.slotBytes != mine.slotBytes || setup.networkSlotBytes != mine.networkSlotBytes ||
-        setup.llSlotBytes != mine.llSlotBytes || setup.nChannels != mine.nChannels ||
-        setup.llThresholdBytes != mine.llThresholdBytes || setup.forcedProtocol != mine.forcedProtocol ||
-        setup.chunkBytes != mine.chunkBytes)
+    if (setup.fifoDepth != mine.fifoDepth || setup.slotBytes != mine.slotBytes ||
+        setup.networkSlotBytes != mine.networkSlotBytes || setup.llSlotBytes != mine.llSlotBytes ||
+        setup.nChannels != mine.nChannels || setup.llThresholdBytes != mine.llThresholdBytes ||
+        setup.forcedProtocol != mine.forcedProtocol || setup.chunkBytes != mine.chunkBytes)
       return LOOM_FAIL(loomInvalidUsage, INIT,
                        "rank %d uses FIFO depth %d, slots of %llu/%llu/%llu bytes, %d channels, LL up to %llu bytes, "
                        "protocol %d, chunks of %llu bytes; rank %d uses %d, %llu/%llu/%llu, %d, %llu, %d, %llu: "
                        "LOOM_FIFO_DEPTH, LOOM_*_SLOT_BYTES, LOOM_NCHANNELS, LOOM_LL_THRESHOLD, LOOM_PROTO and "
                        "LOOM_CHUNK_BYTES must match on every rank",
                        setup.info.rank, setup.fifoDepth, (unsigned long long)setup.slotBytes,
-                       (unsigned long long)setup.networkSlotBytes, (unsigned long long)setup.llSlotBytes, setup.nChannels,
-                       (unsigned long long)setup.llThresholdBytes, setup.forcedProtocol,
+                       (unsigned long long)setup.networkSlotBytes, (unsigned long long)setup.llSlotBytes,
+                       setup.nChannels, (unsigned long long)setup.llThresholdBytes, setup.forcedProtocol,
                        (unsigned long long)setup.chunkBytes, rank, mine.fifoDepth, (unsigned long long)mine.slotBytes,
-                       (unsigned long long)mine.networkSlotBytes, (unsigned long long)mine.llSlotBytes, mine.nChannels, (unsigned long long)mine.llThresholdBytes,
-                       mine.forcedProtocol, (unsigned long long)mine.chunkBytes);
+                       (unsigned long long)mine.networkSlotBytes, (unsigned long long)mine.llSlotBytes, mine.nChannels,
+                       (unsigned long long)mine.llThresholdBytes, mine.forcedProtocol,
+                       (unsigned long long)mine.chunkBytes);
     comm->peers.push_back(setup.info);
     if (setup.info.machineHash == mine.info.machineHash && setup.info.rank != rank)
       comm->peerWatch.add(setup.info.rank, setup.info.pid);
