@@ -58,6 +58,15 @@ rounds_summary() {
       echo
     done
 }
+# local_job NAME COMMAND...: runs a perf program's COMMAND on this host (not in a namespace), prints its rows and
+# keeps its busbw column in $NETNS_WORK/NAME.busbw.
+local_job() {
+  local name=$1
+  shift
+  "$@" >"$NETNS_WORK/$name.log" 2>&1 || { cat "$NETNS_WORK/$name.log"; exit 1; }
+  grep -E "^ +[0-9]" "$NETNS_WORK/$name.log"
+  busbw_column "$NETNS_WORK/$name.log" >"$NETNS_WORK/$name.busbw"
+}
 # job NAME RANKS_PER_HOST TITLE: runs all_reduce_perf on every host with $sizes, prints its table under TITLE
 # and keeps its busbw column in $NETNS_WORK/NAME.busbw.
 job() {
@@ -115,15 +124,10 @@ gloo_command="-n 2 $gloo -C all_reduce -b 1M -e 64M -f 4 -n $iters -w 2"
 [ -x "$gloo" ] || echo "## Gloo: perf/peers/gloo_perf is not built (no libgloo-dev): loom alone"
 for ((round = 1; round <= rounds; ++round)); do
   echo "## round $round, 2 ranks, one host, loopback: loom over tcp: LOOM_TRANSPORTS=tcp $loomrun $loom_command"
-  LOOM_TRANSPORTS=tcp $loomrun $loom_command >"$NETNS_WORK/loom-tcp.$round.log" 2>&1 ||
-    { cat "$NETNS_WORK/loom-tcp.$round.log"; exit 1; }
-  grep -E "^ +[0-9]" "$NETNS_WORK/loom-tcp.$round.log"
-  busbw_column "$NETNS_WORK/loom-tcp.$round.log" >"$NETNS_WORK/loom.$round.busbw"
+  local_job "loom.$round" env LOOM_TRANSPORTS=tcp $loomrun $loom_command
   [ -x "$gloo" ] || continue
   echo "## round $round, the same with Gloo (TCP over loopback): $loomrun $gloo_command"
-  $loomrun $gloo_command >"$NETNS_WORK/gloo.$round.log" 2>&1 || { cat "$NETNS_WORK/gloo.$round.log"; exit 1; }
-  grep -E "^ +[0-9]" "$NETNS_WORK/gloo.$round.log"
-  busbw_column "$NETNS_WORK/gloo.$round.log" >"$NETNS_WORK/gloo.$round.busbw"
+  local_job "gloo.$round" $loomrun $gloo_command
 done
 if [ -x "$gloo" ]; then
   echo "## loom (tcp) / Gloo busbw, $rounds rounds"
