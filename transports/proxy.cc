@@ -1,6 +1,7 @@
 // The proxy thread and FIFOs the network transports share (proxy.h).
 #include "transports/proxy.h"
 
+#include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -22,6 +23,8 @@ namespace {
 // An idle proxy sleeps until the network or a doorbell wakes it, and at least this often looks around anyway (a
 // safety net: nothing needs it).
 constexpr int64_t kSleepBackstopUs = 100000;
+// An attached caller that finds nothing to move polls the sockets of sending connections once in this many passes.
+constexpr uint64_t kCallerPassesPerPoll = 16;
 
 }  // namespace
 
@@ -133,8 +136,10 @@ void ProxyComm::stopProxy() {
   if (!thread_.joinable()) return;
   wake();
   thread_.join();
-  LOOM_INFO(NET, "rank %d: %llu messages sent and %llu received over %s", context_.rank,
-            static_cast<unsigned long long>(sent_), static_cast<unsigned long long>(received_), transport_);
+  LOOM_INFO(NET, "rank %d: %llu messages sent and %llu received over %s, in %llu passes of the proxy and %llu of "
+            "callers",
+            context_.rank, static_cast<unsigned long long>(sent_), static_cast<unsigned long long>(received_),
+            transport_, static_cast<unsigned long long>(proxyPasses_), static_cast<unsigned long long>(callerPasses_));
 }
 
 void ProxyComm::shut(ProxyConn& conn, uint32_t code) {
@@ -250,13 +255,65 @@ void ProxyComm::setSleeping(bool sleeping) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
+void ProxyComm::waitDoorbell(int64_t micros) {
+  pollfd doorbell{wake_.get(), POLLIN, 0};
+  timespec timeout{micros / 1000000, static_cast<long>(micros % 1000000 * 1000)};
+  if (ppoll(&doorbell, 1, &timeout, nullptr) > 0) drainDoorbell();
+}
+
+void ProxyComm::attachCaller() {
+  callers_.fetch_add(1, std::memory_order_seq_cst);
+  // A proxy asleep on the network holds the connections: wake it, and it leaves them to this caller (run()).
+  if (proxyAsleep_.load(std::memory_order_seq_cst)) wake();
+}
+
+bool ProxyComm::progressFromCaller() {
+  std::unique_lock<std::mutex> lock(passMutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  if (pass()) {
+    ++callerPasses_;
+    idleCallerPasses_ = 0;
+    return true;
+  }
+  // A peer that gave up on or closed a connection this rank sends on shows only in a poll of its sockets: one
+  // in kCallerPassesPerPoll idle passes polls them.
+  if (++idleCallerPasses_ % kCallerPassesPerPoll == 0) sleep(0);
+  return false;
+}
+
+void ProxyComm::detachCaller() {
+  callers_.fetch_sub(1, std::memory_order_seq_cst);
+  // The proxy takes over what the call left: its last messages may still be on their way. With nothing left,
+  // it may sleep on: it looks at the network again within kSleepBackstopUs, or when the next call attaches.
+  std::unique_lock<std::mutex> lock(passMutex_, std::try_to_lock);
+  if (lock.owns_lock() && !needsProxy()) return;
+  wake();
+}
+
+bool ProxyComm::needsProxy() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!added_.empty() || !retired_.empty()) return true;
+  }
+  return std::any_of(conns_.begin(), conns_.end(), [](const std::shared_ptr<ProxyConn>& conn) {
+    if (conn->closed) return false;
+    bool aborted = conn->fifo.view().header->aborted.load(std::memory_order_relaxed) != 0;
+    return aborted || (conn->sends && (conn->inFrame || !conn->drain->empty()));
+  });
+}
+
 void ProxyComm::run() {
   static const int64_t yieldUs = params::yieldUs();
   Clock::time_point idleSince = Clock::now();
   bool idle = false;
   std::optional<Deadline> flushBy;  // set once the communicator is being destroyed
   for (;;) {
-    bool progressed = pass();
+    bool progressed;
+    {
+      std::lock_guard<std::mutex> lock(passMutex_);
+      progressed = pass();
+      if (progressed) ++proxyPasses_;
+    }
     bool stopping, moreAdded;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -277,22 +334,38 @@ void ProxyComm::run() {
       idle = false;
       continue;
     }
+    if (callers_.load(std::memory_order_seq_cst) > 0 && !stopping) {
+      // A waiting caller moves the messages: stay off the cores until its call ends (detachCaller rings).
+      waitDoorbell(kSleepBackstopUs);
+      idle = false;
+      continue;
+    }
     if (!idle) {
       idle = true;
       idleSince = Clock::now();
     }
     auto waited = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - idleSince).count();
     if (waited < yieldUs) {
-      sleep(0);
+      {
+        std::lock_guard<std::mutex> lock(passMutex_);
+        sleep(0);
+      }
       sched_yield();
       continue;
     }
     // Sleep until the network, the doorbell or the eventfd wakes the proxy: mark the FIFOs first, then look
-    // once more, so that a message posted meanwhile is either seen now or rings.
-    setSleeping(true);
-    if (!pass()) sleep(kSleepBackstopUs);
-    setSleeping(false);
+    // once more, so that a message posted meanwhile is either seen now or rings. A caller that attaches
+    // meanwhile sees proxyAsleep_ and rings, or is seen here.
+    std::lock_guard<std::mutex> passLock(passMutex_);
+    proxyAsleep_.store(true, std::memory_order_seq_cst);
+    if (callers_.load(std::memory_order_seq_cst) == 0 || stopping) {
+      setSleeping(true);
+      if (!pass()) sleep(kSleepBackstopUs);
+      setSleeping(false);
+    }
+    proxyAsleep_.store(false, std::memory_order_seq_cst);
   }
+  std::lock_guard<std::mutex> passLock(passMutex_);
   for (auto& conn : conns_) shut(*conn, 0);
   conns_.clear();
   std::lock_guard<std::mutex> lock(mutex_);

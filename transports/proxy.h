@@ -8,6 +8,8 @@
 // - the connections' life: added by the executor's side, released by its endpoints, and, when the communicator
 //   is destroyed, first flushed of what the executor posted (a call may return before its last messages left),
 //   within LOOM_TIMEOUT_MS;
+// - progress from the waiting threads, where a transport allows it (tcp): an executor with nothing else to do
+//   runs a pass over the connections itself, and while one is attached the proxy thread sleeps on the doorbell;
 // - failure: an executor that gives up marks its FIFO aborted, and the proxy tells the peer (notifyGaveUp) and
 //   shuts the connection; a connection that fails marks its FIFO kConnectionLost, one whose peer gave up
 //   kAbortedByPeer (fifo.h), and the executor's error names the peer.
@@ -59,7 +61,7 @@ struct ProxyConn {
   LocalFifo fifo;
   std::atomic<bool> released{false};  // the executor's endpoint is gone
 
-  // The proxy thread's alone once added.
+  // Once added, touched only by the thread that holds the comm's passMutex_ (the proxy thread or a caller).
   std::unique_ptr<FifoReceiver> drain;  // sending side
   std::unique_ptr<FifoSender> fill;     // receiving side
   bool connected = false;               // the network side is up (the transport says when)
@@ -118,15 +120,20 @@ class ProxyComm : public TransportComm {
   loomResult_t attach(std::shared_ptr<ProxyConn> conn, std::unique_ptr<Endpoint>* out);
   // Rings the proxy awake (new work from another thread, a released endpoint).
   void wake();
-  // An executor's endpoint is gone: marks the connection released and hands its reference to the proxy thread,
-  // so that the connection (its network resources) is always freed there.
+  // Progress from waiting threads (TransportComm), for transports whose progressesFromCaller() says so: one
+  // thread at a time runs a pass over the connections, the proxy thread's or a caller's (passMutex_).
+  void attachCaller() override;
+  bool progressFromCaller() override;
+  void detachCaller() override;
+  // An executor's endpoint is gone: marks the connection released and hands its reference to the next pass, so
+  // that the connection (its network resources) is always freed by the thread that runs the connections.
   void release(std::shared_ptr<ProxyConn> conn);
 
  protected:
   // Derived destructors call this first: the thread runs the virtual hooks below.
   void stopProxy();
 
-  // The hooks, all on the proxy thread.
+  // The hooks, on the proxy thread or an attached caller, always under passMutex_.
   // Takes over what other threads handed the transport besides connections; whether there was anything.
   virtual bool adoptExtra() { return false; }
   // Progresses the network itself once a round, before the connections are pumped; whether anything happened.
@@ -148,7 +155,7 @@ class ProxyComm : public TransportComm {
   void peerClosed(ProxyConn& conn);
   void peerGaveUp(ProxyConn& conn);
 
-  std::vector<std::shared_ptr<ProxyConn>> conns_;  // the proxy thread's
+  std::vector<std::shared_ptr<ProxyConn>> conns_;  // under passMutex_
   uint64_t sent_ = 0;                              // messages, for the log line at the end
   uint64_t received_ = 0;
 
@@ -159,11 +166,24 @@ class ProxyComm : public TransportComm {
   bool watchLocal(ProxyConn& conn);
   bool finished(const ProxyConn& conn) const;
   void setSleeping(bool sleeping);
+  // Whether the proxy has work a detaching caller leaves it (under passMutex_): a message the executor posted
+  // and not yet sent, a FIFO it marked aborted (the peer must hear), a connection attached or released.
+  bool needsProxy();
+  // While callers are attached: sleeps on the doorbell alone, until it rings or `micros` pass.
+  void waitDoorbell(int64_t micros);
 
   TransportCommContext context_;
   const char* transport_;
   UniqueFd wake_;
   std::thread thread_;
+  // Held by whichever thread runs the connections' hooks (pass, sleep): the proxy thread or an attached caller.
+  // What the header calls the proxy thread's is that holder's.
+  std::mutex passMutex_;
+  std::atomic<int> callers_{0};           // threads attached (attachCaller)
+  std::atomic<bool> proxyAsleep_{false};  // the proxy thread sleeps on the network, holding passMutex_
+  uint64_t proxyPasses_ = 0;              // passes that moved anything, by the proxy thread and by callers
+  uint64_t callerPasses_ = 0;
+  uint64_t idleCallerPasses_ = 0;  // callers' passes in a row that moved nothing
   std::mutex mutex_;  // guards what other threads hand the proxy
   std::vector<std::shared_ptr<ProxyConn>> added_;
   std::vector<std::shared_ptr<ProxyConn>> retired_;  // released endpoints' references (release())

@@ -42,6 +42,15 @@ class TransportComm {
   // The network device this rank's connections to other hosts leave through ("mlx5_0", "eth0"): for the
   // topology's record of each rank's NIC. Empty for transports within a host, or when it cannot tell.
   virtual std::string netDevice() const { return {}; }
+
+  // Progress from the threads that wait on this transport's connections (tcp): a thread that is about to wait
+  // calls attachCaller() once, progressFromCaller() whenever it finds nothing else to do (whether anything
+  // moved), and detachCaller() when its call ends. While a thread is attached, the transport's own thread leaves
+  // the network to it, so the two do not take turns on the cores. Only where progressesFromCaller() says so.
+  virtual bool progressesFromCaller() const { return false; }
+  virtual void attachCaller() {}
+  virtual bool progressFromCaller() { return false; }
+  virtual void detachCaller() {}
 };
 
 // A communicator as its transports see it at init.

@@ -347,6 +347,12 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
     comm->transportComms.emplace_back(transport, std::move(state));
   }
   LOOM_CHECK(recordNics(comm, deadline));
+  std::vector<TransportComm*> callerProgress;
+  for (const auto& [transport, state] : comm->transportComms)
+    if (state != nullptr && state->progressesFromCaller() &&
+        std::find(comm->transportTo.begin(), comm->transportTo.end(), transport) != comm->transportTo.end())
+      callerProgress.push_back(state.get());
+  comm->connections.setCallerProgress(std::move(callerProgress));
   comm->connections.setWhyLost([comm](int peer) {
     for (const auto& [transport, state] : comm->transportComms)
       if (state != nullptr)

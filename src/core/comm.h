@@ -46,6 +46,20 @@ class Connections : public Links {
   void setProxyPeers(std::vector<bool> proxyTo) { proxyTo_ = std::move(proxyTo); }
   std::string whyLost(int peer) override { return whyLost_ ? whyLost_(peer) : std::string(); }
   void setWhyLost(std::function<std::string(int)> whyLost) { whyLost_ = std::move(whyLost); }
+  // The transports whose connections a waiting executor moves itself (TransportComm::progressesFromCaller).
+  void setCallerProgress(std::vector<TransportComm*> comms) { callerProgress_ = std::move(comms); }
+  bool beginNetworkProgress() override {
+    for (TransportComm* comm : callerProgress_) comm->attachCaller();
+    return !callerProgress_.empty();
+  }
+  bool progressNetwork() override {
+    bool moved = false;
+    for (TransportComm* comm : callerProgress_) moved |= comm->progressFromCaller();
+    return moved;
+  }
+  void endNetworkProgress() override {
+    for (TransportComm* comm : callerProgress_) comm->detachCaller();
+  }
   // Make sure every connection `plan` uses exists, in two phases: receivers first (that never waits), then
   // senders, which attach to their peers' receivers (that waits, as long as `check` allows). A caller with
   // several plans (a group, perhaps over several communicators driven by one thread) creates all receivers
@@ -75,6 +89,7 @@ class Connections : public Links {
   std::vector<bool> directTo_;
   std::vector<bool> proxyTo_;
   std::function<std::string(int)> whyLost_;
+  std::vector<TransportComm*> callerProgress_;
   PeerMappings peerMappings_;
 };
 

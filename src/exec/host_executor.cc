@@ -343,6 +343,27 @@ HostExecutor::HostExecutor() = default;
 HostExecutor::~HostExecutor() = default;
 
 loomResult_t HostExecutor::run(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch, int64_t spinPolls) {
+  loomResult_t result = runQueues(queues, watch, spinPolls);
+  for (Links* links : driving_) links->endNetworkProgress();
+  driving_.clear();
+  return result;
+}
+
+// Moves the network connections of the tasks in progress from this thread, where their transport allows it.
+bool HostExecutor::progressNetwork(std::span<std::unique_ptr<TaskRun>> runs) {
+  for (auto& run : runs) {
+    if (!run->active()) continue;
+    Links* links = run->task().links;
+    if (std::find(driving_.begin(), driving_.end(), links) != driving_.end()) continue;
+    if (links->beginNetworkProgress()) driving_.push_back(links);
+  }
+  bool moved = false;
+  for (Links* links : driving_) moved |= links->progressNetwork();
+  return moved;
+}
+
+loomResult_t HostExecutor::runQueues(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch,
+                                     int64_t spinPolls) {
   next_.assign(queues.size(), 0);
   while (runs_.size() < queues.size()) runs_.push_back(std::make_unique<TaskRun>());
   std::span<std::unique_ptr<TaskRun>> current(runs_.data(), queues.size());
@@ -372,6 +393,8 @@ loomResult_t HostExecutor::run(std::vector<std::vector<ExecTask>>& queues, const
       if (run.active()) allDone = false;
     }
     if (allDone) return loomSuccess;
+    // The network costs system calls: while spinning, every 64th pass looks at it (as at aborts, below).
+    if (!progress && (!backoff.spinning() || backoff.polls() % 64 == 63)) progress = progressNetwork(current);
     if (progress) {
       backoff.reset();
       if (loomResult_t result = watch(true, needsPeer); result != loomSuccess) return stopAll(result);  // abort

@@ -3,7 +3,8 @@
 // Each step is cut into slices of one FIFO slot; a lane runs in rounds (slice k of every step in order), and all
 // lanes of all tasks given to one run() progress together, without blocking: a slice runs only when its message
 // has arrived and its outgoing slot is free, so any number of ranks can share few cores. When nothing can move
-// the executor backs off (spin, yield, sleep) and asks its Watch whether to give up: deadline, abort, dead peer.
+// the executor moves its network connections itself where their transport lets it (Links::progressNetwork), else
+// backs off (spin, yield, sleep) and asks its Watch whether to give up: deadline, abort, dead peer.
 // It knows nothing of communicators or of how connections were made.
 #pragma once
 
@@ -38,6 +39,12 @@ class Links {
     (void)peer;
     return {};
   }
+  // Network connections the waiting thread moves itself (tcp; TransportComm::attachCaller): a run calls
+  // beginNetworkProgress() once before its first progressNetwork(), and endNetworkProgress() as it ends.
+  // begin returns false when there is nothing to move that way (the run then makes no other call).
+  virtual bool beginNetworkProgress() { return false; }
+  virtual bool progressNetwork() { return false; }  // whether anything moved
+  virtual void endNetworkProgress() {}
 };
 
 // A buffer of a task that peers may read in place, and the shared file it lies in, if any.
@@ -97,8 +104,12 @@ class HostExecutor {
   loomResult_t run(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch, int64_t spinPolls);
 
  private:
+  loomResult_t runQueues(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch, int64_t spinPolls);
+  bool progressNetwork(std::span<std::unique_ptr<TaskRun>> runs);
+
   std::vector<size_t> next_;                     // per queue: the next task to start
   std::vector<std::unique_ptr<TaskRun>> runs_;  // per queue: its task in progress (reused)
+  std::vector<Links*> driving_;                 // links whose network this run moves (beginNetworkProgress)
 };
 
 }  // namespace loom

@@ -69,6 +69,16 @@ long tcpMessages(const std::string& output) {
   return std::atol(output.c_str() + at + std::strlen("INFO NET rank 0: "));
 }
 
+// In the same line: how many of the passes that moved messages ran on waiting callers (LOOM_TCP_CALLER_PROGRESS).
+long callerPasses(const std::string& output) {
+  size_t at = output.find("INFO NET rank 0: ");
+  if (at == std::string::npos) return -1;
+  std::string line = output.substr(at, output.find('\n', at) - at);
+  const char* lead = " passes of the proxy and ";
+  size_t count = line.find(lead);
+  return count == std::string::npos ? -1 : std::atol(line.c_str() + count + std::strlen(lead));
+}
+
 class CollectivesMp : public testing::TestWithParam<int> {};
 
 TEST_P(CollectivesMp, MatrixUnderLoomrun) { runCheck(GetParam(), ""); }
@@ -84,6 +94,7 @@ TEST(CollectivesMpZeroCopy, LoomMemAllocAndRegistered) {
 }
 
 // Processes connected by tcp only, at 3 and 4 ranks; the proxies send Simple messages from the callers' buffers.
+// Waiting callers move messages themselves, or with LOOM_TCP_CALLER_PROGRESS=0 the proxy threads alone.
 TEST(CollectivesMpTcp, MatrixUnderLoomrun) {
   setenv("LOOM_TRANSPORTS", "tcp", 1);
   setenv("LOOM_DEBUG", "INFO", 1);
@@ -91,7 +102,13 @@ TEST(CollectivesMpTcp, MatrixUnderLoomrun) {
   std::string output = runCheck(4, "7,70000 1000003 alloc");
   EXPECT_GT(tcpMessages(output), 0) << output;
   EXPECT_GT(directMessages(output), 0) << output;
-  runCheck(3, "7,5000 70000 plain");
+  EXPECT_GT(callerPasses(output), 0) << "no waiting caller moved a message itself\n" << output;
+  // The proxy threads alone.
+  setenv("LOOM_TCP_CALLER_PROGRESS", "0", 1);
+  output = runCheck(3, "7,5000 70000 plain");
+  unsetenv("LOOM_TCP_CALLER_PROGRESS");
+  EXPECT_GT(tcpMessages(output), 0) << output;
+  EXPECT_EQ(callerPasses(output), 0) << output;
   setenv("LOOM_DEBUG", "WARN", 1);
   unsetenv("LOOM_DEBUG_SUBSYS");
   unsetenv("LOOM_TRANSPORTS");

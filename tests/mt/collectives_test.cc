@@ -67,7 +67,8 @@ TEST_P(Collectives, SmallCountsOverLoopback) {
 
 // Every rank a thread, every connection a TCP socket through the proxy threads: both protocols, two channels,
 // messages of one slot and of many, striped over three sockets. The proxies send Simple messages from the
-// callers' buffers (DirectDescriptors to the proxy), with LOOM_DIRECT=0 through the FIFO slots.
+// callers' buffers (DirectDescriptors to the proxy), with LOOM_DIRECT=0 through the FIFO slots. Waiting callers
+// move the messages themselves, or with LOOM_TCP_CALLER_PROGRESS=0 the proxy threads alone.
 TEST_P(Collectives, MatrixOverTcp) {
   loomtest::ScopedEnv transport("LOOM_TRANSPORTS", "tcp");
   uint64_t direct = runMatrix(GetParam(), {1, 7, 1000, 70000});
@@ -77,6 +78,10 @@ TEST_P(Collectives, MatrixOverTcp) {
   {
     loomtest::ScopedEnv copies("LOOM_DIRECT", "0");
     EXPECT_EQ(runMatrix(GetParam(), {7, 70000}), 0u);
+  }
+  {
+    loomtest::ScopedEnv proxyAlone("LOOM_TCP_CALLER_PROGRESS", "0");
+    runMatrix(GetParam(), {7, 70000});
   }
   loomtest::ScopedEnv channels("LOOM_NCHANNELS", "2");
   loomtest::ScopedEnv sockets("LOOM_NSOCKS", "3");

@@ -80,9 +80,11 @@ struct TcpConn : ProxyConn {
 
 class TcpComm : public ProxyComm {
  public:
-  // LOOM_NSOCKS is read here, once per communicator.
+  // LOOM_NSOCKS and LOOM_TCP_CALLER_PROGRESS are read here, once per communicator.
   explicit TcpComm(const TransportCommContext& context)
-      : ProxyComm(context, "tcp"), sockets_(static_cast<int>(std::clamp<int64_t>(params::nsocks(), 1, kMaxSockets))) {}
+      : ProxyComm(context, "tcp"),
+        sockets_(static_cast<int>(std::clamp<int64_t>(params::nsocks(), 1, kMaxSockets))),
+        callerProgress_(params::tcpCallerProgress() != 0) {}
 
   loomResult_t start() {
     LOOM_CHECK(openDoorbell());
@@ -97,6 +99,8 @@ class TcpComm : public ProxyComm {
   }
 
   int sockets() const { return sockets_; }
+  // Non-blocking sockets: any thread may run a pass over them (LOOM_TCP_CALLER_PROGRESS).
+  bool progressesFromCaller() const override { return callerProgress_; }
   // The interface of the listener peers connect to: where their data arrives, and, routes being symmetric on
   // a cluster, where this rank's leaves.
   std::string netDevice() const override { return interfaceHolding(context().bootstrap->listenAddress()); }
@@ -140,6 +144,7 @@ class TcpComm : public ProxyComm {
   bool pumpIn(TcpConn& conn);
 
   const int sockets_;  // per connection this rank opens
+  const bool callerProgress_;
   std::mutex arrivedMutex_;
   std::vector<Arrival> arrived_;
   // The proxy thread's: sockets that arrived before their receiving end was there, or before the rest of their
