@@ -1,0 +1,191 @@
+// The CUDA reduction, divide and copy kernels (kernels.h). Each is a grid-stride loop over 16-byte vectors when
+// every pointer it touches is 16-byte aligned, and over elements otherwise; the elements past the last whole
+// vector go one per thread. The arithmetic is element_ops.h's, shared with the host test.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "src/core/check.h"
+#include "src/exec/cuda/element_ops.h"
+#include "src/exec/cuda/kernels.h"
+
+namespace loom::device {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr unsigned kMaxBlocks = 1024;  // per launch; the grid-stride loop covers the rest
+
+// Blocks for `units` units of work: enough to fill the device, no more than the work needs.
+unsigned blocksFor(size_t units) {
+  size_t blocks = (units + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::clamp<size_t>(blocks, 1, kMaxBlocks));
+}
+
+bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+__device__ size_t firstIndex() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ size_t gridStride() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
+
+// 16 bytes of elements, loaded and stored as one uint4.
+template <typename Storage>
+union Vector {
+  uint4 raw;
+  Storage elements[sizeof(uint4) / sizeof(Storage)];
+};
+
+template <loomDataType_t kType, typename Op>
+__global__ void reduceKernel(void* dst, const void* a, const void* b, size_t count, bool vectors) {
+  using Storage = typename FormatOf<kType>::Storage;
+  constexpr size_t kPerVector = sizeof(uint4) / sizeof(Storage);
+  auto* out = static_cast<Storage*>(dst);
+  const auto* inA = static_cast<const Storage*>(a);
+  const auto* inB = static_cast<const Storage*>(b);
+  size_t done = 0;
+  if (vectors) {
+    const size_t whole = count / kPerVector;
+    for (size_t v = firstIndex(); v < whole; v += gridStride()) {
+      Vector<Storage> x, y, z;
+      x.raw = reinterpret_cast<const uint4*>(inA)[v];
+      y.raw = reinterpret_cast<const uint4*>(inB)[v];
+#pragma unroll
+      for (size_t j = 0; j < kPerVector; ++j) z.elements[j] = combine<kType, Op>(x.elements[j], y.elements[j]);
+      reinterpret_cast<uint4*>(out)[v] = z.raw;
+    }
+    done = whole * kPerVector;
+  }
+  for (size_t i = done + firstIndex(); i < count; i += gridStride()) out[i] = combine<kType, Op>(inA[i], inB[i]);
+}
+
+template <loomDataType_t kType>
+__global__ void divideKernel(void* data, size_t count, int divisor, bool vectors) {
+  using Storage = typename FormatOf<kType>::Storage;
+  constexpr size_t kPerVector = sizeof(uint4) / sizeof(Storage);
+  auto* values = static_cast<Storage*>(data);
+  size_t done = 0;
+  if (vectors) {
+    const size_t whole = count / kPerVector;
+    for (size_t v = firstIndex(); v < whole; v += gridStride()) {
+      Vector<Storage> x;
+      x.raw = reinterpret_cast<const uint4*>(values)[v];
+#pragma unroll
+      for (size_t j = 0; j < kPerVector; ++j) x.elements[j] = divide<kType>(x.elements[j], divisor);
+      reinterpret_cast<uint4*>(values)[v] = x.raw;
+    }
+    done = whole * kPerVector;
+  }
+  for (size_t i = done + firstIndex(); i < count; i += gridStride()) values[i] = divide<kType>(values[i], divisor);
+}
+
+__global__ void copyKernel(void* dst, const void* src, size_t bytes, bool vectors) {
+  auto* out = static_cast<unsigned char*>(dst);
+  const auto* in = static_cast<const unsigned char*>(src);
+  size_t done = 0;
+  if (vectors) {
+    const size_t whole = bytes / sizeof(uint4);
+    for (size_t v = firstIndex(); v < whole; v += gridStride())
+      reinterpret_cast<uint4*>(out)[v] = reinterpret_cast<const uint4*>(in)[v];
+    done = whole * sizeof(uint4);
+  }
+  for (size_t i = done + firstIndex(); i < bytes; i += gridStride()) out[i] = in[i];
+}
+
+loomResult_t launched(const char* what) {
+  cudaError_t error = cudaGetLastError();
+  if (error == cudaSuccess) return loomSuccess;
+  return LOOM_FAIL(loomUnhandledCudaError, CUDA, "%s kernel launch failed: %s", what, cudaGetErrorString(error));
+}
+
+// Calls body.template operator()<kType>() for the loomDataType_t `type`; false for a value outside the enum.
+template <typename Body>
+bool forType(loomDataType_t type, Body&& body) {
+  switch (type) {
+    case loomInt8:
+      body.template operator()<loomInt8>();
+      return true;
+    case loomUint8:
+      body.template operator()<loomUint8>();
+      return true;
+    case loomInt32:
+      body.template operator()<loomInt32>();
+      return true;
+    case loomUint32:
+      body.template operator()<loomUint32>();
+      return true;
+    case loomInt64:
+      body.template operator()<loomInt64>();
+      return true;
+    case loomUint64:
+      body.template operator()<loomUint64>();
+      return true;
+    case loomFloat16:
+      body.template operator()<loomFloat16>();
+      return true;
+    case loomFloat32:
+      body.template operator()<loomFloat32>();
+      return true;
+    case loomFloat64:
+      body.template operator()<loomFloat64>();
+      return true;
+    case loomBfloat16:
+      body.template operator()<loomBfloat16>();
+      return true;
+    default:
+      return false;
+  }
+}
+
+template <typename Op>
+loomResult_t launchReduce(void* dst, const void* a, const void* b, size_t count, loomDataType_t type,
+                          cudaStream_t stream) {
+  const bool vectors = aligned16(dst) && aligned16(a) && aligned16(b);
+  const unsigned blocks = blocksFor(vectors ? (count + 15) / 16 : count);  // a vector holds 2 to 16 elements
+  bool known = forType(type, [&]<loomDataType_t kType>() {
+    reduceKernel<kType, Op><<<blocks, kThreads, 0, stream>>>(dst, a, b, count, vectors);
+  });
+  if (!known) return LOOM_FAIL(loomInvalidArgument, CUDA, "reduce kernel: data type %d is not a loomDataType_t", type);
+  return launched("reduce");
+}
+
+}  // namespace
+
+loomResult_t enqueueReduce(void* dst, const void* a, const void* b, size_t count, loomDataType_t type,
+                           loomRedOp_t op, void* stream) {
+  if (count == 0) return loomSuccess;
+  auto cudaStream = static_cast<cudaStream_t>(stream);
+  switch (op) {
+    case loomSum:
+    case loomAvg:
+      return launchReduce<SumOp>(dst, a, b, count, type, cudaStream);
+    case loomProd:
+      return launchReduce<ProdOp>(dst, a, b, count, type, cudaStream);
+    case loomMax:
+      return launchReduce<MaxOp>(dst, a, b, count, type, cudaStream);
+    case loomMin:
+      return launchReduce<MinOp>(dst, a, b, count, type, cudaStream);
+    default:
+      return LOOM_FAIL(loomInvalidArgument, CUDA, "reduce kernel: operation %d is not a loomRedOp_t", op);
+  }
+}
+
+loomResult_t enqueueDivide(void* data, size_t count, loomDataType_t type, int divisor, void* stream) {
+  if (count == 0 || divisor < 2) return loomSuccess;
+  auto cudaStream = static_cast<cudaStream_t>(stream);
+  const bool vectors = aligned16(data);
+  const unsigned blocks = blocksFor(vectors ? (count + 15) / 16 : count);
+  bool known = forType(type, [&]<loomDataType_t kType>() {
+    divideKernel<kType><<<blocks, kThreads, 0, cudaStream>>>(data, count, divisor, vectors);
+  });
+  if (!known) return LOOM_FAIL(loomInvalidArgument, CUDA, "divide kernel: data type %d is not a loomDataType_t", type);
+  return launched("divide");
+}
+
+loomResult_t enqueueCopy(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes == 0) return loomSuccess;
+  const bool vectors = aligned16(dst) && aligned16(src);
+  copyKernel<<<blocksFor(vectors ? (bytes + 15) / 16 : bytes), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      dst, src, bytes, vectors);
+  return launched("copy");
+}
+
+}  // namespace loom::device

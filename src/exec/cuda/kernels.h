@@ -1,0 +1,23 @@
+// The CUDA reduction and copy kernels the GPU executor runs on device buffers, as host functions that enqueue
+// them on a stream. Same semantics as the host kernels (exec/reduce.h, element_ops.h). Declared without CUDA
+// headers: a stream is passed as the cudaStream_t it is, cast to void*. Built only when CUDA is (meson option
+// `cuda`).
+#pragma once
+
+#include <cstddef>
+
+#include "loom/loom.h"
+
+namespace loom::device {
+
+// dst[i] = a[i] op b[i] for i < count, on `stream`. dst may be exactly a or b. loomAvg reduces as loomSum (its
+// divide is enqueueDivide). loomInvalidArgument for a type or op outside its enum; loomUnhandledCudaError when the
+// launch fails, with CUDA's message recorded.
+loomResult_t enqueueReduce(void* dst, const void* a, const void* b, size_t count, loomDataType_t type,
+                           loomRedOp_t op, void* stream);
+// data[i] = data[i] / divisor (avg's last step); a divisor below 2 enqueues nothing.
+loomResult_t enqueueDivide(void* data, size_t count, loomDataType_t type, int divisor, void* stream);
+// bytes from src to dst, which do not overlap, on `stream`: 16-byte loads and stores where both are aligned to 16.
+loomResult_t enqueueCopy(void* dst, const void* src, size_t bytes, void* stream);
+
+}  // namespace loom::device
