@@ -14,6 +14,7 @@
 #include <functional>
 #include <string>
 
+#include "perf/cli.h"
 #include "src/core/dtype.h"
 #include "src/exec/cuda/kernels.h"
 
@@ -28,33 +29,17 @@ namespace {
     }                                                                                              \
   } while (0)
 
+// BYTES as perf/cli reads sizes; exits with a usage message when malformed.
 size_t parseBytes(const char* text) {
-  char* end = nullptr;
-  double value = std::strtod(text, &end);
-  double scale = 1;
-  if (end != nullptr && *end != '\0') {
-    switch (*end) {
-      case 'K':
-      case 'k':
-        scale = 1024.0;
-        break;
-      case 'M':
-      case 'm':
-        scale = 1024.0 * 1024;
-        break;
-      case 'G':
-      case 'g':
-        scale = 1024.0 * 1024 * 1024;
-        break;
-      default:
-        scale = 0;
-    }
-  }
-  if (end == text || !(value > 0) || scale == 0) {
-    std::fprintf(stderr, "cuda_kernels_perf: \"%s\" is not a size (bytes, with an optional K, M or G)\n", text);
+  try {
+    size_t bytes = perf::parseSizeArg(text, "BYTES");
+    if (bytes > 0) return bytes;
+  } catch (const perf::UsageError& error) {
+    std::fprintf(stderr, "cuda_kernels_perf: %s\n", error.what());
     std::exit(2);
   }
-  return static_cast<size_t>(value * scale);
+  std::fprintf(stderr, "cuda_kernels_perf: BYTES must be more than 0\n");
+  std::exit(2);
 }
 
 // The best time of `iterations` runs of `body` on `stream`, in seconds, after one warm-up run.
