@@ -1,8 +1,9 @@
 // perf/common.cc — the perf harness: nccl-tests' command line, timing loop, data check and table, over loom's
 // public API (the check's values and comparison are in check_data.cc). Ranks are the processes of a launcher
 // (loomrun, mpirun, torchrun, srun: loomCommInitFromEnv) or, with no launcher, -t threads of this process
-// (loomGetUniqueId + loomCommInitRank). Written from nccl-tests' documented behaviour; its CUDA-only flags are
-// refused on host.
+// (loomGetUniqueId + loomCommInitRank). Buffers are host memory, or with -D cuda device memory on a CUDA
+// communicator (checked through host copies). Written from nccl-tests' documented behaviour; the CUDA-only flags
+// loom does not have yet are refused.
 #include "perf/common.h"
 
 #include <getopt.h>
@@ -26,6 +27,7 @@
 
 #include "perf/check_data.h"
 #include "perf/cli.h"
+#include "perf/cuda_buffers.h"
 
 namespace perf {
 namespace {
@@ -115,6 +117,7 @@ struct Options {
   int unalign = 0;        // -u: shift buffers off their alignment by this many elements (send) and 3x (recv)
   int perIterTiming = 0;  // -I: time each iteration alone; report the median and the spread
   int memoryReport = 0;   // -M: print the memory the run used
+  bool cuda = false;      // -D cuda: device buffers on a CUDA communicator
   std::string jsonFile;   // -J: also write the results as JSON here
   std::string commandLine;
 };
@@ -215,8 +218,11 @@ Options parseOptions(int argc, char** argv) {
       if (*optarg == '\0') usageError("-J needs a file name");
       o.jsonFile = optarg;
     } else if (c == 'D') {
-      if (strcmp(optarg, "cuda") == 0) usageError("-D cuda: this loom build has no CUDA device path; run with -D host");
-      if (strcmp(optarg, "host") != 0) usageError(std::string("invalid device '") + optarg + "' (host or cuda)");
+      std::string why;
+      if (strcmp(optarg, "cuda") == 0 && !cuda::available(&why)) usageError("-D cuda: " + why + "; run with -D host");
+      if (strcmp(optarg, "host") != 0 && strcmp(optarg, "cuda") != 0)
+        usageError(std::string("invalid device '") + optarg + "' (host or cuda)");
+      o.cuda = strcmp(optarg, "cuda") == 0;
     } else if (c == 'h') {
       printf(kUsage, argv[0]);
       exit(0);
@@ -227,6 +233,7 @@ Options parseOptions(int argc, char** argv) {
     }
   }
   if (o.localRegister == 2) usageError("-R 2: symmetric registration needs CUDA");
+  if (o.localRegister && o.cuda) usageError("-R with -D cuda: loom registers host memory only, for now");
   if (optind < argc) usageError(std::string("unexpected argument '") + argv[optind] + "'");
   if (o.minBytes > o.maxBytes) {
     usageError("invalid sizes for 'minbytes' and 'maxbytes': " + std::to_string(o.minBytes) + " > " +
@@ -308,7 +315,18 @@ struct RankInfo {  // what rank 0 prints about every rank; fixed size so that it
   int32_t rank;
   int32_t pid;
   char host[56];
+  int32_t device;  // -D cuda: the CUDA device, its PCI bus id and name; else -1
+  char busId[20];
+  char deviceName[64];
 };
+
+// The index of this process among the ranks of its host, as launchers give it; -1 when none does.
+int localRankFromEnv() {
+  for (const char* name : {"LOOM_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "MPI_LOCALRANKID",
+                           "SLURM_LOCALID"})
+    if (const char* value = getenv(name)) return atoi(value);
+  return -1;
+}
 
 // The size column of a row: the larger of the two buffers, as nccl-tests prints it.
 struct Row {
@@ -341,31 +359,72 @@ class RankRunner {
       : o_(options), test_(test), watchdog_(watchdog), watchdogSlot_(watchdogSlot), maxBytes_(options.maxBytes) {}
 
   void initFromEnv() {
-    PERF_CHECK(nullptr, loomCommInitFromEnv(&comm_));
-    finishInit();
+    PERF_CHECK(nullptr, loomCommInitFromEnv(&control_));
+    finishInit(localRankFromEnv());
   }
   void initRank(const loomUniqueId& id, int nranks, int rank) {
-    PERF_CHECK(nullptr, loomCommInitRank(&comm_, nranks, id, rank));
-    finishInit();
+    PERF_CHECK(nullptr, loomCommInitRank(&control_, nranks, id, rank));
+    finishInit(rank);
   }
   // Runs every row; returns the number of failed checks over all ranks.
   int64_t run(const char* programName);
 
  private:
-  void finishInit() {
-    PERF_CHECK(comm_, loomCommUserRank(comm_, &rank_));
-    PERF_CHECK(comm_, loomCommCount(comm_, &nranks_));
+  // The harness's own messages (barriers, the time and the check's verdicts) go over `control_`, a host
+  // communicator; the timed calls over `comm_`, the same one on host or a CUDA communicator split from it.
+  void finishInit(int localRank) {
+    PERF_CHECK(control_, loomCommUserRank(control_, &rank_));
+    PERF_CHECK(control_, loomCommCount(control_, &nranks_));
     printer_ = rank_ == 0;
+    comm_ = control_;
+    if (!o_.cuda) return;
+    cudaDevice_ = (localRank >= 0 ? localRank : rank_) % std::max(cuda::deviceCount(), 1);
+    if (!cuda::select(cudaDevice_, &deviceName_, &busId_)) failCuda("selecting device " + std::to_string(cudaDevice_));
+    loomConfig_t config = LOOM_CONFIG_INITIALIZER;
+    config.device = loomDeviceCuda;
+    config.cudaDevice = cudaDevice_;
+    PERF_CHECK(control_, loomCommSplit(control_, 0, rank_, &comm_, &config));
+  }
+  [[noreturn]] void failCuda(const std::string& what) const {
+    fprintf(stderr, "%s: rank %d: CUDA failure %s: %s\n", hostName().c_str(), rank_, what.c_str(),
+            cuda::lastError().c_str());
+    fflush(stdout);
+    _exit(1);
   }
   bool checkActive() const { return o_.check > 0; }
-  void barrier() { PERF_CHECK(comm_, loomBarrier(comm_, nullptr)); }
+  void barrier() { PERF_CHECK(control_, loomBarrier(control_, nullptr)); }
   void complete() {
+    if (o_.cuda) {
+      if (!cuda::synchronize(stream_)) failCuda("synchronizing the stream");
+      loomResult_t queued = loomSuccess;
+      PERF_CHECK(comm_, loomCommGetAsyncError(comm_, &queued));
+      if (queued != loomSuccess) failLoomCall("a call queued on the stream", __FILE__, __LINE__, queued, comm_);
+      return;
+    }
     if (stream_) PERF_CHECK(comm_, loomStreamSynchronize(stream_));
   }
   template <typename T>
   T allReduce(T value, loomDataType_t type, loomRedOp_t op) {
-    PERF_CHECK(comm_, loomAllReduce(&value, &value, 1, type, op, comm_, nullptr));
+    PERF_CHECK(control_, loomAllReduce(&value, &value, 1, type, op, control_, nullptr));
     return value;
+  }
+  // -D cuda: the host copy of the device buffer that holds `pointer`, at the same offset; on host, pointer.
+  char* hostView(char* pointer) {
+    if (!o_.cuda) return pointer;
+    if (pointer >= send_ && pointer < send_ + bufferBytes_) return sendMirror_.data() + (pointer - send_);
+    return recvMirror_.data() + (pointer - recv_);
+  }
+  // The bytes at the start of each buffer a row touches (offsets, in-place placement and -u included).
+  size_t regionBytes(const Row& row) const {
+    return std::min(bufferBytes_, 2 * row.bytes() + 4 * o_.unalign * sizeof(double) + 64);
+  }
+  void upload(const Row& row) {
+    if (o_.cuda && !(cuda::copy(send_, sendMirror_.data(), regionBytes(row)) &&
+                     cuda::copy(recv_, recvMirror_.data(), regionBytes(row))))
+      failCuda("copying the inputs to the device");
+  }
+  void download(const Row& row) {
+    if (o_.cuda && !cuda::copy(recvMirror_.data(), recv_, regionBytes(row))) failCuda("copying the results back");
   }
   std::vector<RankInfo> gatherRankInfo();
   void limitMaxBytes(const std::vector<RankInfo>& ranks);
@@ -397,8 +456,12 @@ class RankRunner {
   Watchdog& watchdog_;
   const int watchdogSlot_;
   size_t maxBytes_;
+  loomComm_t control_ = nullptr;
   loomComm_t comm_ = nullptr;
-  loomStream_t stream_ = nullptr;
+  loomStream_t stream_ = nullptr;  // a host stream, or a cudaStream_t with -D cuda
+  int cudaDevice_ = -1;
+  std::string deviceName_, busId_;
+  std::vector<char> sendMirror_, recvMirror_;  // -D cuda: host copies of the buffers, for the check
   int rank_ = 0, nranks_ = 1;
   bool printer_ = false;
   size_t bufferBytes_ = 0;
@@ -418,8 +481,11 @@ std::vector<RankInfo> RankRunner::gatherRankInfo() {
   mine.rank = rank_;
   mine.pid = static_cast<int32_t>(getpid());
   snprintf(mine.host, sizeof(mine.host), "%s", hostName().c_str());
+  mine.device = cudaDevice_;
+  snprintf(mine.busId, sizeof(mine.busId), "%s", busId_.c_str());
+  snprintf(mine.deviceName, sizeof(mine.deviceName), "%s", deviceName_.c_str());
   std::vector<RankInfo> all(nranks_);
-  PERF_CHECK(comm_, loomAllGather(&mine, all.data(), sizeof(RankInfo), loomUint8, comm_, nullptr));
+  PERF_CHECK(control_, loomAllGather(&mine, all.data(), sizeof(RankInfo), loomUint8, control_, nullptr));
   return all;
 }
 
@@ -431,6 +497,13 @@ void RankRunner::limitMaxBytes(const std::vector<RankInfo>& ranks) {
   uint64_t ranksHere = std::count_if(ranks.begin(), ranks.end(),
                                      [&](const RankInfo& r) { return strcmp(r.host, ranks[rank_].host) == 0; });
   uint64_t limit = memory > reserve ? (memory - reserve) / (checkActive() ? 3 : 2) / ranksHere : 0;
+  if (o_.cuda) {
+    // The device buffers, from the device's free memory shared by the ranks on it; the host holds the copies.
+    uint64_t ranksOnDevice = std::count_if(ranks.begin(), ranks.end(), [&](const RankInfo& r) {
+      return strcmp(r.host, ranks[rank_].host) == 0 && strcmp(r.busId, ranks[rank_].busId) == 0;
+    });
+    limit = std::min<uint64_t>(limit, cuda::freeBytes() / 10 * 9 / 2 / ranksOnDevice);
+  }
   limit = allReduce<uint64_t>(limit, loomUint64, loomMin);
   if (maxBytes_ > limit) {
     maxBytes_ = limit;
@@ -459,18 +532,33 @@ void RankRunner::printHeader(const char* programName, const std::vector<RankInfo
     // The device number of a host rank: its place among the ranks on its host, as a GPU's would be.
     long device = std::count_if(ranks.begin(), ranks.begin() + r.rank,
                                 [&](const RankInfo& other) { return strcmp(other.host, r.host) == 0; });
-    printf("#  Rank %2d Group  0 Pid %6d on %10s device %2ld [cpu] host\n", r.rank, r.pid, r.host, device);
+    if (r.device >= 0) {
+      printf("#  Rank %2d Group  0 Pid %6d on %10s device %2d [%s] %s\n", r.rank, r.pid, r.host, r.device, r.busId,
+             r.deviceName);
+    } else {
+      printf("#  Rank %2d Group  0 Pid %6d on %10s device %2ld [cpu] host\n", r.rank, r.pid, r.host, device);
+    }
   }
 }
 
 void RankRunner::allocate() {
   bufferBytes_ = std::max<size_t>(maxBytes_, 64) + 4 * o_.unalign * sizeof(double);  // -u room; never 0 bytes
+  if (checkActive()) expected_.resize(bufferBytes_);
+  if (o_.cuda) {
+    send_ = static_cast<char*>(cuda::allocate(bufferBytes_));
+    recv_ = static_cast<char*>(cuda::allocate(bufferBytes_));
+    if (send_ == nullptr || recv_ == nullptr || !cuda::zero(send_, bufferBytes_) || !cuda::zero(recv_, bufferBytes_))
+      failCuda("allocating two buffers of " + std::to_string(bufferBytes_) + " bytes");
+    sendMirror_.assign(bufferBytes_, 0);
+    recvMirror_.assign(bufferBytes_, 0);
+    if (!o_.streamNull && (stream_ = cuda::createStream()) == nullptr) failCuda("creating a stream");
+    return;
+  }
   PERF_CHECK(comm_, loomMemAlloc(reinterpret_cast<void**>(&send_), bufferBytes_));
   PERF_CHECK(comm_, loomMemAlloc(reinterpret_cast<void**>(&recv_), bufferBytes_));
   // Touch every page once, as an application's buffers would be, so the first row does not time page faults.
   memset(send_, 0, bufferBytes_);
   memset(recv_, 0, bufferBytes_);
-  if (checkActive()) expected_.resize(bufferBytes_);
   if (o_.localRegister) {
     PERF_CHECK(comm_, loomCommRegister(comm_, send_, bufferBytes_, &sendHandle_));
     PERF_CHECK(comm_, loomCommRegister(comm_, recv_, bufferBytes_, &recvHandle_));
@@ -479,6 +567,14 @@ void RankRunner::allocate() {
 }
 
 void RankRunner::release() {
+  if (o_.cuda) {
+    if (stream_) cuda::destroyStream(stream_);
+    cuda::release(send_);
+    cuda::release(recv_);
+    PERF_CHECK(nullptr, loomCommDestroy(comm_));
+    PERF_CHECK(nullptr, loomCommDestroy(control_));
+    return;
+  }
   if (stream_) PERF_CHECK(comm_, loomStreamDestroy(stream_));
   if (sendHandle_) PERF_CHECK(comm_, loomCommDeregister(comm_, sendHandle_));
   if (recvHandle_) PERF_CHECK(comm_, loomCommDeregister(comm_, recvHandle_));
@@ -527,14 +623,16 @@ void RankRunner::afterCalls() {
 
 int64_t RankRunner::checkOnce(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace) {
   // Poison the output first, so an unwritten element counts.
-  fillPoison(outputOf(row, false, 0), row.sizes.recvCount, type);
+  fillPoison(hostView(outputOf(row, false, 0)), row.sizes.recvCount, type);
   CheckArgs args{row.sizes, type, op, root, rank_, nranks_};
-  test_.fillInput(inputOf(row, inPlace, 0), args);
+  test_.fillInput(hostView(inputOf(row, inPlace, 0)), args);
+  upload(row);
   size_t checked = test_.fillExpected(expected_.data(), args);
   startCall(row, type, op, root, inPlace, 0);
   complete();
+  download(row);
   double tolerance = test_.hasOp ? reduceTolerance(type, op, nranks_) : 0;
-  return countWrong(outputOf(row, inPlace, 0), expected_.data(), checked, type, tolerance);
+  return countWrong(hostView(outputOf(row, inPlace, 0)), expected_.data(), checked, type, tolerance);
 }
 
 // One half of a row: time iters calls, and check.
@@ -542,7 +640,8 @@ Half RankRunner::measure(const Row& row, loomDataType_t type, loomRedOp_t op, in
   watchdog_.arm(watchdogSlot_, rank_, describe(row, type, ""));
   if (checkActive()) {  // defined input for the timed calls too: no denormals, no NaN
     CheckArgs args{row.sizes, type, op, root, rank_, nranks_};
-    test_.fillInput(inputOf(row, inPlace, 0), args);
+    test_.fillInput(hostView(inputOf(row, inPlace, 0)), args);
+    upload(row);
   }
   startCall(row, type, op, root, inPlace, 0);
   complete();

@@ -54,7 +54,7 @@ loomResult_t checkComm(loomComm* comm, const char* what, loomStream_t stream) {
     return LOOM_FAIL(loomInvalidUsage, COLL,
                      "%s: the communicator has a pending error (%s) from an earlier call; abort or destroy it", what,
                      loomGetErrorString(static_cast<loomResult_t>(pending)));
-  if (stream != nullptr && !isHostStream(stream))
+  if (stream != nullptr && comm->device == loomDeviceHost && !isHostStream(stream))
     return LOOM_FAIL(loomInvalidArgument, COLL, "%s: stream %p is neither NULL nor a stream from loomStreamCreate",
                      what, stream);
   return loomSuccess;

@@ -185,11 +185,16 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
     if (config->commName != nullptr) comm->name = config->commName;
     if (config->nChannels != LOOM_CONFIG_UNDEF_INT)
       comm->nChannels = static_cast<int>(clampParam(config->nChannels, 1, kMaxChannels));
-    if (config->device != LOOM_CONFIG_UNDEF_INT) comm->device = static_cast<loomDevice_t>(config->device);
+    if (config->device != LOOM_CONFIG_UNDEF_INT) {
+      if (config->device != loomDeviceHost && config->device != loomDeviceCuda)
+        return LOOM_FAIL(loomInvalidArgument, INIT, "config device %d is neither loomDeviceHost (0) nor "
+                                                    "loomDeviceCuda (1)",
+                         config->device);
+      comm->device = static_cast<loomDevice_t>(config->device);
+    }
   }
-  if (comm->device != loomDeviceHost)
-    return LOOM_FAIL(loomInvalidArgument, INIT, "config device %d is not available in this build (host only)",
-                     (int)comm->device);
+  if (comm->device == loomDeviceCuda)
+    LOOM_CHECK(cudaCommAttach(comm, config != nullptr ? config->cudaDevice : LOOM_CONFIG_UNDEF_INT));
   return loomSuccess;
 }
 

@@ -17,6 +17,7 @@
 #include "algorithms/plan.h"
 #include "loom/loom.h"
 #include "src/core/bootstrap.h"
+#include "src/core/cuda_calls.h"
 #include "src/core/peer_watch.h"
 #include "src/core/wait.h"
 #include "src/exec/host_executor.h"
@@ -129,6 +130,7 @@ struct loomComm {
   int64_t timeoutMs = 0;
   int nChannels = 1;
   loomDevice_t device = loomDeviceHost;
+  int cudaDevice = -1;  // a CUDA communicator's device ordinal
   uint64_t commHash = 0;
   std::unique_ptr<loom::Bootstrap> bootstrap;
   std::vector<loom::PeerInfo> peers;
@@ -169,6 +171,9 @@ struct loomComm {
   std::string lastError;
   std::thread initThread;                               // a non-blocking init runs here (config blocking = 0)
   std::vector<std::pair<void*, size_t>> registrations;  // loomCommRegister: regions peers may access
+  // A CUDA communicator's queue of staged calls and its worker (cuda_calls.h). Last: destroyed first, while
+  // everything its worker uses is still there.
+  loom::CudaCallsPtr cuda;
 
   void setLastError(const std::string& message);
 };

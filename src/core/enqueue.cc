@@ -8,6 +8,7 @@
 #include "algorithms/builders.h"
 #include "src/core/check.h"
 #include "src/core/comm.h"
+#include "src/core/cuda_calls.h"
 #include "src/core/dtype.h"
 #include "src/core/mem.h"
 #include "src/core/stream.h"
@@ -303,11 +304,12 @@ loomResult_t submit(Call&& call) {
     groupAdd(std::move(call));
     return loomSuccess;
   }
-  if (call.stream != nullptr) {
+  if (call.comm->device == loomDeviceCuda || call.stream != nullptr) {
     loomStream_t stream = call.stream;
     std::vector<Call> calls;
     calls.push_back(std::move(call));
-    return streamEnqueue(stream, std::move(calls));
+    return calls.front().comm->device == loomDeviceCuda ? cudaEnqueue(std::move(calls))
+                                                         : streamEnqueue(stream, std::move(calls));
   }
   return runCalls({&call, 1});
 }

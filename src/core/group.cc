@@ -7,6 +7,7 @@
 
 #include "src/core/check.h"
 #include "src/core/comm.h"
+#include "src/core/cuda_calls.h"
 #include "src/core/dtype.h"
 #include "src/core/enqueue.h"
 #include "src/core/stream.h"
@@ -52,6 +53,25 @@ loomResult_t checkSelfPairs(const Call& call) {
   return loomSuccess;
 }
 
+// A CUDA group goes to each communicator's worker, which runs its share with the others' concurrently.
+loomResult_t enqueueCudaGroup(std::vector<Call> calls) {
+  std::vector<loomComm*> comms;
+  for (const Call& call : calls)
+    if (std::find(comms.begin(), comms.end(), call.comm) == comms.end()) comms.push_back(call.comm);
+  loomResult_t result = loomSuccess;
+  for (loomComm* comm : comms) {
+    std::vector<Call> share;
+    for (Call& call : calls)
+      if (call.comm == comm) share.push_back(std::move(call));
+    loomResult_t enqueued = cudaEnqueue(std::move(share));
+    if (enqueued != loomSuccess) {
+      comm->setLastError(threadLastError());
+      if (result == loomSuccess) result = enqueued;
+    }
+  }
+  return result;
+}
+
 }  // namespace
 
 bool groupOpen() { return tGroupDepth > 0; }
@@ -79,12 +99,18 @@ loomResult_t loomGroupEnd(void) {
     if (result == loomSuccess && call.stream != calls.front().stream)
       result = LOOM_FAIL(loomInvalidUsage, COLL, "calls of one group must use the same stream (%p and %p)",
                          calls.front().stream, call.stream);
+    if (result == loomSuccess && call.comm->device != calls.front().comm->device)
+      result = LOOM_FAIL(loomInvalidUsage, COLL, "a group mixes host and CUDA communicators (rank %d of \"%s\" and "
+                                                 "rank %d of \"%s\")",
+                         calls.front().comm->rank, calls.front().comm->name.c_str(), call.comm->rank,
+                         call.comm->name.c_str());
     if (result != loomSuccess) {
       for (const Call& other : calls) other.comm->setLastError(threadLastError());
       return result;
     }
   }
   loomStream_t stream = calls.front().stream;
+  if (calls.front().comm->device == loomDeviceCuda) return enqueueCudaGroup(std::move(calls));
   if (stream != nullptr) return streamEnqueue(stream, std::move(calls));
   for (const Call& call : calls) call.comm->activeCalls.fetch_add(1);
   loomResult_t result = runCalls(calls);

@@ -123,6 +123,9 @@ loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t* newc
   loomConfig_t options = config ? normalisedConfig(config) : loomConfig_t(LOOM_CONFIG_INITIALIZER);
   if (options.timeoutMs == LOOM_CONFIG_UNDEF_INT) options.timeoutMs = static_cast<int>(comm->timeoutMs);
   if (options.nChannels == LOOM_CONFIG_UNDEF_INT) options.nChannels = comm->nChannels;
+  if (options.device == LOOM_CONFIG_UNDEF_INT) options.device = comm->device;
+  if (options.device == loomDeviceCuda && options.cudaDevice == LOOM_CONFIG_UNDEF_INT)
+    options.cudaDevice = comm->cudaDevice;
   options.blocking = 1;
   return loomCommInitRankConfig(newcomm, static_cast<int>(members.size()), entries[members.front().rank].id, newRank,
                                 &options);
@@ -149,6 +152,7 @@ loomResult_t loomCommDestroy(loomComm_t comm) {
 loomResult_t loomCommAbort(loomComm_t comm) {
   if (comm == nullptr) return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommAbort: comm is NULL");
   comm->abortFlag.store(true);
+  cudaCommAbort(comm);
   if (comm->initThread.joinable()) comm->initThread.join();
   waitForIdle(comm);
   {

@@ -5,12 +5,14 @@
 // Times cudaMemcpyAsync device to device, loom's copy kernel and loom's reduce kernel (sum, for float, double,
 // half and bfloat16) over buffers of BYTES each, with CUDA events, the best of ITERATIONS. Rates are memory
 // traffic: a copy reads and writes BYTES (2 x BYTES), a reduce reads two inputs and writes one (3 x BYTES). The
-// last column is each rate over the device copy's. Exits 77 when there is no CUDA device.
+// last column is each rate over the device copy's. Last, the copies between the device and pinned host memory,
+// which bound a CUDA communicator's staged calls (src/core/cuda_calls.h). Exits 77 when there is no CUDA device.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -111,6 +113,18 @@ int main(int argc, char** argv) {
     });
     row(std::string("reduce ") + loom::dtypeName(type) + " sum", seconds, 3);
   }
+  void* pinned = nullptr;
+  CUDA_OR_DIE(cudaHostAlloc(&pinned, bytes, cudaHostAllocPortable));
+  std::memset(pinned, 0, bytes);
+  const double toHost = bestSeconds(iterations, stream, [&] {
+    CUDA_OR_DIE(cudaMemcpyAsync(pinned, a, bytes, cudaMemcpyDeviceToHost, stream));
+  });
+  const double toDevice = bestSeconds(iterations, stream, [&] {
+    CUDA_OR_DIE(cudaMemcpyAsync(out, pinned, bytes, cudaMemcpyHostToDevice, stream));
+  });
+  std::printf("# pinned host memory (the staged path's ceiling): device to host %.1f GB/s, host to device %.1f GB/s\n",
+              bytes / toHost / 1e9, bytes / toDevice / 1e9);
+  CUDA_OR_DIE(cudaFreeHost(pinned));
   CUDA_OR_DIE(cudaStreamDestroy(stream));
   CUDA_OR_DIE(cudaFree(a));
   CUDA_OR_DIE(cudaFree(b));

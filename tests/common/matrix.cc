@@ -183,45 +183,59 @@ std::string check(const Case& c, int rank, const T* out, size_t count, std::vect
   return "";
 }
 
-// A buffer of `count` elements from the chosen kind of memory, released (and deregistered) on destruction.
+// A buffer of `count` elements from the chosen kind of memory, released (and deregistered) on destruction. With
+// device memory, data() is a host mirror: toDevice() and toHost() copy it across, at() names the same element on
+// the device.
 template <typename T>
 class Buffer {
  public:
-  Buffer(size_t count, Memory memory, loomComm_t comm)
-      : count_(std::max<size_t>(count, 1)), memory_(memory), comm_(comm) {
+  Buffer(size_t count, Memory memory, loomComm_t comm, const Device* device)
+      : count_(std::max<size_t>(count, 1)), memory_(memory), comm_(comm), device_(device) {
     if (memory_ == Memory::kLoomAlloc) {
       void* ptr = nullptr;
       if (loomMemAlloc(&ptr, count_ * sizeof(T)) == loomSuccess) data_ = static_cast<T*>(ptr);
-    } else {
-      plain_.resize(count_);
-      data_ = plain_.data();
-      if (memory_ == Memory::kRegistered) loomCommRegister(comm_, data_, count_ * sizeof(T), &handle_);
+      return;
+    }
+    plain_.resize(count_);
+    data_ = plain_.data();
+    if (memory_ == Memory::kRegistered) loomCommRegister(comm_, data_, count_ * sizeof(T), &handle_);
+    if (memory_ == Memory::kDevice) {
+      onDevice_ = device_ != nullptr ? static_cast<T*>(device_->allocate(count_ * sizeof(T))) : nullptr;
+      if (onDevice_ == nullptr) data_ = nullptr;
     }
   }
   ~Buffer() {
     if (memory_ == Memory::kLoomAlloc && data_) loomMemFree(data_);
     if (handle_) loomCommDeregister(comm_, handle_);
+    if (onDevice_) device_->release(onDevice_);
   }
   T* data() { return data_; }
+  // Where the call sees `element` (an element of data()).
+  T* at(T* element) { return onDevice_ ? onDevice_ + (element - data_) : element; }
+  bool toDevice() { return !onDevice_ || device_->copy(onDevice_, data_, count_ * sizeof(T)); }
+  bool toHost() { return !onDevice_ || device_->copy(data_, onDevice_, count_ * sizeof(T)); }
 
  private:
   size_t count_;
   Memory memory_;
   loomComm_t comm_;
+  const Device* device_;
   std::vector<T> plain_;
   T* data_ = nullptr;
+  T* onDevice_ = nullptr;
   void* handle_ = nullptr;
 };
 
 template <typename T>
-std::string runTyped(const Case& c, loomComm_t comm, int rank, Memory memoryKind) {
+std::string runTyped(const Case& c, loomComm_t comm, int rank, Memory memoryKind, const Device* device) {
   const size_t n = c.nranks, k = c.count;
   Layout l = layoutOf(c, rank);
   bool rootOnly =
       c.coll == Coll::Broadcast || c.coll == Coll::Reduce || c.coll == Coll::Gather || c.coll == Coll::Scatter;
   bool inPlace = c.inPlace && hasInPlace(c.coll) && (!rootOnly || rank == c.root);
   // One allocation: both buffers apart (with a gap), or the bigger one holding the other when in place.
-  Buffer<T> memory(inPlace ? std::max(l.sendCount, l.recvCount) : l.sendCount + l.recvCount + 1, memoryKind, comm);
+  Buffer<T> memory(inPlace ? std::max(l.sendCount, l.recvCount) : l.sendCount + l.recvCount + 1, memoryKind, comm,
+                   device);
   if (memory.data() == nullptr) return describe(c) + ": cannot allocate the buffers";
   T* send = memory.data();
   T* recv = memory.data() + l.sendCount + 1;
@@ -242,37 +256,42 @@ std::string runTyped(const Case& c, loomComm_t comm, int rank, Memory memoryKind
   } else {
     for (size_t i = 0; i < l.sendCount; ++i) send[i] = fromDouble<T>(inputValue<T>(c, rank, i));
   }
+  if (!memory.toDevice()) return describe(c) + ": cannot copy the inputs to the device";
+  T* hostRecv = recv;
+  send = memory.at(send);
+  recv = memory.at(recv);
+  loomStream_t stream = memoryKind == Memory::kDevice ? device->stream : nullptr;
 
   loomResult_t result = loomSuccess;
   switch (c.coll) {
     case Coll::AllReduce:
-      result = loomAllReduce(send, recv, k, c.type, c.op, comm, nullptr);
+      result = loomAllReduce(send, recv, k, c.type, c.op, comm, stream);
       break;
     case Coll::Broadcast:
-      result = loomBroadcast(send, recv, k, c.type, c.root, comm, nullptr);
+      result = loomBroadcast(send, recv, k, c.type, c.root, comm, stream);
       break;
     case Coll::Reduce:
-      result = loomReduce(send, recv, k, c.type, c.op, c.root, comm, nullptr);
+      result = loomReduce(send, recv, k, c.type, c.op, c.root, comm, stream);
       break;
     case Coll::AllGather:
-      result = loomAllGather(send, recv, k, c.type, comm, nullptr);
+      result = loomAllGather(send, recv, k, c.type, comm, stream);
       break;
     case Coll::ReduceScatter:
-      result = loomReduceScatter(send, recv, k, c.type, c.op, comm, nullptr);
+      result = loomReduceScatter(send, recv, k, c.type, c.op, comm, stream);
       break;
     case Coll::AllToAll:
-      result = loomAllToAll(send, recv, k, c.type, comm, nullptr);
+      result = loomAllToAll(send, recv, k, c.type, comm, stream);
       break;
     case Coll::Gather:
-      result = loomGather(send, recv, k, c.type, c.root, comm, nullptr);
+      result = loomGather(send, recv, k, c.type, c.root, comm, stream);
       break;
     case Coll::Scatter:
-      result = loomScatter(send, recv, k, c.type, c.root, comm, nullptr);
+      result = loomScatter(send, recv, k, c.type, c.root, comm, stream);
       break;
     case Coll::SendRecv:
       loomGroupStart();
-      loomSend(send, k, c.type, (rank + 1) % c.nranks, comm, nullptr);
-      loomRecv(recv, k, c.type, (rank + c.nranks - 1) % c.nranks, comm, nullptr);
+      loomSend(send, k, c.type, (rank + 1) % c.nranks, comm, stream);
+      loomRecv(recv, k, c.type, (rank + c.nranks - 1) % c.nranks, comm, stream);
       result = loomGroupEnd();
       break;
     case Coll::AllToAllv: {
@@ -281,13 +300,19 @@ std::string runTyped(const Case& c, loomComm_t comm, int rank, Memory memoryKind
         sc[p] = pairCount(c, rank, p), sd[p] = vOffset(c, rank, p, true);
         rc[p] = pairCount(c, p, rank), rd[p] = vOffset(c, rank, p, false);
       }
-      result = loomAllToAllv(send, sc.data(), sd.data(), recv, rc.data(), rd.data(), c.type, comm, nullptr);
+      result = loomAllToAllv(send, sc.data(), sd.data(), recv, rc.data(), rd.data(), c.type, comm, stream);
       break;
     }
   }
   if (result != loomSuccess)
     return describe(c) + ": rank " + std::to_string(rank) + " returned " + loomGetErrorString(result) + ": " +
            loomGetLastError(comm);
+  if (memoryKind == Memory::kDevice && !(device->synchronize(stream) && memory.toHost()))
+    return describe(c) + ": rank " + std::to_string(rank) + ": the stream failed or the results could not be copied";
+  loomResult_t asyncError = loomSuccess;
+  if (memoryKind == Memory::kDevice && (loomCommGetAsyncError(comm, &asyncError) != loomSuccess || asyncError))
+    return describe(c) + ": rank " + std::to_string(rank) + " has the async error " + loomGetErrorString(asyncError) +
+           ": " + loomGetLastError(comm);
 
   std::vector<T> want(l.recvCount);
   switch (c.coll) {
@@ -322,7 +347,7 @@ std::string runTyped(const Case& c, loomComm_t comm, int rank, Memory memoryKind
           want[vOffset(c, rank, p, false) + j] = fromDouble<T>(inputValue<T>(c, p, rank * 1000 + j));
       break;
   }
-  return check(c, rank, recv, l.recvCount, want);
+  return check(c, rank, hostRecv, l.recvCount, want);
 }
 
 }  // namespace
@@ -364,9 +389,10 @@ std::vector<Case> matrix(int nranks, const std::vector<size_t>& counts) {
   return cases;
 }
 
-std::string runCase(const Case& c, loomComm_t comm, int rank, Memory memory) {
+std::string runCase(const Case& c, loomComm_t comm, int rank, Memory memory, const Device* device) {
+  if (memory == Memory::kDevice && device == nullptr) return describe(c) + ": device memory asked for, no Device";
   std::string error = "unknown datatype";
-  withType(c.type, [&](auto value) { error = runTyped<decltype(value)>(c, comm, rank, memory); });
+  withType(c.type, [&](auto value) { error = runTyped<decltype(value)>(c, comm, rank, memory, device); });
   return error;
 }
 

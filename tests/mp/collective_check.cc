@@ -1,8 +1,9 @@
 // Runs the collective test matrix as one rank of a job started by loomrun (or any launcher that
 // loomCommInitFromEnv understands), and exits 0 only if every case passed on this rank and its peers.
-//   collective_check [small counts, comma separated] [big count] [plain|alloc|registered]
+//   collective_check [small counts, comma separated] [big count] [plain|alloc|registered|cuda]
 // Every type and op at the small counts; float and int32 (sum, avg, max) at the big count. The last argument
-// puts the buffers in loomMemAlloc memory or registers them, so peers read them in place.
+// puts the buffers in loomMemAlloc memory or registers them, so peers read them in place, or runs the cases on a
+// CUDA communicator with device buffers on a stream (local rank r on device r modulo the devices there are).
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -11,6 +12,30 @@
 
 #include "loom/loom.h"
 #include "tests/common/matrix.h"
+
+#if LOOM_TEST_CUDA
+#include <cuda_runtime.h>
+
+namespace {
+
+loomtest::Device cudaDevice() {
+  loomtest::Device device{};
+  device.allocate = [](size_t bytes) -> void* {
+    void* pointer = nullptr;
+    return cudaMalloc(&pointer, bytes) == cudaSuccess ? pointer : nullptr;
+  };
+  device.release = [](void* pointer) { cudaFree(pointer); };
+  device.copy = [](void* dst, const void* src, size_t bytes) {
+    return cudaMemcpy(dst, src, bytes, cudaMemcpyDefault) == cudaSuccess;
+  };
+  device.synchronize = [](loomStream_t stream) {
+    return cudaStreamSynchronize(static_cast<cudaStream_t>(stream)) == cudaSuccess;
+  };
+  return device;
+}
+
+}  // namespace
+#endif
 
 int main(int argc, char** argv) {
   std::vector<size_t> small = {0, 1, 7, 1000};
@@ -25,6 +50,7 @@ int main(int argc, char** argv) {
   if (argc > 3)
     memory = std::string(argv[3]) == "alloc"        ? loomtest::Memory::kLoomAlloc
              : std::string(argv[3]) == "registered" ? loomtest::Memory::kRegistered
+             : std::string(argv[3]) == "cuda"       ? loomtest::Memory::kDevice
                                                     : loomtest::Memory::kPlain;
 
   loomComm_t comm = nullptr;
@@ -35,6 +61,37 @@ int main(int argc, char** argv) {
   int rank = 0, nranks = 0;
   loomCommUserRank(comm, &rank);
   loomCommCount(comm, &nranks);
+  // The cases run on `cases_comm`: the world itself, or a CUDA communicator split from it. The verdicts always
+  // go over the world, on host memory.
+  loomComm_t casesComm = comm;
+  loomtest::Device device{};
+  if (memory == loomtest::Memory::kDevice) {
+#if LOOM_TEST_CUDA
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+      std::fprintf(stderr, "collective_check: cuda: no CUDA device\n");
+      loomCommDestroy(comm);
+      return 77;
+    }
+    const char* localRank = std::getenv("LOOM_LOCAL_RANK");
+    loomConfig_t config = LOOM_CONFIG_INITIALIZER;
+    config.device = loomDeviceCuda;
+    config.cudaDevice = (localRank ? std::atoi(localRank) : rank) % devices;
+    cudaSetDevice(config.cudaDevice);
+    cudaStream_t stream = nullptr;
+    if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+        loomCommSplit(comm, 0, rank, &casesComm, &config) != loomSuccess) {
+      std::fprintf(stderr, "collective_check: rank %d: no CUDA communicator: %s\n", rank, loomGetLastError(comm));
+      return 2;
+    }
+    device = cudaDevice();
+    device.stream = stream;
+#else
+    std::fprintf(stderr, "collective_check: cuda: this build has no CUDA\n");
+    loomCommDestroy(comm);
+    return 77;
+#endif
+  }
   std::vector<loomtest::Case> cases = loomtest::matrix(nranks, small);
   for (const loomtest::Case& c : loomtest::matrix(nranks, {big})) {
     bool typeKept = c.type == loomFloat32 || c.type == loomInt32;
@@ -43,7 +100,7 @@ int main(int argc, char** argv) {
   }
   int failures = 0;
   for (const loomtest::Case& c : cases) {
-    std::string error = loomtest::runCase(c, comm, rank, memory);
+    std::string error = loomtest::runCase(c, casesComm, rank, memory, &device);
     int mine = error.empty() ? 0 : 1, any = 0;
     if (!error.empty()) std::fprintf(stderr, "rank %d: FAILED %s\n", rank, error.c_str());
     if (loomAllReduce(&mine, &any, 1, loomInt32, loomMax, comm, nullptr) != loomSuccess || any) {
@@ -52,7 +109,9 @@ int main(int argc, char** argv) {
     }
   }
   if (rank == 0)
-    std::printf("collective_check: %zu cases on %d ranks: %s\n", cases.size(), nranks, failures ? "FAILED" : "passed");
+    std::printf("collective_check: %zu cases on %d ranks%s: %s\n", cases.size(), nranks,
+                memory == loomtest::Memory::kDevice ? " with CUDA buffers" : "", failures ? "FAILED" : "passed");
+  if (casesComm != comm) loomCommDestroy(casesComm);
   loomCommDestroy(comm);
   return failures;
 }

@@ -613,11 +613,19 @@ TEST(ApiInitTest, BadInitArguments) {
     EXPECT_TRUE(contains(loomGetLastError(nullptr), "LOOM_CONFIG_INITIALIZER")) << loomGetLastError(nullptr);
     EXPECT_EQ(comm, kUntouched);
   }
-  // A CUDA communicator in a host-only build, and an id not made by loomGetUniqueId.
+  // A device that is neither host nor cuda; a CUDA device that is not there (whether the build has CUDA, the
+  // machine a device, or neither); an id not made by loomGetUniqueId.
+  loomConfig_t badDevice = LOOM_CONFIG_INITIALIZER;
+  badDevice.device = 7;
+  loomComm_t comm = kUntouched;
+  EXPECT_EQ(loomCommInitRankConfig(&comm, 1, id, 0, &badDevice), loomInvalidArgument) << loomGetLastError(nullptr);
+  EXPECT_TRUE(contains(loomGetLastError(nullptr), "config device 7")) << loomGetLastError(nullptr);
+  EXPECT_EQ(comm, kUntouched);
   loomConfig_t cuda = LOOM_CONFIG_INITIALIZER;
   cuda.device = loomDeviceCuda;
-  loomComm_t comm = kUntouched;
+  cuda.cudaDevice = 1000;
   EXPECT_EQ(loomCommInitRankConfig(&comm, 1, id, 0, &cuda), loomInvalidArgument) << loomGetLastError(nullptr);
+  EXPECT_TRUE(contains(loomGetLastError(nullptr), "cuda")) << loomGetLastError(nullptr);
   EXPECT_EQ(comm, kUntouched);
   loomUniqueId garbage;
   std::memset(&garbage, 0x5a, sizeof(garbage));

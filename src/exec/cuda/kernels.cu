@@ -90,6 +90,16 @@ __global__ void copyKernel(void* dst, const void* src, size_t bytes, bool vector
   for (size_t i = done + firstIndex(); i < bytes; i += gridStride()) out[i] = in[i];
 }
 
+__global__ void gateWaitKernel(const StreamGate* gate, uint64_t sequence) {
+  const volatile uint64_t* done = &gate->done;
+  const volatile uint32_t* abort = &gate->abort;
+  unsigned sleepNs = 64;
+  while (*done < sequence && *abort == 0) {
+    __nanosleep(sleepNs);
+    if (sleepNs < 4096) sleepNs *= 2;
+  }
+}
+
 loomResult_t launched(const char* what) {
   cudaError_t error = cudaGetLastError();
   if (error == cudaSuccess) return loomSuccess;
@@ -186,6 +196,11 @@ loomResult_t enqueueCopy(void* dst, const void* src, size_t bytes, void* stream)
   copyKernel<<<blocksFor(vectors ? (bytes + 15) / 16 : bytes), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       dst, src, bytes, vectors);
   return launched("copy");
+}
+
+loomResult_t enqueueGateWait(const StreamGate* gate, uint64_t sequence, void* stream) {
+  gateWaitKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(gate, sequence);
+  return launched("gate wait");
 }
 
 }  // namespace loom::device

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "loom/loom.h"
 
@@ -19,5 +20,17 @@ loomResult_t enqueueReduce(void* dst, const void* a, const void* b, size_t count
 loomResult_t enqueueDivide(void* data, size_t count, loomDataType_t type, int divisor, void* stream);
 // bytes from src to dst, which do not overlap, on `stream`: 16-byte loads and stores where both are aligned to 16.
 loomResult_t enqueueCopy(void* dst, const void* src, size_t bytes, void* stream);
+
+// Where a stream waits for the host (src/core/cuda_calls.h): pinned host memory mapped into the device. The host
+// writes `done` after the work of every sequence number up to it is finished (or has failed), and `abort` to end
+// every wait at once.
+struct StreamGate {
+  uint64_t done;
+  uint32_t abort;
+  uint32_t unused;
+};
+// A one-thread kernel on `stream` that returns once gate->done >= sequence or gate->abort is set, polling with
+// growing sleeps (up to 4 us). `gate` is the device's view of the mapped gate.
+loomResult_t enqueueGateWait(const StreamGate* gate, uint64_t sequence, void* stream);
 
 }  // namespace loom::device
