@@ -4,6 +4,7 @@
 # and op at small counts, float and int32 at a big one, on device buffers and a stream, once with each of the two
 # stream gates (LOOM_CUDA_GATE). Exits 77 (skipped) without a device.
 #   tests/gpu/collectives.sh BUILD_DIR [RANKS...]        (default ranks: 2 4 8)
+# Each run is stopped after CUDA_MATRIX_TIMEOUT seconds (default 600).
 set -uo pipefail
 build=$1
 shift
@@ -13,7 +14,7 @@ status=0
 for gate in memop kernel; do
   for n in "${ranks[@]}"; do
     start=$SECONDS
-    LOOM_CUDA_GATE=$gate timeout 600 "$build/tools/loomrun" -n "$n" "$build/tests/mp_collective_check" 0,1,7,1000 \
+    LOOM_CUDA_GATE=$gate timeout "${CUDA_MATRIX_TIMEOUT:-600}" "$build/tools/loomrun" -n "$n" "$build/tests/mp_collective_check" 0,1,7,1000 \
       262147 cuda
     rc=$?
     [ $rc -eq 77 ] && exit 77

@@ -47,6 +47,8 @@ fi
 step "build" ninja -C "$build" || { printf '%s\n' "${summary[@]}"; exit 1; }
 logs=$build/gpu-run
 mkdir -p "$logs"
+# A stuck call fails in a minute with loom's message, rather than at the default deadline.
+export LOOM_TIMEOUT_MS=${LOOM_TIMEOUT_MS:-60000} CUDA_MATRIX_TIMEOUT=${CUDA_MATRIX_TIMEOUT:-150}
 step "CUDA kernel tests" meson test -C "$build" --print-errorlogs device_ops cuda_kernels
 step "collective matrix, 2/4/8 ranks" bash tests/gpu/collectives.sh "$build" 2 4 8
 step "kernel bandwidth (1 GiB)" "$build/tests/cuda_kernels_perf" 1G 20 >"$logs/cuda_kernels_perf.txt"
@@ -56,7 +58,7 @@ for program in all_reduce_perf all_gather_perf alltoall_perf; do
   for n in 2 8; do
     for device in cuda host; do
       log=$logs/${program}_${n}_${device}.txt
-      step "$program $n ranks $device" timeout 300 "$build/tools/loomrun" -n "$n" "$build/perf/$program" \
+      step "$program $n ranks $device" timeout 150 "$build/tools/loomrun" -n "$n" "$build/perf/$program" \
         -b 8 -e 128M -f 8 -w 2 -n 10 -D "$device" >"$log" 2>&1
       tail -n 25 "$log"
       # For the summary: size, time and busbw (out of place) of the 32 KiB, 2 MiB and 128 MiB rows.
