@@ -419,12 +419,13 @@ class RankRunner {
     return std::min(bufferBytes_, 2 * row.bytes() + 4 * o_.unalign * sizeof(double) + 64);
   }
   void upload(const Row& row) {
-    if (o_.cuda && !(cuda::copy(send_, sendMirror_.data(), regionBytes(row)) &&
-                     cuda::copy(recv_, recvMirror_.data(), regionBytes(row))))
+    if (o_.cuda && !(cuda::copy(send_, sendMirror_.data(), regionBytes(row), stream_) &&
+                     cuda::copy(recv_, recvMirror_.data(), regionBytes(row), stream_)))
       failCuda("copying the inputs to the device");
   }
   void download(const Row& row) {
-    if (o_.cuda && !cuda::copy(recvMirror_.data(), recv_, regionBytes(row))) failCuda("copying the results back");
+    if (o_.cuda && !cuda::copy(recvMirror_.data(), recv_, regionBytes(row), stream_))
+      failCuda("copying the results back");
   }
   std::vector<RankInfo> gatherRankInfo();
   void limitMaxBytes(const std::vector<RankInfo>& ranks);

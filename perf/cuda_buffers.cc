@@ -55,7 +55,10 @@ void release(void* pointer) { ok(cudaFree(pointer)); }
 
 bool zero(void* pointer, size_t bytes) { return ok(cudaMemset(pointer, 0, bytes)) && ok(cudaDeviceSynchronize()); }
 
-bool copy(void* dst, const void* src, size_t bytes) { return ok(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault)); }
+bool copy(void* dst, const void* src, size_t bytes, void* stream) {
+  auto cudaStream = static_cast<cudaStream_t>(stream);
+  return ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cudaStream)) && ok(cudaStreamSynchronize(cudaStream));
+}
 
 void* createStream() {
   cudaStream_t stream = nullptr;
@@ -80,7 +83,7 @@ size_t freeBytes() { return 0; }
 void* allocate(size_t) { return nullptr; }
 void release(void*) {}
 bool zero(void*, size_t) { return false; }
-bool copy(void*, const void*, size_t) { return false; }
+bool copy(void*, const void*, size_t, void*) { return false; }
 void* createStream() { return nullptr; }
 bool synchronize(void*) { return false; }
 void destroyStream(void*) {}

@@ -18,8 +18,10 @@ size_t freeBytes();
 void* allocate(size_t bytes);  // null on failure
 void release(void* pointer);
 bool zero(void* pointer, size_t bytes);
-bool copy(void* dst, const void* src, size_t bytes);  // either direction; returns when done
-void* createStream();                                  // a cudaStream_t, or null on failure
+// Either direction, on `stream` (a cudaStream_t; null: the default stream), so that it is ordered with the calls
+// there; returns when done.
+bool copy(void* dst, const void* src, size_t bytes, void* stream);
+void* createStream();  // a cudaStream_t, or null on failure
 bool synchronize(void* stream);
 void destroyStream(void* stream);
 // The last CUDA error's text ("" when none), for messages.

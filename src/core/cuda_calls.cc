@@ -185,6 +185,7 @@ struct Slot {
   cudaEvent_t inputsReady = nullptr;  // the inputs are in `host`
   cudaEvent_t released = nullptr;     // the outputs are back on the device: the slot may be reused
   bool busy = false;
+  bool shared = false;  // loomMemAlloc memory pinned by cudaHostRegister (else cudaHostAlloc)
 };
 
 struct Task {
@@ -211,6 +212,8 @@ class CudaCalls {
  private:
   loomResult_t checkReachable(const Call& call, const Extent& extent) const;
   loomResult_t acquire(size_t bytes, Slot** slot);
+  loomResult_t allocateStaging(size_t capacity, Slot* slot);
+  void releaseStaging(Slot* slot);
   loomResult_t waitForInputs(const Slot& slot) const;
   loomResult_t enqueueGate(uint64_t sequence, cudaStream_t stream);
   void work();
@@ -287,7 +290,7 @@ CudaCalls::~CudaCalls() {
     return;
   }
   for (const auto& slot : slots_) {
-    if (slot->host != nullptr) cudaFreeHost(slot->host);
+    releaseStaging(slot.get());
     cudaEventDestroy(slot->inputsReady);
     cudaEventDestroy(slot->released);
   }
@@ -314,6 +317,47 @@ loomResult_t CudaCalls::checkReachable(const Call& call, const Extent& extent) c
                      "on device %d",
                      what, extent.name, static_cast<void*>(extent.base), attributes.device, device_);
   return loomSuccess;
+}
+
+// Staging memory is loomMemAlloc memory, which peers on the host read in place as they read the perf programs'
+// buffers, pinned for the device's copies with cudaHostRegister; where it cannot be pinned, pinned memory of
+// cudaHostAlloc, which peers reach through the FIFOs.
+loomResult_t CudaCalls::allocateStaging(size_t capacity, Slot* slot) {
+  void* host = nullptr;
+  if (loomMemAlloc(&host, capacity) == loomSuccess) {
+    cudaError_t error = cudaHostRegister(host, capacity, cudaHostRegisterPortable);
+    if (error == cudaSuccess) {
+      slot->host = static_cast<char*>(host);
+      slot->capacity = capacity;
+      slot->shared = true;
+      LOOM_INFO(CUDA, "rank %d: %zu bytes of shared, pinned staging memory (%zu slots)", comm_->rank, capacity,
+                slots_.size());
+      return loomSuccess;
+    }
+    cudaGetLastError();
+    loomMemFree(host);
+    LOOM_INFO(CUDA, "rank %d: cudaHostRegister of shared staging memory failed (%s): using cudaHostAlloc", comm_->rank,
+              cudaGetErrorString(error));
+  }
+  clearThreadLastError();
+  LOOM_CUDA_CHECK(cudaHostAlloc(&host, capacity, cudaHostAllocPortable),
+                  "CUDA communicator: cudaHostAlloc of staging memory");
+  slot->host = static_cast<char*>(host);
+  slot->capacity = capacity;
+  slot->shared = false;
+  return loomSuccess;
+}
+
+void CudaCalls::releaseStaging(Slot* slot) {
+  if (slot->host == nullptr) return;
+  if (slot->shared) {
+    cudaHostUnregister(slot->host);
+    loomMemFree(slot->host);
+  } else {
+    cudaFreeHost(slot->host);
+  }
+  slot->host = nullptr;
+  slot->capacity = 0;
 }
 
 // A free slot of at least `bytes` (the smallest that fits), else a free one regrown, else a new one while there
@@ -349,16 +393,8 @@ loomResult_t CudaCalls::acquire(size_t bytes, Slot** out) {
                       "CUDA communicator: cudaEventCreate");
     }
     if (spare != nullptr) {
-      if (spare->host != nullptr) cudaFreeHost(spare->host);
-      spare->host = nullptr;
-      spare->capacity = 0;
-      size_t capacity = std::max<size_t>(std::bit_ceil(bytes), size_t{64} << 10);
-      void* host = nullptr;
-      LOOM_CUDA_CHECK(cudaHostAlloc(&host, capacity, cudaHostAllocPortable),
-                      "CUDA communicator: cudaHostAlloc of staging memory");
-      spare->host = static_cast<char*>(host);
-      spare->capacity = capacity;
-      LOOM_INFO(CUDA, "rank %d: %zu bytes of pinned staging memory (%zu slots)", comm_->rank, capacity, slots_.size());
+      releaseStaging(spare);
+      LOOM_CHECK(allocateStaging(std::max<size_t>(std::bit_ceil(bytes), size_t{64} << 10), spare));
       *out = spare;
       return loomSuccess;
     }

@@ -18,6 +18,10 @@
 
 namespace {
 
+// The calls' stream: the copies in and out go on it too, so they are ordered with the calls. (A copy from pageable
+// memory can return before its transfer has landed; only work on the same stream is sure to see it.)
+cudaStream_t gStream = nullptr;
+
 loomtest::Device cudaDevice() {
   loomtest::Device device{};
   device.allocate = [](size_t bytes) -> void* {
@@ -26,7 +30,8 @@ loomtest::Device cudaDevice() {
   };
   device.release = [](void* pointer) { cudaFree(pointer); };
   device.copy = [](void* dst, const void* src, size_t bytes) {
-    return cudaMemcpy(dst, src, bytes, cudaMemcpyDefault) == cudaSuccess;
+    return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, gStream) == cudaSuccess &&
+           cudaStreamSynchronize(gStream) == cudaSuccess;
   };
   device.synchronize = [](loomStream_t stream) {
     return cudaStreamSynchronize(static_cast<cudaStream_t>(stream)) == cudaSuccess;
@@ -78,14 +83,13 @@ int main(int argc, char** argv) {
     config.device = loomDeviceCuda;
     config.cudaDevice = (localRank ? std::atoi(localRank) : rank) % devices;
     cudaSetDevice(config.cudaDevice);
-    cudaStream_t stream = nullptr;
-    if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+    if (cudaStreamCreateWithFlags(&gStream, cudaStreamNonBlocking) != cudaSuccess ||
         loomCommSplit(comm, 0, rank, &casesComm, &config) != loomSuccess) {
       std::fprintf(stderr, "collective_check: rank %d: no CUDA communicator: %s\n", rank, loomGetLastError(comm));
       return 2;
     }
     device = cudaDevice();
-    device.stream = stream;
+    device.stream = gStream;
 #else
     std::fprintf(stderr, "collective_check: cuda: this build has no CUDA\n");
     loomCommDestroy(comm);
