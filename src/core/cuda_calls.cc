@@ -360,15 +360,29 @@ void CudaCalls::releaseStaging(Slot* slot) {
   slot->capacity = 0;
 }
 
-// A free slot of at least `bytes` (the smallest that fits), else a free one regrown, else a new one while there
-// are fewer than kMaxSlots; else it waits, within the deadline, for a stream to pass the call holding one.
+// A free slot of at least `bytes`. All kMaxSlots slots are made together, and every free slot grows together
+// (to the power of two that holds the call, and never below the largest so far), so that a loop of calls settles
+// on slots that fit after its first call rather than pinning memory call after call. When every slot is in
+// flight it waits, within the deadline, for a stream to pass the call holding one.
 loomResult_t CudaCalls::acquire(size_t bytes, Slot** out) {
+  if (slots_.empty()) {
+    for (size_t i = 0; i < kMaxSlots; ++i) {
+      auto slot = std::make_unique<Slot>();
+      LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&slot->inputsReady, cudaEventDisableTiming),
+                      "CUDA communicator: cudaEventCreate");
+      LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&slot->released, cudaEventDisableTiming),
+                      "CUDA communicator: cudaEventCreate");
+      slots_.push_back(std::move(slot));
+    }
+  }
   Deadline deadline(comm_->timeoutMs);
   Backoff backoff;
   for (;;) {
-    Slot* best = nullptr;
-    Slot* spare = nullptr;
+    Slot* fits = nullptr;
+    Slot* small = nullptr;
+    size_t largest = size_t{64} << 10;
     for (const auto& slot : slots_) {
+      largest = std::max(largest, slot->capacity);
       if (slot->busy) {
         cudaError_t state = cudaEventQuery(slot->released);
         if (state == cudaErrorNotReady) continue;
@@ -376,26 +390,21 @@ loomResult_t CudaCalls::acquire(size_t bytes, Slot** out) {
         slot->busy = false;
       }
       if (slot->capacity < bytes)
-        spare = slot.get();
-      else if (best == nullptr || slot->capacity < best->capacity)
-        best = slot.get();
+        small = slot.get();
+      else if (fits == nullptr || slot->capacity < fits->capacity)
+        fits = slot.get();
     }
-    if (best != nullptr) {
-      *out = best;
-      return loomSuccess;
+    if (fits == nullptr && small != nullptr) {
+      const size_t capacity = std::max(std::bit_ceil(bytes), largest);
+      for (const auto& slot : slots_) {
+        if (slot->busy || slot->capacity >= capacity) continue;
+        releaseStaging(slot.get());
+        LOOM_CHECK(allocateStaging(capacity, slot.get()));
+      }
+      fits = small;
     }
-    if (spare == nullptr && slots_.size() < kMaxSlots) {
-      slots_.push_back(std::make_unique<Slot>());
-      spare = slots_.back().get();
-      LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&spare->inputsReady, cudaEventDisableTiming),
-                      "CUDA communicator: cudaEventCreate");
-      LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&spare->released, cudaEventDisableTiming),
-                      "CUDA communicator: cudaEventCreate");
-    }
-    if (spare != nullptr) {
-      releaseStaging(spare);
-      LOOM_CHECK(allocateStaging(std::max<size_t>(std::bit_ceil(bytes), size_t{64} << 10), spare));
-      *out = spare;
+    if (fits != nullptr) {
+      *out = fits;
       return loomSuccess;
     }
     if (comm_->abortFlag.load(std::memory_order_relaxed))
