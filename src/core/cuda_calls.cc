@@ -19,9 +19,9 @@
 #include <mutex>
 #include <thread>
 
-#include "src/core/dtype.h"
 #include "src/core/log.h"
 #include "src/core/params.h"
+#include "src/core/staging.h"
 #include "src/core/stream.h"
 #include "src/core/wait.h"
 #include "src/exec/cuda/kernels.h"
@@ -83,101 +83,6 @@ PFN_cuStreamWaitValue64_v11070 streamWaitValue64(int device) {
   return reinterpret_cast<PFN_cuStreamWaitValue64_v11070>(wait);
 }
 
-// One buffer of a call: the call reads it (an input), writes all of it (an output), or writes only parts of it
-// (AllToAllv's receive buffer, whose gaps between blocks must come back unchanged).
-struct Extent {
-  char* base;
-  size_t bytes;
-  bool read;
-  bool written;
-  bool partial;
-  const char* name;
-};
-
-void addExtent(std::vector<Extent>* extents, const void* base, size_t bytes, bool input, bool partial = false) {
-  if (base == nullptr || bytes == 0) return;
-  extents->push_back(Extent{static_cast<char*>(const_cast<void*>(base)), bytes, input, !input, partial,
-                            input ? "sendbuff" : "recvbuff"});
-}
-
-// The buffers of `call` with the bytes the collective touches in each (api.cc checked them against these).
-void extentsOf(const Call& call, int nranks, std::vector<Extent>* extents) {
-  const size_t e = dtypeSize(call.datatype), k = call.count * e, all = k * nranks;
-  const void* in = call.inputs.empty() ? nullptr : call.inputs[0];
-  const void* out = call.outputs.empty() ? nullptr : call.outputs[0];
-  switch (call.collective) {
-    case Collective::kAllReduce:
-    case Collective::kBroadcast:
-    case Collective::kReduce:
-      addExtent(extents, in, k, true);
-      addExtent(extents, out, k, false);
-      break;
-    case Collective::kAllGather:
-    case Collective::kGather:
-      addExtent(extents, in, k, true);
-      addExtent(extents, out, all, false);
-      break;
-    case Collective::kReduceScatter:
-    case Collective::kScatter:
-      addExtent(extents, in, all, true);
-      addExtent(extents, out, k, false);
-      break;
-    case Collective::kAllToAll:
-      addExtent(extents, in, all, true);
-      addExtent(extents, out, all, false);
-      break;
-    case Collective::kAllToAllv: {
-      size_t sendEnd = 0, recvEnd = 0;
-      for (int p = 0; p < nranks; ++p) {
-        if (call.sendCounts[p]) sendEnd = std::max(sendEnd, call.sendDispls[p] + call.sendCounts[p]);
-        if (call.recvCounts[p]) recvEnd = std::max(recvEnd, call.recvDispls[p] + call.recvCounts[p]);
-      }
-      addExtent(extents, in, sendEnd * e, true);
-      addExtent(extents, out, recvEnd * e, false, true);
-      break;
-    }
-    case Collective::kSendRecv:
-      for (size_t i = 0; i < call.p2p.size(); ++i)
-        addExtent(extents, call.p2p[i].isSend ? call.inputs[i] : call.outputs[i], call.p2p[i].count * e,
-                  call.p2p[i].isSend);
-      break;
-    case Collective::kBarrier:
-      break;
-  }
-}
-
-// Buffers that overlap (in place) share one range of the staging memory, so the call sees the same overlap.
-struct Span {
-  char* base;
-  size_t bytes;
-  size_t offset;  // in the staging memory
-  bool copyIn;    // holds an input, or an output the call writes only in parts
-  bool copyOut;   // holds an output
-};
-
-std::vector<Span> spansOf(std::vector<Extent> extents, size_t* totalBytes) {
-  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) { return a.base < b.base; });
-  std::vector<Span> spans;
-  for (const Extent& x : extents) {
-    if (!spans.empty() && x.base < spans.back().base + spans.back().bytes) {
-      Span& last = spans.back();
-      last.bytes = std::max<size_t>(last.bytes, x.base + x.bytes - last.base);
-      last.copyIn |= x.read || x.partial;
-      last.copyOut |= x.written;
-      continue;
-    }
-    spans.push_back(Span{x.base, x.bytes, 0, x.read || x.partial, x.written});
-  }
-  constexpr size_t kAlign = 256;
-  size_t offset = 0;
-  for (Span& span : spans) {
-    span.offset = offset;
-    offset += (span.bytes + kAlign - 1) / kAlign * kAlign;
-  }
-  *totalBytes = offset;
-  return spans;
-}
-
 // The staging memory of one queued task, and the two events that bracket its use on the stream.
 struct Slot {
   char* host = nullptr;
@@ -210,7 +115,7 @@ class CudaCalls {
   }
 
  private:
-  loomResult_t checkReachable(const Call& call, const Extent& extent) const;
+  loomResult_t checkReachable(const Call& call, const BufferExtent& extent) const;
   loomResult_t acquire(size_t bytes, Slot** slot);
   loomResult_t allocateStaging(size_t capacity, Slot* slot);
   void releaseStaging(Slot* slot);
@@ -297,7 +202,7 @@ CudaCalls::~CudaCalls() {
   if (gate_ != nullptr) cudaFreeHost(gate_);
 }
 
-loomResult_t CudaCalls::checkReachable(const Call& call, const Extent& extent) const {
+loomResult_t CudaCalls::checkReachable(const Call& call, const BufferExtent& extent) const {
   const char* what = collectiveName(call.collective);
   cudaPointerAttributes attributes{};
   cudaError_t error = cudaPointerGetAttributes(&attributes, extent.base);
@@ -420,33 +325,26 @@ loomResult_t CudaCalls::acquire(size_t bytes, Slot** out) {
 }
 
 loomResult_t CudaCalls::enqueue(std::vector<Call> calls) {
-  std::vector<Extent> extents;
+  std::vector<BufferExtent> extents;
   for (const Call& call : calls) {
     size_t first = extents.size();
     extentsOf(call, comm_->nranks, &extents);
     for (size_t i = first; i < extents.size(); ++i) LOOM_CHECK(checkReachable(call, extents[i]));
   }
   size_t totalBytes = 0;
-  std::vector<Span> spans = spansOf(extents, &totalBytes);
+  std::vector<StagedSpan> spans = spansOf(extents, &totalBytes);
   auto stream = static_cast<cudaStream_t>(calls.front().stream);
 
   std::lock_guard<std::mutex> lock(enqueueMutex_);
   DeviceScope scope(device_);
   Slot* slot = nullptr;
   LOOM_CHECK(acquire(totalBytes, &slot));
-  auto staged = [&](const void* pointer) -> char* {
-    if (pointer == nullptr) return nullptr;
-    auto* p = static_cast<const char*>(pointer);
-    for (const Span& span : spans)
-      if (p >= span.base && p <= span.base + span.bytes) return slot->host + span.offset + (p - span.base);
-    return nullptr;  // a buffer of no bytes: nothing reads or writes it
-  };
   for (Call& call : calls) {
-    for (auto& input : call.inputs) input = staged(input);
-    for (auto& output : call.outputs) output = staged(output);
+    for (auto& input : call.inputs) input = stagedPointer(spans, slot->host, input);
+    for (auto& output : call.outputs) output = stagedPointer(spans, slot->host, output);
   }
   const char* what = "CUDA communicator: enqueueing a call on its stream";
-  for (const Span& span : spans)
+  for (const StagedSpan& span : spans)
     if (span.copyIn)
       LOOM_CUDA_CHECK(cudaMemcpyAsync(slot->host + span.offset, span.base, span.bytes, cudaMemcpyDefault, stream),
                       what);
@@ -455,7 +353,7 @@ loomResult_t CudaCalls::enqueue(std::vector<Call> calls) {
   const uint64_t sequence = nextSequence_++;
   LOOM_CHECK(enqueueGate(sequence, stream));
   loomResult_t result = loomSuccess;
-  for (const Span& span : spans)
+  for (const StagedSpan& span : spans)
     if (span.copyOut && result == loomSuccess) {
       cudaError_t error = cudaMemcpyAsync(span.base, slot->host + span.offset, span.bytes, cudaMemcpyDefault, stream);
       if (error != cudaSuccess) result = cudaFailed(error, what);
