@@ -14,8 +14,8 @@ status=0
 for gate in memop kernel; do
   for n in "${ranks[@]}"; do
     start=$SECONDS
-    LOOM_CUDA_GATE=$gate timeout "${CUDA_MATRIX_TIMEOUT:-600}" "$build/tools/loomrun" -n "$n" "$build/tests/mp_collective_check" 0,1,7,1000 \
-      262147 cuda
+    LOOM_CUDA_GATE=$gate timeout "${CUDA_MATRIX_TIMEOUT:-600}" "$build/tools/loomrun" -n "$n" \
+      "$build/tests/mp_collective_check" 0,1,7,1000 262147 cuda
     rc=$?
     [ $rc -eq 77 ] && exit 77
     echo "cuda collectives: $n ranks, gate $gate: $([ $rc -eq 0 ] && echo passed || echo "FAILED ($rc)")" \
