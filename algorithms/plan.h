@@ -11,7 +11,9 @@
 // k of each step in order, so a ring pipelines chunks through the FIFOs as NCCL's loops do. A lane may be cut
 // into phases: a phase starts only when every step of the phases before it has run all its slices, for
 // algorithms whose later steps read what earlier steps wrote at other offsets (recursive halving, Bruck, a
-// torus's dimensions one after another). LaneCursor is that order, shared by the executors and the verifier.
+// torus's dimensions one after another). LaneCursor is that order, shared by the executors and the verifier;
+// BasicLaneCursor and the slice arithmetic below also compile for a CUDA device (LOOM_HOST_DEVICE), where a
+// kernel walks a plan flattened into arrays (flat_plan.h).
 #pragma once
 
 #include <algorithm>
@@ -24,6 +26,13 @@
 #include <vector>
 
 #include "loom/loom.h"
+
+// Code the host and CUDA executors share is __host__ __device__ when nvcc compiles it.
+#if defined(__CUDACC__)
+#define LOOM_HOST_DEVICE __host__ __device__
+#else
+#define LOOM_HOST_DEVICE
+#endif
 
 namespace loom {
 
@@ -81,7 +90,9 @@ struct Step {
   Region src2;           // second operand of kReduce
   Region dst;            // where the step writes
   // Elements the step moves (all of its regions have this count).
-  size_t count() const { return action == Action::kSend || action == Action::kRecvReduceSend ? src.count : dst.count; }
+  LOOM_HOST_DEVICE size_t count() const {
+    return action == Action::kSend || action == Action::kRecvReduceSend ? src.count : dst.count;
+  }
 };
 
 struct Lane {
@@ -97,24 +108,38 @@ struct Lane {
   size_t phaseCount() const { return phaseStarts.size() + 1; }
   size_t phaseBegin(size_t phase) const { return phase == 0 ? 0 : phaseStarts[phase - 1]; }
   size_t phaseEnd(size_t phase) const { return phase < phaseStarts.size() ? phaseStarts[phase] : steps.size(); }
+  const Step& stepAt(size_t index) const { return steps[index]; }
 };
+
+// The slices of a step of `count` elements cut at `sliceElems` (at least 1), and the elements [*lo, *hi) of
+// slice `round` (empty past the last one): how every executor cuts a step.
+LOOM_HOST_DEVICE inline size_t sliceCount(size_t count, size_t sliceElems) {
+  return (count + sliceElems - 1) / sliceElems;
+}
+LOOM_HOST_DEVICE inline void sliceBounds(size_t count, size_t sliceElems, size_t round, size_t* lo, size_t* hi) {
+  const size_t start = round * sliceElems;
+  *lo = start < count ? start : count;
+  *hi = count - *lo < sliceElems ? count : *lo + sliceElems;
+}
 
 // Walks the slices of a lane in the order executors run them: phase by phase, and within a phase in rounds
 // (round k runs slice k of each step, in order). `slicesOf(step)` says how many slices a step has; a phase
-// whose steps have none is skipped.
-class LaneCursor {
+// whose steps have none is skipped. LaneView gives phaseCount(), phaseBegin(p), phaseEnd(p) and stepAt(i): a Lane
+// on the host, a FlatLaneView (flat_plan.h) on a device.
+template <class LaneView>
+class BasicLaneCursor {
  public:
   template <class SlicesOf>
-  void start(const Lane& lane, SlicesOf&& slicesOf) {
+  LOOM_HOST_DEVICE void start(const LaneView& lane, SlicesOf&& slicesOf) {
     lane_ = &lane;
     enterPhase(0, slicesOf);
   }
-  bool done() const { return phase_ >= lane_->phaseCount(); }
-  size_t step() const { return step_; }
-  size_t round() const { return round_; }
+  LOOM_HOST_DEVICE bool done() const { return phase_ >= lane_->phaseCount(); }
+  LOOM_HOST_DEVICE size_t step() const { return step_; }
+  LOOM_HOST_DEVICE size_t round() const { return round_; }
   // Moves to the next slice, once the current one has run.
   template <class SlicesOf>
-  void next(SlicesOf&& slicesOf) {
+  LOOM_HOST_DEVICE void next(SlicesOf&& slicesOf) {
     if (++step_ < end_) return;
     step_ = begin_;
     if (++round_ == rounds_) enterPhase(phase_ + 1, slicesOf);
@@ -122,19 +147,23 @@ class LaneCursor {
 
  private:
   template <class SlicesOf>
-  void enterPhase(size_t phase, SlicesOf& slicesOf) {
+  LOOM_HOST_DEVICE void enterPhase(size_t phase, SlicesOf& slicesOf) {
     for (phase_ = phase; phase_ < lane_->phaseCount(); ++phase_) {
       begin_ = step_ = lane_->phaseBegin(phase_);
       end_ = lane_->phaseEnd(phase_);
       round_ = rounds_ = 0;
-      for (size_t s = begin_; s < end_; ++s) rounds_ = std::max<size_t>(rounds_, slicesOf(lane_->steps[s]));
+      for (size_t s = begin_; s < end_; ++s) {
+        size_t slices = slicesOf(lane_->stepAt(s));
+        if (slices > rounds_) rounds_ = slices;
+      }
       if (rounds_ > 0) return;
     }
   }
 
-  const Lane* lane_ = nullptr;
+  const LaneView* lane_ = nullptr;
   size_t phase_ = 0, begin_ = 0, end_ = 0, step_ = 0, round_ = 0, rounds_ = 0;
 };
+using LaneCursor = BasicLaneCursor<Lane>;
 
 // One rank's share of a call.
 struct RankPlan {

@@ -204,8 +204,7 @@ class TaskRun {
   struct SlicesOf {
     const TaskRun* run;
     size_t operator()(const Step& step) const {
-      size_t slice = run->sliceElems(run->protocolFor(step));
-      return (step.count() + slice - 1) / slice;
+      return sliceCount(step.count(), run->sliceElems(run->protocolFor(step)));
     }
   };
 
@@ -213,8 +212,8 @@ class TaskRun {
     const Step& step = run.step();
     size_t count = step.count();
     Protocol protocol = protocolFor(step);
-    size_t slice = sliceElems(protocol);
-    size_t lo = std::min(count, run.cursor.round() * slice), hi = std::min(count, lo + slice);
+    size_t lo = 0, hi = 0;
+    sliceBounds(count, sliceElems(protocol), run.cursor.round(), &lo, &hi);
     *ran = true;
     if (lo == hi) return loomSuccess;
     size_t bytes = (hi - lo) * elementBytes_;

@@ -1,6 +1,6 @@
 // The CUDA kernels (exec/cuda/kernels.h) on a device against the host kernels (exec/reduce.h): every type and
 // operator, counts from 1 to past a million, vector and element paths (aligned and misaligned buffers), in
-// place; avg's divide; copies of odd lengths and offsets. NaNs compare by NaN-ness (a device conversion may
+// place; avg's divide; copies of odd lengths and offsets; a flat plan walked on the device as on the host. NaNs compare by NaN-ness (a device conversion may
 // return another NaN payload). Exits 77 (skipped) when there is no CUDA device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -9,6 +9,8 @@
 #include <cstring>
 #include <vector>
 
+#include "algorithms/builders.h"
+#include "algorithms/flat_plan.h"
 #include "src/core/dtype.h"
 #include "src/exec/cuda/kernels.h"
 #include "src/exec/reduce.h"
@@ -104,6 +106,62 @@ TEST(CudaKernels, CopyIsExact) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(dst.download(bytes), data) << bytes << " bytes, source misaligned by " << misalign;
     }
+  }
+}
+
+// A flat plan copied to the device is walked there in the host executor's order (flat_plan_test checks the same
+// walk on the host, for every algorithm).
+TEST(CudaKernels, PlanWalkMatchesTheHost) {
+  for (const char* algorithm : {"ring", "tree", "rabenseifner"}) {
+    CollArgs args;
+    args.collective = Collective::kAllReduce;
+    args.nranks = 4;
+    args.rank = 1;
+    args.count = 100003;
+    args.nChannels = 2;
+    RankPlan plan;
+    ASSERT_TRUE(buildPlan(args, algorithm, &plan)) << algorithm;
+    FlatPlan flat = flatten(plan);
+    auto toDevice = [](const auto& vector) {
+      void* pointer = nullptr;
+      size_t bytes = vector.size() * sizeof(vector[0]);
+      EXPECT_EQ(cudaMalloc(&pointer, bytes + 1), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(pointer, vector.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      return pointer;
+    };
+    FlatPlanView view = flat.view();
+    view.lanes = static_cast<const FlatLane*>(toDevice(flat.lanes));
+    view.steps = static_cast<const Step*>(toDevice(flat.steps));
+    view.phaseStarts = static_cast<const uint32_t*>(toDevice(flat.phaseStarts));
+    const size_t kCapacity = 1 << 16;
+    uint32_t* visits = nullptr;
+    unsigned long long* count = nullptr;
+    ASSERT_EQ(cudaMalloc(&visits, 2 * kCapacity * sizeof(uint32_t)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&count, sizeof(*count)), cudaSuccess);
+    for (uint32_t l = 0; l < view.laneCount; ++l) {
+      for (size_t slice : {size_t{64}, size_t{4099}}) {
+        ASSERT_EQ(device::enqueuePlanWalk(view, l, slice, visits, kCapacity, count, nullptr), loomSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        unsigned long long visited = 0;
+        ASSERT_EQ(cudaMemcpy(&visited, count, sizeof(visited), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_LE(visited, kCapacity);
+        std::vector<uint32_t> got(2 * visited);
+        ASSERT_EQ(cudaMemcpy(got.data(), visits, got.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost), cudaSuccess);
+        std::vector<uint32_t> want;
+        auto slicesOf = [slice](const Step& step) { return sliceCount(step.count(), slice); };
+        LaneCursor cursor;
+        for (cursor.start(plan.lanes[l], slicesOf); !cursor.done(); cursor.next(slicesOf)) {
+          want.push_back(static_cast<uint32_t>(cursor.step()));
+          want.push_back(static_cast<uint32_t>(cursor.round()));
+        }
+        EXPECT_EQ(got, want) << algorithm << " lane " << l << " slices of " << slice;
+      }
+    }
+    cudaFree(visits);
+    cudaFree(count);
+    cudaFree(const_cast<FlatLane*>(view.lanes));
+    cudaFree(const_cast<Step*>(view.steps));
+    cudaFree(const_cast<uint32_t*>(view.phaseStarts));
   }
 }
 

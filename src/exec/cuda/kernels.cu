@@ -100,6 +100,27 @@ __global__ void gateWaitKernel(const StreamGate* gate, uint64_t sequence) {
   }
 }
 
+struct DeviceSlicesOf {
+  size_t sliceElems;
+  __device__ size_t operator()(const Step& step) const { return sliceCount(step.count(), sliceElems); }
+};
+
+__global__ void planWalkKernel(FlatPlanView plan, uint32_t laneIndex, size_t sliceElems, uint32_t* visits,
+                               size_t capacity, unsigned long long* count) {
+  const FlatLaneView lane = plan.lane(laneIndex);
+  const DeviceSlicesOf slicesOf{sliceElems};
+  BasicLaneCursor<FlatLaneView> cursor;
+  unsigned long long visited = 0;
+  for (cursor.start(lane, slicesOf); !cursor.done(); cursor.next(slicesOf)) {
+    if (visited < capacity) {
+      visits[2 * visited] = static_cast<uint32_t>(cursor.step());
+      visits[2 * visited + 1] = static_cast<uint32_t>(cursor.round());
+    }
+    ++visited;
+  }
+  *count = visited;
+}
+
 loomResult_t launched(const char* what) {
   cudaError_t error = cudaGetLastError();
   if (error == cudaSuccess) return loomSuccess;
@@ -201,6 +222,15 @@ loomResult_t enqueueCopy(void* dst, const void* src, size_t bytes, void* stream)
 loomResult_t enqueueGateWait(const StreamGate* gate, uint64_t sequence, void* stream) {
   gateWaitKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(gate, sequence);
   return launched("gate wait");
+}
+
+loomResult_t enqueuePlanWalk(FlatPlanView plan, uint32_t lane, size_t sliceElems, uint32_t* visits, size_t capacity,
+                             unsigned long long* count, void* stream) {
+  if (lane >= plan.laneCount || sliceElems == 0)
+    return LOOM_FAIL(loomInvalidArgument, CUDA, "plan walk: lane %u of %u, slices of %zu elements", lane,
+                     plan.laneCount, sliceElems);
+  planWalkKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(plan, lane, sliceElems, visits, capacity, count);
+  return launched("plan walk");
 }
 
 }  // namespace loom::device

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "algorithms/flat_plan.h"
 #include "loom/loom.h"
 
 namespace loom::device {
@@ -32,5 +33,12 @@ struct StreamGate {
 // A one-thread kernel on `stream` that returns once gate->done >= sequence or gate->abort is set, polling with
 // growing sleeps (up to 4 us). `gate` is the device's view of the mapped gate.
 loomResult_t enqueueGateWait(const StreamGate* gate, uint64_t sequence, void* stream);
+
+// Walks lane `lane` of a flat plan whose arrays are in device memory, with slices of `sliceElems` elements, in
+// one device thread: writes each (step, round) it visits to `visits` (two words each, at most `capacity` pairs)
+// and the number of pairs to *count. The gpu suite holds it to the host's walk: the device's half of the plan
+// logic that flat_plan_test checks on the host.
+loomResult_t enqueuePlanWalk(FlatPlanView plan, uint32_t lane, size_t sliceElems, uint32_t* visits, size_t capacity,
+                             unsigned long long* count, void* stream);
 
 }  // namespace loom::device
