@@ -1,7 +1,8 @@
 // The CUDA kernels (exec/cuda/kernels.h) on a device against the host kernels (exec/reduce.h): every type and
 // operator, counts from 1 to past a million, vector and element paths (aligned and misaligned buffers), in
-// place; avg's divide; copies of odd lengths and offsets; a flat plan walked on the device as on the host. NaNs compare by NaN-ness (a device conversion may
-// return another NaN payload). Exits 77 (skipped) when there is no CUDA device.
+// place; avg's divide; copies of odd lengths and offsets; a flat plan walked on the device as on the host. NaNs
+// compare by NaN-ness (a device conversion may return another NaN payload). Exits 77 (skipped) when there is no
+// CUDA device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
