@@ -26,13 +26,7 @@
 #include <vector>
 
 #include "loom/loom.h"
-
-// Code the host and CUDA executors share is __host__ __device__ when nvcc compiles it.
-#if defined(__CUDACC__)
-#define LOOM_HOST_DEVICE __host__ __device__
-#else
-#define LOOM_HOST_DEVICE
-#endif
+#include "src/core/host_device.h"
 
 namespace loom {
 

@@ -1,6 +1,8 @@
 // FIFO layout and the Simple and LL protocols (see fifo.h).
 #include "transports/fifo.h"
 
+#include "transports/fifo_protocol.h"
+
 #include <unistd.h>
 
 #include <cstring>
@@ -12,12 +14,6 @@ namespace {
 constexpr size_t kPage = 4096;
 
 size_t headerBytes() { return (sizeof(FifoHeader) + kPage - 1) / kPage * kPage; }
-
-// Marks a Simple message whose slot holds a DirectDescriptor.
-constexpr uint64_t kDirectBit = uint64_t{1} << 63;
-
-// An LL flag is never 0, so zeroed memory is never mistaken for a posted word.
-inline uint32_t llFlag(uint64_t sequence) { return static_cast<uint32_t>(sequence % 0xffffffffu) + 1; }
 
 inline std::atomic<uint64_t>* llWords(std::byte* slot) { return reinterpret_cast<std::atomic<uint64_t>*>(slot); }
 
@@ -42,17 +38,16 @@ size_t fifoBytes(const FifoShape& shape) {
 
 // Slot `index` (a sequence number modulo depth) of each protocol.
 static std::byte* simpleSlot(const FifoMemory& memory, uint32_t index) {
-  return memory.slots + index * memory.header->slotBytes;
+  return memory.slots + fifo::simpleSlotOffset(index, memory.header->slotBytes);
 }
 static std::byte* llSlot(const FifoMemory& memory, uint32_t index) {
   const FifoHeader* header = memory.header;
-  return memory.slots + header->depth * header->slotBytes + index * header->llSlotBytes;
+  return memory.slots + fifo::llSlotOffset(index, header->depth, header->slotBytes, header->llSlotBytes);
 }
-static uint32_t nextSlot(uint32_t index, uint32_t depth) { return index + 1 == depth ? 0 : index + 1; }
 
 size_t fifoPayloadBytes(const FifoShape& shape, Protocol protocol) {
   if (protocol == Protocol::kSimple) return shape.slotBytes;
-  return (shape.llSlotBytes / 8 - 1) * 4;  // word 0 holds the size
+  return fifo::llPayloadBytes(shape.llSlotBytes);
 }
 
 FifoMemory fifoView(void* base) {
@@ -86,9 +81,9 @@ void* FifoSender::reserve(Protocol protocol) {
   FifoHeader* header = memory_.header;
   // Read the receiver's counter only when the credit last seen is used up: the counter's cache line lives in
   // the receiver's core, and fetching it on every message would put a core-to-core transfer on every send.
-  if (posted_ - tailSeen_ >= depth_) {
+  if (!fifo::hasCredit(posted_, tailSeen_, depth_)) {
     tailSeen_ = header->tail.load(std::memory_order_acquire);
-    if (posted_ - tailSeen_ >= depth_) return nullptr;
+    if (!fifo::hasCredit(posted_, tailSeen_, depth_)) return nullptr;
   }
   if (protocol == Protocol::kSimple) return simpleSlot(memory_, slot_);
   staging_.resize(header->llSlotBytes / 8);
@@ -98,24 +93,24 @@ void* FifoSender::reserve(Protocol protocol) {
 void FifoSender::post(Protocol protocol, size_t bytes, bool direct) {
   FifoHeader* header = memory_.header;
   if (protocol == Protocol::kSimple) {
-    header->sizes[slot_].store(bytes | (direct ? kDirectBit : 0), std::memory_order_relaxed);
+    header->sizes[slot_].store(fifo::simpleSizeWord(bytes, direct), std::memory_order_relaxed);
   } else {
     // Spread the staged payload over flagged words; data first, the size word last.
-    uint64_t flag = llFlag(posted_);
+    uint32_t flag = fifo::llFlag(posted_);
     std::atomic<uint64_t>* words = llWords(llSlot(memory_, slot_));
-    size_t dataWords = (bytes + 3) / 4;
+    size_t dataWords = fifo::llDataWords(bytes);
     if (bytes % 4 != 0) std::memset(reinterpret_cast<std::byte*>(staging_.data()) + bytes, 0, 4 - bytes % 4);
     for (size_t i = 0; i < dataWords; ++i)
-      words[i + 1].store(static_cast<uint64_t>(staging_[i]) | flag << 32, std::memory_order_relaxed);
-    words[0].store(static_cast<uint64_t>(bytes) | flag << 32, std::memory_order_relaxed);
+      words[i + 1].store(fifo::llWord(staging_[i], flag), std::memory_order_relaxed);
+    words[0].store(fifo::llWord(static_cast<uint32_t>(bytes), flag), std::memory_order_relaxed);
   }
   // Simple needs the release for the data; LL keeps head current so a later Simple call finds it consistent.
-  slot_ = nextSlot(slot_, depth_);
+  slot_ = fifo::nextSlot(slot_, depth_);
   header->head.store(++posted_, std::memory_order_release);
   ringIfProxied(header);
   // The credit just ran out: fetch the receiver's counter now, while the message travels and the caller would
   // wait for its answer anyway, rather than in the next reserve(), where the fetch would delay that message.
-  if (posted_ - tailSeen_ >= depth_) tailSeen_ = header->tail.load(std::memory_order_acquire);
+  if (!fifo::hasCredit(posted_, tailSeen_, depth_)) tailSeen_ = header->tail.load(std::memory_order_acquire);
 }
 
 FifoReceiver::FifoReceiver(FifoMemory memory) : memory_(memory) {
@@ -130,21 +125,21 @@ const void* FifoReceiver::poll(Protocol protocol, size_t* bytes, bool* direct) {
   if (protocol == Protocol::kSimple) {
     if (header->head.load(std::memory_order_acquire) <= consumed_) return nullptr;
     uint64_t size = header->sizes[slot_].load(std::memory_order_relaxed);
-    *direct = (size & kDirectBit) != 0;
-    *bytes = size & ~kDirectBit;
+    *direct = fifo::simpleSizeDirect(size);
+    *bytes = fifo::simpleSizeBytes(size);
     return simpleSlot(memory_, slot_);
   }
-  uint32_t flag = llFlag(consumed_);
+  uint32_t flag = fifo::llFlag(consumed_);
   std::atomic<uint64_t>* words = llWords(llSlot(memory_, slot_));
   uint64_t first = words[0].load(std::memory_order_relaxed);
-  if (static_cast<uint32_t>(first >> 32) != flag) return nullptr;
-  size_t size = static_cast<uint32_t>(first);
-  size_t dataWords = (size + 3) / 4;
+  if (fifo::llWordFlag(first) != flag) return nullptr;
+  size_t size = fifo::llWordData(first);
+  size_t dataWords = fifo::llDataWords(size);
   staging_.resize(header->llSlotBytes / 8);
   for (size_t i = 0; i < dataWords; ++i) {
     uint64_t word = words[i + 1].load(std::memory_order_relaxed);
-    if (static_cast<uint32_t>(word >> 32) != flag) return nullptr;  // not all there yet: poll again later
-    staging_[i] = static_cast<uint32_t>(word);
+    if (fifo::llWordFlag(word) != flag) return nullptr;  // not all there yet: poll again later
+    staging_[i] = fifo::llWordData(word);
   }
   *bytes = size;
   return staging_.data();
@@ -154,12 +149,12 @@ const void* FifoReceiver::pollAny(size_t* bytes, Protocol* protocol, bool* direc
   // The head is stored after an LL message's words (fifo.h), so once it counts the message its flag is visible.
   if (memory_.header->head.load(std::memory_order_acquire) <= consumed_) return nullptr;
   uint64_t first = llWords(llSlot(memory_, slot_))[0].load(std::memory_order_relaxed);
-  *protocol = static_cast<uint32_t>(first >> 32) == llFlag(consumed_) ? Protocol::kLL : Protocol::kSimple;
+  *protocol = fifo::llWordFlag(first) == fifo::llFlag(consumed_) ? Protocol::kLL : Protocol::kSimple;
   return poll(*protocol, bytes, direct);
 }
 
 void FifoReceiver::release() {
-  slot_ = nextSlot(slot_, depth_);
+  slot_ = fifo::nextSlot(slot_, depth_);
   memory_.header->tail.store(++consumed_, std::memory_order_release);
   ringIfProxied(memory_.header);
 }

@@ -91,6 +91,7 @@ struct Slot {
   cudaEvent_t released = nullptr;     // the outputs are back on the device: the slot may be reused
   bool busy = false;
   bool shared = false;  // loomMemAlloc memory pinned by cudaHostRegister (else cudaHostAlloc)
+  uint64_t lastUse = 0;  // the sequence number of the last call that held it
 };
 
 struct Task {
@@ -122,9 +123,13 @@ class CudaCalls {
   loomResult_t waitForInputs(const Slot& slot) const;
   loomResult_t enqueueGate(uint64_t sequence, cudaStream_t stream);
   void work();
+  // Opens the gate up to `sequence`, unless abort() has opened it for good (the two may race).
   void open(uint64_t sequence) {
     std::atomic_ref<uint64_t> done(gate_->done);
-    if (done.load(std::memory_order_relaxed) != kOpenForever) done.store(sequence, std::memory_order_release);
+    uint64_t seen = done.load(std::memory_order_relaxed);
+    while (seen != kOpenForever &&
+           !done.compare_exchange_weak(seen, sequence, std::memory_order_release, std::memory_order_relaxed)) {
+    }
   }
   static constexpr uint64_t kOpenForever = uint64_t{1} << 62;
   // Calls in flight at most: each holds a slot of pinned memory as large as its buffers.
@@ -267,8 +272,11 @@ void CudaCalls::releaseStaging(Slot* slot) {
 
 // A free slot of at least `bytes`. All kMaxSlots slots are made together, and every free slot grows together
 // (to the power of two that holds the call, and never below the largest so far), so that a loop of calls settles
-// on slots that fit after its first call rather than pinning memory call after call. When every slot is in
-// flight it waits, within the deadline, for a stream to pass the call holding one.
+// on slots that fit after its first call rather than pinning memory call after call. Of the free slots that fit
+// it takes the one used longest ago: slots taken in turn are all in use (pinned, and mapped by the peers that read
+// them in place) after a few calls, such as a warm-up's, rather than the last ones waiting for a timed loop that
+// keeps more calls in flight. When every slot is in flight it waits, within the deadline, for a stream to pass
+// the call holding one.
 loomResult_t CudaCalls::acquire(size_t bytes, Slot** out) {
   if (slots_.empty()) {
     for (size_t i = 0; i < kMaxSlots; ++i) {
@@ -296,7 +304,7 @@ loomResult_t CudaCalls::acquire(size_t bytes, Slot** out) {
       }
       if (slot->capacity < bytes)
         small = slot.get();
-      else if (fits == nullptr || slot->capacity < fits->capacity)
+      else if (fits == nullptr || slot->lastUse < fits->lastUse)
         fits = slot.get();
     }
     if (fits == nullptr && small != nullptr) {
@@ -351,6 +359,7 @@ loomResult_t CudaCalls::enqueue(std::vector<Call> calls) {
   LOOM_CUDA_CHECK(cudaEventRecord(slot->inputsReady, stream), what);
   // From the gate on, the task must reach the worker: the stream now waits for it.
   const uint64_t sequence = nextSequence_++;
+  slot->lastUse = sequence;
   LOOM_CHECK(enqueueGate(sequence, stream));
   loomResult_t result = loomSuccess;
   for (const StagedSpan& span : spans)

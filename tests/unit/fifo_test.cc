@@ -2,6 +2,7 @@
 // whole and in order under both protocols (and when they alternate), flow control stops a sender at `depth`
 // unreleased messages, and the abort flag is seen by both ends.
 #include "transports/fifo.h"
+#include "transports/fifo_protocol.h"
 
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
@@ -181,6 +182,51 @@ TEST(Fifo, DoorbellRingsOnlyWhileTheProxySleeps) {
   out.abort();
   EXPECT_EQ(rings(), 1u) << "abort";
   close(bell);
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+// The protocol arithmetic a device shares with the host (fifo_protocol.h).
+TEST(FifoProtocol, WordsAndFlags) {
+  // LL words carry their data and flag apart; a flag is never 0 and changes from one message to the next, also
+  // where the sequence wraps the 32-bit flag.
+  for (uint64_t sequence : {uint64_t{0}, uint64_t{1}, uint64_t{0xfffffffe}, uint64_t{0xffffffff}, uint64_t{1} << 40}) {
+    uint32_t flag = fifo::llFlag(sequence);
+    EXPECT_NE(flag, 0u) << sequence;
+    EXPECT_NE(flag, fifo::llFlag(sequence + 1)) << sequence;
+    for (uint32_t data : {0u, 1u, 0xdeadbeefu, 0xffffffffu}) {
+      uint64_t word = fifo::llWord(data, flag);
+      EXPECT_EQ(fifo::llWordData(word), data);
+      EXPECT_EQ(fifo::llWordFlag(word), flag);
+    }
+  }
+  EXPECT_EQ(fifo::llDataWords(0), 0u);
+  EXPECT_EQ(fifo::llDataWords(1), 1u);
+  EXPECT_EQ(fifo::llDataWords(8), 2u);
+  EXPECT_EQ(fifo::llPayloadBytes(16448), (16448 / 8 - 1) * 4u);
+  // Simple size words keep the direct mark apart from the size.
+  for (bool direct : {false, true}) {
+    uint64_t word = fifo::simpleSizeWord(131072, direct);
+    EXPECT_EQ(fifo::simpleSizeBytes(word), 131072u);
+    EXPECT_EQ(fifo::simpleSizeDirect(word), direct);
+  }
+}
+
+TEST(FifoProtocol, CreditAndSlots) {
+  EXPECT_TRUE(fifo::hasCredit(3, 0, 4));
+  EXPECT_FALSE(fifo::hasCredit(4, 0, 4));
+  EXPECT_TRUE(fifo::hasCredit(uint64_t{1} << 40, (uint64_t{1} << 40) - 3, 4));
+  uint32_t slot = 0;
+  for (int i = 0; i < 9; ++i) slot = fifo::nextSlot(slot, 4);
+  EXPECT_EQ(slot, 1u);
+  // Every Simple slot, then every LL slot, back to back.
+  EXPECT_EQ(fifo::simpleSlotOffset(3, 1000), 3000u);
+  EXPECT_EQ(fifo::llSlotOffset(0, 4, 1000, 64), 4000u);
+  EXPECT_EQ(fifo::llSlotOffset(3, 4, 1000, 64), 4192u);
 }
 
 }  // namespace

@@ -1,0 +1,46 @@
+// The FIFO protocol's arithmetic, shared by the host's FifoSender and FifoReceiver (fifo.cc) and compiled for a
+// CUDA device too (LOOM_HOST_DEVICE), so that a kernel writing or reading a FIFO follows exactly the host's
+// rules: where a slot lies, when the sender has credit, how a Simple message's size word marks a direct message,
+// and how an LL word carries 4 bytes of payload beside the flag of its message. The loads and stores themselves
+// (std::atomic on the host, volatile or atomic_ref on a device) stay with each side. fifo.h describes the FIFO.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "src/core/host_device.h"
+
+namespace loom::fifo {
+
+// A Simple message's size word: its bytes, and the top bit when the slot holds a DirectDescriptor.
+constexpr uint64_t kDirectBit = uint64_t{1} << 63;
+LOOM_HOST_DEVICE inline uint64_t simpleSizeWord(uint64_t bytes, bool direct) { return bytes | (direct ? kDirectBit : 0); }
+LOOM_HOST_DEVICE inline uint64_t simpleSizeBytes(uint64_t word) { return word & ~kDirectBit; }
+LOOM_HOST_DEVICE inline bool simpleSizeDirect(uint64_t word) { return (word & kDirectBit) != 0; }
+
+// The sender may post message `posted` while fewer than `depth` messages wait for the receiver to release them.
+LOOM_HOST_DEVICE inline bool hasCredit(uint64_t posted, uint64_t released, uint32_t depth) {
+  return posted - released < depth;
+}
+LOOM_HOST_DEVICE inline uint32_t nextSlot(uint32_t index, uint32_t depth) { return index + 1 == depth ? 0 : index + 1; }
+
+// Byte offsets of slot `index` from the start of the slots: every Simple slot, then every LL slot.
+LOOM_HOST_DEVICE inline size_t simpleSlotOffset(uint32_t index, size_t slotBytes) { return index * slotBytes; }
+LOOM_HOST_DEVICE inline size_t llSlotOffset(uint32_t index, uint32_t depth, size_t slotBytes, size_t llSlotBytes) {
+  return depth * slotBytes + index * llSlotBytes;
+}
+
+// LL: the flag of message `sequence`, never 0, so zeroed memory is never mistaken for a posted word.
+LOOM_HOST_DEVICE inline uint32_t llFlag(uint64_t sequence) {
+  return static_cast<uint32_t>(sequence % 0xffffffffu) + 1;
+}
+// Word 0 of an LL slot holds the message's size, words 1.. its payload, 4 bytes each.
+LOOM_HOST_DEVICE inline size_t llPayloadBytes(size_t llSlotBytes) { return (llSlotBytes / 8 - 1) * 4; }
+LOOM_HOST_DEVICE inline size_t llDataWords(size_t bytes) { return (bytes + 3) / 4; }
+LOOM_HOST_DEVICE inline uint64_t llWord(uint32_t data, uint32_t flag) {
+  return static_cast<uint64_t>(data) | static_cast<uint64_t>(flag) << 32;
+}
+LOOM_HOST_DEVICE inline uint32_t llWordFlag(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
+LOOM_HOST_DEVICE inline uint32_t llWordData(uint64_t word) { return static_cast<uint32_t>(word); }
+
+}  // namespace loom::fifo
