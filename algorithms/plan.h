@@ -67,11 +67,11 @@ enum class Action : uint8_t {
   kReduce,              // dst = src (op) src2
 };
 const char* actionName(Action action);
-inline bool actionReceives(Action action) {
+LOOM_HOST_DEVICE inline bool actionReceives(Action action) {
   return action == Action::kRecv || action == Action::kRecvReduce || action == Action::kRecvReduceSend ||
          action == Action::kRecvReduceCopySend || action == Action::kRecvCopySend;
 }
-inline bool actionSends(Action action) {
+LOOM_HOST_DEVICE inline bool actionSends(Action action) {
   return action == Action::kSend || action == Action::kRecvReduceSend || action == Action::kRecvReduceCopySend ||
          action == Action::kRecvCopySend;
 }

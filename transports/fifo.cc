@@ -1,8 +1,6 @@
 // FIFO layout and the Simple and LL protocols (see fifo.h).
 #include "transports/fifo.h"
 
-#include "transports/fifo_protocol.h"
-
 #include <unistd.h>
 
 #include <cstring>
@@ -52,6 +50,16 @@ size_t fifoPayloadBytes(const FifoShape& shape, Protocol protocol) {
 
 FifoMemory fifoView(void* base) {
   return {static_cast<FifoHeader*>(base), static_cast<std::byte*>(base) + headerBytes()};
+}
+
+FifoWords fifoWords() {
+  alignas(FifoHeader) static unsigned char probe[sizeof(FifoHeader)];
+  auto* header = reinterpret_cast<FifoHeader*>(probe);
+  auto offset = [&](const void* field) {
+    return static_cast<uint32_t>(static_cast<const unsigned char*>(field) - probe);
+  };
+  return FifoWords{offset(&header->head), offset(&header->tail), offset(&header->aborted), offset(&header->sizes[0]),
+                   static_cast<uint32_t>(headerBytes())};
 }
 
 void fifoInit(void* memory, const FifoShape& shape) {

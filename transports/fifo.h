@@ -18,9 +18,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "transports/fifo_protocol.h"
+
 namespace loom {
 
-enum class Protocol : uint8_t { kSimple = 0, kLL = 1 };
 const char* protocolName(Protocol protocol);
 
 constexpr uint32_t kFifoMagic = 0x6c6d6669;  // "lmfi"
@@ -96,6 +97,8 @@ struct FifoMemory {
 
 // The FIFO whose memory starts at `base` (as laid out by fifoInit).
 FifoMemory fifoView(void* base);
+// Where the header's words and the slots lie from the FIFO's start.
+FifoWords fifoWords();
 
 class FifoSender {
  public:

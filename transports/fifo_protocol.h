@@ -10,11 +10,25 @@
 
 #include "src/core/host_device.h"
 
+namespace loom {
+
+enum class Protocol : uint8_t { kSimple = 0, kLL = 1 };
+
+// Where a FIFO's words lie from its start, in fifo.h's layout (fifoWords() in fifo.cc measures them on the host),
+// for code that reaches them without FifoHeader's std::atomic members: a device's.
+struct FifoWords {
+  uint32_t head, tail, aborted, sizes, slots;
+};
+
+}  // namespace loom
+
 namespace loom::fifo {
 
 // A Simple message's size word: its bytes, and the top bit when the slot holds a DirectDescriptor.
 constexpr uint64_t kDirectBit = uint64_t{1} << 63;
-LOOM_HOST_DEVICE inline uint64_t simpleSizeWord(uint64_t bytes, bool direct) { return bytes | (direct ? kDirectBit : 0); }
+LOOM_HOST_DEVICE inline uint64_t simpleSizeWord(uint64_t bytes, bool direct) {
+  return bytes | (direct ? kDirectBit : 0);
+}
 LOOM_HOST_DEVICE inline uint64_t simpleSizeBytes(uint64_t word) { return word & ~kDirectBit; }
 LOOM_HOST_DEVICE inline bool simpleSizeDirect(uint64_t word) { return (word & kDirectBit) != 0; }
 
@@ -31,9 +45,7 @@ LOOM_HOST_DEVICE inline size_t llSlotOffset(uint32_t index, uint32_t depth, size
 }
 
 // LL: the flag of message `sequence`, never 0, so zeroed memory is never mistaken for a posted word.
-LOOM_HOST_DEVICE inline uint32_t llFlag(uint64_t sequence) {
-  return static_cast<uint32_t>(sequence % 0xffffffffu) + 1;
-}
+LOOM_HOST_DEVICE inline uint32_t llFlag(uint64_t sequence) { return static_cast<uint32_t>(sequence % 0xffffffffu) + 1; }
 // Word 0 of an LL slot holds the message's size, words 1.. its payload, 4 bytes each.
 LOOM_HOST_DEVICE inline size_t llPayloadBytes(size_t llSlotBytes) { return (llSlotBytes / 8 - 1) * 4; }
 LOOM_HOST_DEVICE inline size_t llDataWords(size_t bytes) { return (bytes + 3) / 4; }

@@ -12,12 +12,11 @@
 #include "loom/loom.h"
 #include "src/core/dtype.h"  // the host's 16-bit conversions, for the host side of every function here
 
+#include "src/core/host_device.h"
+
 #ifdef __CUDACC__
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#define LOOM_HOST_DEVICE __host__ __device__
-#else
-#define LOOM_HOST_DEVICE
 #endif
 
 namespace loom::device {

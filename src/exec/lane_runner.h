@@ -1,0 +1,239 @@
+// One lane of a flat plan run over FIFOs, written once for the host and for a CUDA device (LOOM_HOST_DEVICE): the
+// GPU executor's core, which runs a lane per CTA, and which the host runs in CI (unit/lane_runner_test.cc, ranks
+// as threads) against the collectives' reference results. It walks the lane as the host executor does
+// (BasicLaneCursor, sliceBounds), moves messages with the FIFO's own arithmetic (fifo_protocol.h) in fifo.h's
+// layout, so either end of a connection may be a host FifoSender or FifoReceiver, and combines elements with the
+// CUDA kernels' arithmetic (element_ops.h).
+//
+// What it leaves to its caller: the loads and stores that order memory between ranks (`Access`: atomics on the
+// host, volatile accesses and fences on a device), the FIFOs' memory, each connection's counters (kept from call
+// to call, as FifoSender and FifoReceiver keep theirs), and a staging buffer for LL messages. It sends no direct
+// (zero-copy) messages and refuses any it receives, and runs calls whose regions all name buffer 0 (collectives,
+// not Send/Recv groups). In a kernel, one thread runs it; the copies are the place to spread over a CTA.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "algorithms/flat_plan.h"
+#include "src/core/host_device.h"
+#include "src/exec/cuda/element_ops.h"
+#include "transports/fifo_protocol.h"
+
+namespace loom {
+
+// One end of a connection: its FIFO and the messages it has posted (a sender) or consumed (a receiver) so far.
+struct PortableEnd {
+  unsigned char* fifo = nullptr;  // null: no connection
+  uint32_t depth = 1;
+  size_t slotBytes = 0, llSlotBytes = 0;
+  uint64_t count = 0;
+  uint32_t slot = 0;  // count % depth
+};
+
+// What a lane runner needs of the call.
+struct LaneCall {
+  unsigned char* input;
+  unsigned char* output;
+  unsigned char* scratch;
+  size_t simpleSliceElems, llSliceElems;
+  size_t llThresholdBytes;
+  int forcedProtocol;  // -1: by size, else a Protocol
+};
+
+enum class LaneStatus : uint8_t { kRan, kWaiting, kDone, kPeerAborted, kBadMessage };
+
+template <class Access, loomDataType_t kType, class Op>
+class LaneRunner {
+  using Format = device::FormatOf<kType>;
+  using Element = typename Format::Storage;
+
+ public:
+  // `recvFrom[p]` and `sendTo[p]`: the ends of the lane's channel for peer p. `llStaging`: llSlotBytes / 8 words.
+  LOOM_HOST_DEVICE void start(const FlatLaneView& lane, const LaneCall& call, const FifoWords& words,
+                              PortableEnd* recvFrom, PortableEnd* sendTo, uint32_t* llStaging) {
+    lane_ = lane;
+    call_ = call;
+    words_ = words;
+    recvFrom_ = recvFrom;
+    sendTo_ = sendTo;
+    staging_ = llStaging;
+    cursor_.start(lane_, SlicesOf{this});
+  }
+  LOOM_HOST_DEVICE bool done() const { return cursor_.done(); }
+
+  // Runs the next slice when its message has arrived and its FIFO has room.
+  LOOM_HOST_DEVICE LaneStatus tryNext() {
+    if (cursor_.done()) return LaneStatus::kDone;
+    const Step& step = lane_.stepAt(cursor_.step());
+    const size_t count = step.count();
+    const Protocol protocol = protocolFor(count);
+    size_t lo = 0, hi = 0;
+    sliceBounds(count, sliceElems(protocol), cursor_.round(), &lo, &hi);
+    if (lo < hi) {
+      const size_t bytes = (hi - lo) * sizeof(Element);
+      PortableEnd* in = actionReceives(step.action) ? &recvFrom_[step.recvPeer] : nullptr;
+      PortableEnd* out = actionSends(step.action) ? &sendTo_[step.sendPeer] : nullptr;
+      const Element* incoming = nullptr;
+      if (in != nullptr) {
+        LaneStatus arrived = receive(in, protocol, bytes, &incoming);
+        if (arrived != LaneStatus::kRan) return arrived;
+      }
+      Element* slot = nullptr;
+      if (out != nullptr) {
+        if (aborted(out)) return LaneStatus::kPeerAborted;
+        if (!fifo::hasCredit(out->count, Access::loadAcquire(word(out, words_.tail)), out->depth))
+          return LaneStatus::kWaiting;
+        slot = protocol == Protocol::kSimple
+                   ? reinterpret_cast<Element*>(slots(out) + fifo::simpleSlotOffset(out->slot, out->slotBytes))
+                   : reinterpret_cast<Element*>(staging_);
+      }
+      apply(step, lo, hi - lo, incoming, slot);
+      if (out != nullptr) post(out, protocol, bytes);
+      if (in != nullptr) release(in);
+    }
+    cursor_.next(SlicesOf{this});
+    return LaneStatus::kRan;
+  }
+
+ private:
+  struct SlicesOf {
+    const LaneRunner* runner;
+    LOOM_HOST_DEVICE size_t operator()(const Step& step) const {
+      return sliceCount(step.count(), runner->sliceElems(runner->protocolFor(step.count())));
+    }
+  };
+
+  LOOM_HOST_DEVICE Protocol protocolFor(size_t count) const {
+    if (call_.forcedProtocol >= 0) return static_cast<Protocol>(call_.forcedProtocol);
+    return count * sizeof(Element) <= call_.llThresholdBytes ? Protocol::kLL : Protocol::kSimple;
+  }
+  LOOM_HOST_DEVICE size_t sliceElems(Protocol protocol) const {
+    return protocol == Protocol::kLL ? call_.llSliceElems : call_.simpleSliceElems;
+  }
+
+  LOOM_HOST_DEVICE uint64_t* word(const PortableEnd* end, uint32_t offset) const {
+    return reinterpret_cast<uint64_t*>(end->fifo + offset);
+  }
+  LOOM_HOST_DEVICE unsigned char* slots(const PortableEnd* end) const { return end->fifo + words_.slots; }
+  LOOM_HOST_DEVICE bool aborted(const PortableEnd* end) const {
+    return Access::loadRelaxed32(reinterpret_cast<uint32_t*>(end->fifo + words_.aborted)) != 0;
+  }
+
+  LOOM_HOST_DEVICE LaneStatus receive(PortableEnd* in, Protocol protocol, size_t bytes, const Element** incoming) {
+    if (protocol == Protocol::kSimple) {
+      if (Access::loadAcquire(word(in, words_.head)) <= in->count)
+        return aborted(in) ? LaneStatus::kPeerAborted : LaneStatus::kWaiting;
+      uint64_t size = Access::loadRelaxed(word(in, words_.sizes) + in->slot);
+      if (fifo::simpleSizeDirect(size) || fifo::simpleSizeBytes(size) != bytes) return LaneStatus::kBadMessage;
+      *incoming = reinterpret_cast<const Element*>(slots(in) + fifo::simpleSlotOffset(in->slot, in->slotBytes));
+      return LaneStatus::kRan;
+    }
+    const uint32_t flag = fifo::llFlag(in->count);
+    const uint64_t* lines = reinterpret_cast<const uint64_t*>(
+        slots(in) + fifo::llSlotOffset(in->slot, in->depth, in->slotBytes, in->llSlotBytes));
+    const uint64_t first = Access::loadRelaxed(lines);
+    if (fifo::llWordFlag(first) != flag) return aborted(in) ? LaneStatus::kPeerAborted : LaneStatus::kWaiting;
+    if (fifo::llWordData(first) != bytes) return LaneStatus::kBadMessage;
+    for (size_t i = 0; i < fifo::llDataWords(bytes); ++i) {
+      uint64_t line = Access::loadRelaxed(lines + 1 + i);
+      if (fifo::llWordFlag(line) != flag) return LaneStatus::kWaiting;  // not all there yet
+      staging_[i] = fifo::llWordData(line);
+    }
+    *incoming = reinterpret_cast<const Element*>(staging_);
+    return LaneStatus::kRan;
+  }
+
+  LOOM_HOST_DEVICE void post(PortableEnd* out, Protocol protocol, size_t bytes) {
+    if (protocol == Protocol::kSimple) {
+      Access::storeRelaxed(word(out, words_.sizes) + out->slot, fifo::simpleSizeWord(bytes, false));
+    } else {
+      const uint32_t flag = fifo::llFlag(out->count);
+      uint64_t* lines = reinterpret_cast<uint64_t*>(
+          slots(out) + fifo::llSlotOffset(out->slot, out->depth, out->slotBytes, out->llSlotBytes));
+      const size_t dataWords = fifo::llDataWords(bytes);
+      if (bytes % 4 != 0) {  // the last word's bytes past the message are zero, as the host sender makes them
+        unsigned char* tail = reinterpret_cast<unsigned char*>(staging_) + bytes;
+        for (size_t b = bytes % 4; b < 4; ++b) *tail++ = 0;
+      }
+      for (size_t i = 0; i < dataWords; ++i) Access::storeRelaxed(lines + 1 + i, fifo::llWord(staging_[i], flag));
+      Access::storeRelease(lines, fifo::llWord(static_cast<uint32_t>(bytes), flag));
+    }
+    out->slot = fifo::nextSlot(out->slot, out->depth);
+    Access::storeRelease(word(out, words_.head), ++out->count);
+  }
+
+  LOOM_HOST_DEVICE void release(PortableEnd* in) {
+    in->slot = fifo::nextSlot(in->slot, in->depth);
+    Access::storeRelease(word(in, words_.tail), ++in->count);
+  }
+
+  LOOM_HOST_DEVICE Element* at(const Region& region, size_t lo) const {
+    unsigned char* base = region.buffer == Buffer::kInput    ? call_.input
+                          : region.buffer == Buffer::kOutput ? call_.output
+                                                             : call_.scratch;
+    return reinterpret_cast<Element*>(base) + region.offset + lo;
+  }
+
+  LOOM_HOST_DEVICE static void copy(Element* to, const Element* from, size_t n) {
+    if (to == from) return;
+    if (to > from && to < from + n) {  // an overlapping copy within a buffer: backwards
+      for (size_t i = n; i-- > 0;) to[i] = from[i];
+      return;
+    }
+    for (size_t i = 0; i < n; ++i) to[i] = from[i];
+  }
+  LOOM_HOST_DEVICE static void reduce(Element* to, const Element* a, const Element* b, size_t n) {
+    for (size_t i = 0; i < n; ++i) to[i] = device::combine<kType, Op>(a[i], b[i]);
+  }
+
+  LOOM_HOST_DEVICE void apply(const Step& step, size_t lo, size_t n, const Element* incoming, Element* slot) const {
+    switch (step.action) {
+      case Action::kSend:
+        copy(slot, at(step.src, lo), n);
+        break;
+      case Action::kRecv:
+        copy(at(step.dst, lo), incoming, n);
+        break;
+      case Action::kRecvReduce:
+        reduce(at(step.dst, lo), at(step.src, lo), incoming, n);
+        break;
+      case Action::kRecvReduceSend:
+        reduce(slot, at(step.src, lo), incoming, n);
+        break;
+      case Action::kRecvReduceCopySend:
+        reduce(at(step.dst, lo), at(step.src, lo), incoming, n);
+        copy(slot, at(step.dst, lo), n);
+        break;
+      case Action::kRecvCopySend:
+        copy(at(step.dst, lo), incoming, n);
+        copy(slot, incoming, n);
+        break;
+      case Action::kCopy:
+        copy(at(step.dst, lo), at(step.src, lo), n);
+        break;
+      case Action::kReduce:
+        reduce(at(step.dst, lo), at(step.src, lo), at(step.src2, lo), n);
+        break;
+    }
+  }
+
+  FlatLaneView lane_{};
+  LaneCall call_{};
+  FifoWords words_{};
+  PortableEnd* recvFrom_ = nullptr;
+  PortableEnd* sendTo_ = nullptr;
+  uint32_t* staging_ = nullptr;
+  BasicLaneCursor<FlatLaneView> cursor_;
+};
+
+// The host's Access: GCC's atomic builtins on plain words, the same orderings the host FIFO uses.
+struct HostAccess {
+  static uint64_t loadAcquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+  static uint64_t loadRelaxed(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+  static uint32_t loadRelaxed32(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+  static void storeRelaxed(uint64_t* p, uint64_t value) { __atomic_store_n(p, value, __ATOMIC_RELAXED); }
+  static void storeRelease(uint64_t* p, uint64_t value) { __atomic_store_n(p, value, __ATOMIC_RELEASE); }
+};
+
+}  // namespace loom
