@@ -5,9 +5,10 @@
 // layout, so either end of a connection may be a host FifoSender or FifoReceiver, and combines elements with the
 // CUDA kernels' arithmetic (element_ops.h).
 //
-// What it leaves to its caller: the loads and stores that order memory between ranks (`Access`: atomics on the
-// host, volatile accesses and fences on a device), the FIFOs' memory, each connection's counters (kept from call
-// to call, as FifoSender and FifoReceiver keep theirs), and a staging buffer for LL messages. It sends no direct
+// The loads and stores that order memory between ranks are MemoryAccess's: GCC's atomic builtins on the host,
+// volatile accesses with system-scope fences on a device (a peer may be another GPU or the host). What it leaves
+// to its caller: the FIFOs' memory, each connection's counters (kept from call to call, as FifoSender and
+// FifoReceiver keep theirs), and a staging buffer for LL messages. It sends no direct
 // (zero-copy) messages and refuses any it receives, and runs calls whose regions all name buffer 0 (collectives,
 // not Send/Recv groups). In a kernel, one thread runs it; the copies are the place to spread over a CTA.
 #pragma once
@@ -43,8 +44,69 @@ struct LaneCall {
 
 enum class LaneStatus : uint8_t { kRan, kWaiting, kDone, kPeerAborted, kBadMessage };
 
-template <class Access, loomDataType_t kType, class Op>
+// Why a lane stopped before its end, as a kernel reports it (0: it did not).
+enum LaneFailure : uint32_t {
+  kLaneOk = 0,
+  kLanePeerAborted = 1,  // a FIFO of the lane was marked aborted
+  kLaneBadMessage = 2,   // a message of the wrong size, or a direct one
+  kLaneAborted = 3,      // the communicator's abort flag
+  kLaneTimedOut = 4,     // no progress within the deadline
+};
+
+struct MemoryAccess {
+  // An element of a message or a buffer. On a device, past the SM's own L1 cache, which does not see a peer's
+  // later writes to a FIFO slot it has read before.
+  template <class T>
+  LOOM_HOST_DEVICE static T read(const T* p) {
+#ifdef __CUDA_ARCH__
+    return *reinterpret_cast<const volatile T*>(p);
+#else
+    return *p;
+#endif
+  }
+  LOOM_HOST_DEVICE static uint64_t loadAcquire(const uint64_t* p) {
+#ifdef __CUDA_ARCH__
+    uint64_t value = *reinterpret_cast<const volatile uint64_t*>(p);
+    __threadfence_system();
+    return value;
+#else
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#endif
+  }
+  LOOM_HOST_DEVICE static uint64_t loadRelaxed(const uint64_t* p) {
+#ifdef __CUDA_ARCH__
+    return *reinterpret_cast<const volatile uint64_t*>(p);
+#else
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+#endif
+  }
+  LOOM_HOST_DEVICE static uint32_t loadRelaxed32(const uint32_t* p) {
+#ifdef __CUDA_ARCH__
+    return *reinterpret_cast<const volatile uint32_t*>(p);
+#else
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+#endif
+  }
+  LOOM_HOST_DEVICE static void storeRelaxed(uint64_t* p, uint64_t value) {
+#ifdef __CUDA_ARCH__
+    *reinterpret_cast<volatile uint64_t*>(p) = value;
+#else
+    __atomic_store_n(p, value, __ATOMIC_RELAXED);
+#endif
+  }
+  LOOM_HOST_DEVICE static void storeRelease(uint64_t* p, uint64_t value) {
+#ifdef __CUDA_ARCH__
+    __threadfence_system();
+    *reinterpret_cast<volatile uint64_t*>(p) = value;
+#else
+    __atomic_store_n(p, value, __ATOMIC_RELEASE);
+#endif
+  }
+};
+
+template <loomDataType_t kType, class Op>
 class LaneRunner {
+  using Access = MemoryAccess;
   using Format = device::FormatOf<kType>;
   using Element = typename Format::Storage;
 
@@ -178,13 +240,13 @@ class LaneRunner {
   LOOM_HOST_DEVICE static void copy(Element* to, const Element* from, size_t n) {
     if (to == from) return;
     if (to > from && to < from + n) {  // an overlapping copy within a buffer: backwards
-      for (size_t i = n; i-- > 0;) to[i] = from[i];
+      for (size_t i = n; i-- > 0;) to[i] = Access::read(from + i);
       return;
     }
-    for (size_t i = 0; i < n; ++i) to[i] = from[i];
+    for (size_t i = 0; i < n; ++i) to[i] = Access::read(from + i);
   }
   LOOM_HOST_DEVICE static void reduce(Element* to, const Element* a, const Element* b, size_t n) {
-    for (size_t i = 0; i < n; ++i) to[i] = device::combine<kType, Op>(a[i], b[i]);
+    for (size_t i = 0; i < n; ++i) to[i] = device::combine<kType, Op>(Access::read(a + i), Access::read(b + i));
   }
 
   LOOM_HOST_DEVICE void apply(const Step& step, size_t lo, size_t n, const Element* incoming, Element* slot) const {
@@ -225,15 +287,6 @@ class LaneRunner {
   PortableEnd* sendTo_ = nullptr;
   uint32_t* staging_ = nullptr;
   BasicLaneCursor<FlatLaneView> cursor_;
-};
-
-// The host's Access: GCC's atomic builtins on plain words, the same orderings the host FIFO uses.
-struct HostAccess {
-  static uint64_t loadAcquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-  static uint64_t loadRelaxed(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-  static uint32_t loadRelaxed32(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-  static void storeRelaxed(uint64_t* p, uint64_t value) { __atomic_store_n(p, value, __ATOMIC_RELAXED); }
-  static void storeRelease(uint64_t* p, uint64_t value) { __atomic_store_n(p, value, __ATOMIC_RELEASE); }
 };
 
 }  // namespace loom

@@ -1,13 +1,15 @@
 // The CUDA kernels (exec/cuda/kernels.h) on a device against the host kernels (exec/reduce.h): every type and
 // operator, counts from 1 to past a million, vector and element paths (aligned and misaligned buffers), in
-// place; avg's divide; copies of odd lengths and offsets; a flat plan walked on the device as on the host. NaNs
-// compare by NaN-ness (a device conversion may return another NaN payload). Exits 77 (skipped) when there is no
-// CUDA device.
+// place; avg's divide; copies of odd lengths and offsets; a flat plan walked on the device as on the host; the
+// GPU executor's lanes running an AllReduce between kernels. NaNs compare by NaN-ness (a device conversion may
+// return another NaN payload). Exits 77 (skipped) when there is no CUDA device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "algorithms/builders.h"
@@ -15,6 +17,7 @@
 #include "src/core/dtype.h"
 #include "src/exec/cuda/kernels.h"
 #include "src/exec/reduce.h"
+#include "transports/fifo.h"
 #include "tests/common/elements.h"
 
 namespace loom {
@@ -163,6 +166,119 @@ TEST(CudaKernels, PlanWalkMatchesTheHost) {
     cudaFree(const_cast<FlatLane*>(view.lanes));
     cudaFree(const_cast<Step*>(view.steps));
     cudaFree(const_cast<uint32_t*>(view.phaseStarts));
+  }
+}
+
+// A copy of `values` in device memory (freed by the caller).
+template <class T>
+T* onDevice(const std::vector<T>& values) {
+  void* pointer = nullptr;
+  EXPECT_EQ(cudaMalloc(&pointer, values.size() * sizeof(T) + 1), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(pointer, values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return static_cast<T*>(pointer);
+}
+
+// The GPU executor's kernel: ranks as kernels on streams of their own, one CTA per lane, exchanging messages
+// through FIFOs in device memory, against the reference (unit/lane_runner_test.cc runs the same core on host
+// threads).
+TEST(CudaKernels, LanesRunAnAllReduceAcrossStreams) {
+  const FifoShape shape{4, 65536, 16448};
+  const FifoWords words = fifoWords();
+  for (const char* algorithm : {"ring", "tree"}) {
+    for (int nranks : {2, 4}) {
+      for (size_t count : {size_t{1000}, size_t{100003}}) {
+        const std::string where = std::string(algorithm) + " ranks " + std::to_string(nranks) + " count " +
+                                  std::to_string(count);
+        std::vector<FlatPlan> plans(nranks);
+        int channels = 0;
+        for (int r = 0; r < nranks; ++r) {
+          CollArgs args;
+          args.collective = Collective::kAllReduce;
+          args.nranks = nranks;
+          args.rank = r;
+          args.count = count;
+          args.nChannels = 2;
+          RankPlan plan;
+          ASSERT_TRUE(buildPlan(args, algorithm, &plan)) << where;
+          for (const Lane& lane : plan.lanes) channels = std::max(channels, lane.channel + 1);
+          plans[r] = flatten(plan);
+        }
+        // Every FIFO, laid out on the host and copied to the device; the ends by rank, channel and peer.
+        std::vector<void*> allocations;
+        std::vector<unsigned char> image(fifoBytes(shape));
+        fifoInit(image.data(), shape);
+        std::vector<std::vector<PortableEnd>> recvEnds(nranks), sendEnds(nranks);
+        for (int r = 0; r < nranks; ++r) {
+          recvEnds[r].resize(channels * nranks);
+          sendEnds[r].resize(channels * nranks);
+        }
+        for (int c = 0; c < channels; ++c)
+          for (int from = 0; from < nranks; ++from)
+            for (int to = 0; to < nranks; ++to) {
+              if (from == to) continue;
+              unsigned char* fifo = onDevice(image);
+              allocations.push_back(fifo);
+              PortableEnd end;
+              end.fifo = fifo;
+              end.depth = shape.depth;
+              end.slotBytes = shape.slotBytes;
+              end.llSlotBytes = shape.llSlotBytes;
+              sendEnds[from][c * nranks + to] = end;
+              recvEnds[to][c * nranks + from] = end;
+            }
+        std::vector<cudaStream_t> streams(nranks);
+        std::vector<float*> outputs(nranks);
+        uint32_t* statuses = onDevice(std::vector<uint32_t>(nranks, 0));
+        for (int r = 0; r < nranks; ++r) {
+          std::vector<float> input(plans[r].inputCount);
+          for (size_t i = 0; i < input.size(); ++i)
+            input[i] = static_cast<float>((r + 1) * 3 + static_cast<int>(i % 7));
+          float* in = onDevice(input);
+          outputs[r] = onDevice(std::vector<float>(plans[r].outputCount, -1.0f));
+          float* scratch = onDevice(std::vector<float>(std::max<size_t>(plans[r].scratchCount, 1)));
+          PortableEnd* recv = onDevice(recvEnds[r]);
+          PortableEnd* send = onDevice(sendEnds[r]);
+          FlatPlanView view = plans[r].view();
+          view.lanes = onDevice(plans[r].lanes);
+          view.steps = onDevice(plans[r].steps);
+          view.phaseStarts = onDevice(plans[r].phaseStarts);
+          for (const void* pointer : {static_cast<const void*>(in), static_cast<const void*>(scratch),
+                                      static_cast<const void*>(recv), static_cast<const void*>(send),
+                                      static_cast<const void*>(view.lanes), static_cast<const void*>(view.steps),
+                                      static_cast<const void*>(view.phaseStarts)})
+            allocations.push_back(const_cast<void*>(pointer));
+          LaneCall call{reinterpret_cast<unsigned char*>(in), reinterpret_cast<unsigned char*>(outputs[r]),
+                        reinterpret_cast<unsigned char*>(scratch),     shape.slotBytes / sizeof(float),
+                        fifo::llPayloadBytes(shape.llSlotBytes) / sizeof(float), 8192, -1};
+          ASSERT_EQ(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking), cudaSuccess);
+          ASSERT_EQ(device::enqueueLanes(view, call, words, recv, send, nranks, loomFloat32, loomSum, nullptr,
+                                         uint64_t{20} * 1000 * 1000 * 1000, statuses + r, shape.llSlotBytes,
+                                         streams[r]),
+                    loomSuccess)
+              << where;
+        }
+        for (int r = 0; r < nranks; ++r) ASSERT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess) << where;
+        std::vector<uint32_t> status(nranks);
+        ASSERT_EQ(cudaMemcpy(status.data(), statuses, nranks * sizeof(uint32_t), cudaMemcpyDeviceToHost), cudaSuccess);
+        for (int r = 0; r < nranks; ++r) {
+          EXPECT_EQ(status[r], kLaneOk) << where << " rank " << r;
+          std::vector<float> got(plans[r].outputCount);
+          ASSERT_EQ(cudaMemcpy(got.data(), outputs[r], got.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                    cudaSuccess);
+          size_t wrong = 0;
+          for (size_t i = 0; i < got.size(); ++i) {
+            float want = 0;
+            for (int q = 0; q < nranks; ++q) want += static_cast<float>((q + 1) * 3 + static_cast<int>(i % 7));
+            wrong += got[i] != want;
+          }
+          EXPECT_EQ(wrong, 0u) << where << " rank " << r;
+          cudaStreamDestroy(streams[r]);
+          cudaFree(outputs[r]);
+        }
+        cudaFree(statuses);
+        for (void* pointer : allocations) cudaFree(pointer);
+      }
+    }
   }
 }
 

@@ -103,7 +103,7 @@ std::string runCall(Collective collective, const std::string& algorithm, int nra
                   fifo::llPayloadBytes(kShape.llSlotBytes) / sizeof(T),
                   1024,
                   forcedProtocol};
-    std::vector<LaneRunner<HostAccess, kType, Op>> runners(view.laneCount);
+    std::vector<LaneRunner<kType, Op>> runners(view.laneCount);
     std::vector<std::vector<uint32_t>> staging(view.laneCount, std::vector<uint32_t>(kShape.llSlotBytes / 8));
     for (uint32_t l = 0; l < view.laneCount; ++l) {
       FlatLaneView lane = view.lane(l);

@@ -122,6 +122,44 @@ __global__ void planWalkKernel(FlatPlanView plan, uint32_t laneIndex, size_t sli
   *count = visited;
 }
 
+__device__ uint64_t nanoseconds() {
+  uint64_t now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  return now;
+}
+
+template <loomDataType_t kType, typename Op>
+__global__ void lanesKernel(FlatPlanView plan, LaneCall call, FifoWords words, PortableEnd* recvEnds,
+                            PortableEnd* sendEnds, int nranks, const uint32_t* abortFlag, uint64_t timeoutNs,
+                            uint32_t* status) {
+  extern __shared__ uint32_t llStaging[];
+  if (threadIdx.x != 0) return;
+  const FlatLaneView lane = plan.lane(blockIdx.x);
+  LaneRunner<kType, Op> runner;
+  runner.start(lane, call, words, recvEnds + lane.channel * nranks, sendEnds + lane.channel * nranks, llStaging);
+  uint64_t lastProgress = nanoseconds();
+  unsigned sleepNs = 32;
+  while (!runner.done()) {
+    const LaneStatus state = runner.tryNext();
+    uint32_t failure = kLaneOk;
+    if (state == LaneStatus::kRan) {
+      lastProgress = nanoseconds();
+      sleepNs = 32;
+      continue;
+    }
+    if (state == LaneStatus::kPeerAborted) failure = kLanePeerAborted;
+    if (state == LaneStatus::kBadMessage) failure = kLaneBadMessage;
+    if (abortFlag != nullptr && *reinterpret_cast<const volatile uint32_t*>(abortFlag) != 0) failure = kLaneAborted;
+    if (failure == kLaneOk && nanoseconds() - lastProgress > timeoutNs) failure = kLaneTimedOut;
+    if (failure != kLaneOk) {
+      atomicCAS(status, kLaneOk, failure);
+      return;
+    }
+    __nanosleep(sleepNs);
+    if (sleepNs < 1024) sleepNs *= 2;
+  }
+}
+
 loomResult_t launched(const char* what) {
   cudaError_t error = cudaGetLastError();
   if (error == cudaSuccess) return loomSuccess;
@@ -179,6 +217,19 @@ loomResult_t launchReduce(void* dst, const void* a, const void* b, size_t count,
   return launched("reduce");
 }
 
+template <typename Op>
+loomResult_t launchLanes(const FlatPlanView& plan, const LaneCall& call, const FifoWords& words,
+                         PortableEnd* recvEnds, PortableEnd* sendEnds, int nranks, loomDataType_t type,
+                         const uint32_t* abortFlag, uint64_t timeoutNs, uint32_t* status, size_t stagingBytes,
+                         cudaStream_t stream) {
+  bool known = forType(type, [&]<loomDataType_t kType>() {
+    lanesKernel<kType, Op><<<plan.laneCount, 32, stagingBytes, stream>>>(plan, call, words, recvEnds, sendEnds,
+                                                                        nranks, abortFlag, timeoutNs, status);
+  });
+  if (!known) return LOOM_FAIL(loomInvalidArgument, CUDA, "lanes kernel: data type %d is not a loomDataType_t", type);
+  return launched("lanes");
+}
+
 }  // namespace
 
 loomResult_t enqueueReduce(void* dst, const void* a, const void* b, size_t count, loomDataType_t type,
@@ -232,6 +283,32 @@ loomResult_t enqueuePlanWalk(FlatPlanView plan, uint32_t lane, size_t sliceElems
                      plan.laneCount, sliceElems);
   planWalkKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(plan, lane, sliceElems, visits, capacity, count);
   return launched("plan walk");
+}
+
+loomResult_t enqueueLanes(const FlatPlanView& plan, const LaneCall& call, const FifoWords& words,
+                          PortableEnd* recvEnds, PortableEnd* sendEnds, int nranks, loomDataType_t type,
+                          loomRedOp_t op, const uint32_t* abortFlag, uint64_t timeoutNs, uint32_t* status,
+                          size_t llSlotBytes, void* stream) {
+  if (plan.laneCount == 0) return loomSuccess;
+  const size_t stagingBytes = llSlotBytes / 8 * sizeof(uint32_t);
+  auto cudaStream = static_cast<cudaStream_t>(stream);
+  switch (op) {
+    case loomSum:
+    case loomAvg:
+      return launchLanes<SumOp>(plan, call, words, recvEnds, sendEnds, nranks, type, abortFlag, timeoutNs, status,
+                                stagingBytes, cudaStream);
+    case loomProd:
+      return launchLanes<ProdOp>(plan, call, words, recvEnds, sendEnds, nranks, type, abortFlag, timeoutNs, status,
+                                 stagingBytes, cudaStream);
+    case loomMax:
+      return launchLanes<MaxOp>(plan, call, words, recvEnds, sendEnds, nranks, type, abortFlag, timeoutNs, status,
+                                stagingBytes, cudaStream);
+    case loomMin:
+      return launchLanes<MinOp>(plan, call, words, recvEnds, sendEnds, nranks, type, abortFlag, timeoutNs, status,
+                                stagingBytes, cudaStream);
+    default:
+      return LOOM_FAIL(loomInvalidArgument, CUDA, "lanes kernel: operation %d is not a loomRedOp_t", op);
+  }
 }
 
 }  // namespace loom::device

@@ -9,6 +9,7 @@
 
 #include "algorithms/flat_plan.h"
 #include "loom/loom.h"
+#include "src/exec/lane_runner.h"
 
 namespace loom::device {
 
@@ -40,5 +41,17 @@ loomResult_t enqueueGateWait(const StreamGate* gate, uint64_t sequence, void* st
 // logic that flat_plan_test checks on the host.
 loomResult_t enqueuePlanWalk(FlatPlanView plan, uint32_t lane, size_t sliceElems, uint32_t* visits, size_t capacity,
                              unsigned long long* count, void* stream);
+
+// One rank's share of a call, run by the GPU executor's kernel: every lane of `plan` (its arrays in device
+// memory) in a CTA of its own, by the CTA's first thread for now, over FIFOs in fifo.h's layout that peers (other
+// kernels, processes or the host) read and write. `recvEnds` and `sendEnds` (device memory, channel * nranks + peer)
+// keep each connection's counters from call to call; no two lanes may share a channel. A lane stops at a peer's
+// abort, a wrong-sized message, *abortFlag (mapped memory, or null) turning non-zero, or `timeoutNs` without
+// progress, and writes the first such cause to *status (a LaneFailure; the caller zeroes it and reads it once the
+// stream has passed the kernel). loomAvg runs as loomSum; its divide is enqueueDivide.
+loomResult_t enqueueLanes(const FlatPlanView& plan, const LaneCall& call, const FifoWords& words,
+                          PortableEnd* recvEnds, PortableEnd* sendEnds, int nranks, loomDataType_t type,
+                          loomRedOp_t op, const uint32_t* abortFlag, uint64_t timeoutNs, uint32_t* status,
+                          size_t llSlotBytes, void* stream);
 
 }  // namespace loom::device
