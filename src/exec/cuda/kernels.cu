@@ -292,20 +292,20 @@ loomResult_t enqueueLanes(const FlatPlanView& plan, const LaneCall& call, const 
   if (plan.laneCount == 0) return loomSuccess;
   const size_t stagingBytes = llSlotBytes / 8 * sizeof(uint32_t);
   auto cudaStream = static_cast<cudaStream_t>(stream);
+  auto launch = [&]<typename Op>() {
+    return launchLanes<Op>(plan, call, words, recvEnds, sendEnds, nranks, type, abortFlag, timeoutNs, status,
+                           stagingBytes, cudaStream);
+  };
   switch (op) {
     case loomSum:
     case loomAvg:
-      return launchLanes<SumOp>(plan, call, words, recvEnds, sendEnds, nranks, type, abortFlag, timeoutNs, status,
-                                stagingBytes, cudaStream);
+      return launch.template operator()<SumOp>();
     case loomProd:
-      return launchLanes<ProdOp>(plan, call, words, recvEnds, sendEnds, nranks, type, abortFlag, timeoutNs, status,
-                                 stagingBytes, cudaStream);
+      return launch.template operator()<ProdOp>();
     case loomMax:
-      return launchLanes<MaxOp>(plan, call, words, recvEnds, sendEnds, nranks, type, abortFlag, timeoutNs, status,
-                                stagingBytes, cudaStream);
+      return launch.template operator()<MaxOp>();
     case loomMin:
-      return launchLanes<MinOp>(plan, call, words, recvEnds, sendEnds, nranks, type, abortFlag, timeoutNs, status,
-                                stagingBytes, cudaStream);
+      return launch.template operator()<MinOp>();
     default:
       return LOOM_FAIL(loomInvalidArgument, CUDA, "lanes kernel: operation %d is not a loomRedOp_t", op);
   }
