@@ -456,8 +456,6 @@ void CudaCalls::work() {
 
 void CudaCallsDeleter::operator()(CudaCalls* calls) const { delete calls; }
 
-bool cudaBuilt() { return true; }
-
 loomResult_t cudaCommAttach(loomComm* comm, int ordinal) {
   int count = 0;
   cudaError_t error = cudaGetDeviceCount(&count);
@@ -501,8 +499,6 @@ void cudaCommAbort(loomComm* comm) {
 
 class CudaCalls {};
 void CudaCallsDeleter::operator()(CudaCalls* calls) const { delete calls; }
-
-bool cudaBuilt() { return false; }
 
 loomResult_t cudaCommAttach(loomComm*, int) {
   return LOOM_FAIL(loomInvalidArgument, INIT, "config device cuda: this loom build has no CUDA (meson option cuda)");

@@ -23,8 +23,6 @@ struct CudaCallsDeleter {
 };
 using CudaCallsPtr = std::unique_ptr<CudaCalls, CudaCallsDeleter>;
 
-// Whether this build has CUDA communicators (meson option `cuda`).
-bool cudaBuilt();
 // Makes `comm` a CUDA communicator on device `ordinal` (LOOM_CONFIG_UNDEF_INT: the calling thread's current
 // device): checks the device, starts the worker. Fails with a clear message when there is no such device.
 loomResult_t cudaCommAttach(loomComm* comm, int ordinal);

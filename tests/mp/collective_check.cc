@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   int rank = 0, nranks = 0;
   loomCommUserRank(comm, &rank);
   loomCommCount(comm, &nranks);
-  // The cases run on `cases_comm`: the world itself, or a CUDA communicator split from it. The verdicts always
+  // The cases run on `casesComm`: the world itself, or a CUDA communicator split from it. The verdicts always
   // go over the world, on host memory.
   loomComm_t casesComm = comm;
   loomtest::Device device{};
