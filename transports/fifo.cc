@@ -62,7 +62,9 @@ FifoWords fifoWords() {
                    static_cast<uint32_t>(headerBytes())};
 }
 
-void fifoInit(void* memory, const FifoShape& shape) {
+size_t fifoHeaderBytes() { return headerBytes(); }
+
+void fifoHeaderImage(void* memory, const FifoShape& shape) {
   auto* header = new (memory) FifoHeader();
   header->depth = static_cast<uint32_t>(shape.depth);
   header->slotBytes = shape.slotBytes;
@@ -74,6 +76,14 @@ void fifoInit(void* memory, const FifoShape& shape) {
   for (auto& size : header->sizes) size.store(0, std::memory_order_relaxed);
   header->sleeping.store(0, std::memory_order_relaxed);
   header->doorbell = -1;
+  std::memset(static_cast<std::byte*>(memory) + sizeof(FifoHeader), 0, headerBytes() - sizeof(FifoHeader));
+  header->magic.store(kFifoMagic, std::memory_order_relaxed);
+}
+
+void fifoInit(void* memory, const FifoShape& shape) {
+  fifoHeaderImage(memory, shape);
+  auto* header = static_cast<FifoHeader*>(memory);
+  header->magic.store(0, std::memory_order_relaxed);
   std::memset(static_cast<std::byte*>(memory) + headerBytes(), 0, fifoBytes(shape) - headerBytes());
   header->magic.store(kFifoMagic, std::memory_order_release);
 }

@@ -33,12 +33,6 @@ struct FifoShape {
   size_t llSlotBytes;
 };
 
-// Why a FIFO was marked aborted (0: it was not).
-enum AbortCode : uint32_t {
-  kAbortedByPeer = 1,   // an executor at either end gave up on the operation
-  kConnectionLost = 2,  // a network transport lost the connection: the peer died or the network failed
-};
-
 struct alignas(64) FifoHeader {
   std::atomic<uint32_t> magic;  // stored last by the receiver, with release: the FIFO is ready
   uint32_t depth;
@@ -67,6 +61,10 @@ inline void ringIfProxied(FifoHeader* header) {
 size_t fifoBytes(const FifoShape& shape);
 // Initialises fresh memory as an empty FIFO; publishes the magic last.
 void fifoInit(void* memory, const FifoShape& shape);
+// For memory the host cannot initialise in place (a CUDA device's): the FIFO's first fifoHeaderBytes(), as
+// fifoInit leaves them, written into `header`; the caller zeroes the rest of the FIFO and copies this over it.
+size_t fifoHeaderBytes();
+void fifoHeaderImage(void* header, const FifoShape& shape);
 // Largest payload of one message for a protocol.
 size_t fifoPayloadBytes(const FifoShape& shape, Protocol protocol);
 

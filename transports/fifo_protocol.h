@@ -14,6 +14,12 @@ namespace loom {
 
 enum class Protocol : uint8_t { kSimple = 0, kLL = 1 };
 
+// Why a FIFO was marked aborted (0: it was not).
+enum AbortCode : uint32_t {
+  kAbortedByPeer = 1,   // an executor at either end gave up on the operation
+  kConnectionLost = 2,  // a network transport lost the connection: the peer died or the network failed
+};
+
 // Where a FIFO's words lie from its start, in fifo.h's layout (fifoWords() in fifo.cc measures them on the host),
 // for code that reaches them without FifoHeader's std::atomic members: a device's.
 struct FifoWords {

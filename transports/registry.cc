@@ -15,6 +15,9 @@ Transport* tcpTransport();
 #ifdef LOOM_HAVE_UCX
 Transport* ucxTransport();
 #endif
+#ifdef LOOM_HAVE_CUDA
+Transport* cudaIpcTransport();
+#endif
 #ifdef LOOM_HAVE_IBVERBS
 Transport* ibTransport();
 bool rdmaPortActive();
@@ -24,6 +27,14 @@ std::string ConnectionKey::name() const {
   char text[96];
   std::snprintf(text, sizeof(text), "loom-%016llx-%d-%d-%d", (unsigned long long)commHash, sender, receiver, channel);
   return text;
+}
+
+Transport* deviceTransport() {
+#ifdef LOOM_HAVE_CUDA
+  return cudaIpcTransport();
+#else
+  return nullptr;
+#endif
 }
 
 namespace {

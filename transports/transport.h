@@ -1,4 +1,4 @@
-// The one interface every transport implements (shm, loopback, tcp; ucx, ibverbs and cuda_ipc later).
+// The one interface every transport implements (shm, loopback, tcp, ucx, ibverbs, and cuda_ipc for the GPU executor).
 //
 // A connection carries messages from one rank to another on one channel through a FIFO of slots (fifo.h).
 // The receiver owns the FIFO memory and creates it; the sender attaches to it. How the memory is shared is the
@@ -88,6 +88,9 @@ class Transport {
   // Whether a Simple message may be a DirectDescriptor: the receiver reads the payload from the sender's
   // memory itself (same machine; shm and loopback).
   virtual bool carriesDirect() const { return false; }
+  // Whether its FIFOs lie in CUDA device memory (cuda_ipc), which only the GPU executor reads and writes: such a
+  // transport is never in transportsInPriorityOrder(), and its endpoints' fifo() addresses are the device's.
+  virtual bool deviceMemory() const { return false; }
   // Whether a thread of the transport's own moves the messages (tcp's proxy), which then needs a core too.
   virtual bool movesByProxy() const { return false; }
   // Whether that proxy can send a message straight from the caller's memory (a DirectDescriptor of this process,
@@ -114,6 +117,9 @@ class Transport {
 
 // The transports in priority order, filtered by LOOM_TRANSPORTS. Only transports/registry.cc names them.
 std::vector<Transport*> transportsInPriorityOrder();
+// The transport of the GPU executor's connections between ranks of one machine (cuda_ipc), or null in a build
+// without CUDA.
+Transport* deviceTransport();
 // Whether the transport named `name` is built into this library and can run here (ucx: libucp loads); *why says
 // why not.
 bool transportAvailable(const std::string& name, std::string* why);

@@ -19,6 +19,8 @@
 #include <mutex>
 #include <thread>
 
+#include "src/core/cuda_device.h"
+#include "src/core/cuda_util.h"
 #include "src/core/log.h"
 #include "src/core/params.h"
 #include "src/core/staging.h"
@@ -32,35 +34,6 @@ namespace loom {
 #if LOOM_HAVE_CUDA
 
 namespace {
-
-loomResult_t cudaFailed(cudaError_t error, const char* what) {
-  return LOOM_FAIL(loomUnhandledCudaError, CUDA, "%s: %s (%s)", what, cudaGetErrorString(error),
-                   cudaGetErrorName(error));
-}
-
-#define LOOM_CUDA_CHECK(call, what)                                             \
-  do {                                                                          \
-    cudaError_t loomCudaError_ = (call);                                        \
-    if (loomCudaError_ != cudaSuccess) return cudaFailed(loomCudaError_, what); \
-  } while (0)
-
-// Makes `device` the calling thread's current device for the scope.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device)
-      changed_ = cudaSetDevice(device) == cudaSuccess;
-  }
-  ~DeviceScope() {
-    if (changed_) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = -1;
-  bool changed_ = false;
-};
 
 // The driver's stream wait on a 64-bit word, found through the runtime (libloom does not link libcuda), or null
 // where the driver or `device` lacks it.
@@ -107,7 +80,9 @@ class CudaCalls {
   CudaCalls(loomComm* comm, int device) : comm_(comm), device_(device) {}
   ~CudaCalls();
   loomResult_t start(const std::string& gateKind);
+  loomResult_t connected() { return devicePathCreate(comm_, device_, &deviceGate_->abort, &devicePath_); }
   loomResult_t enqueue(std::vector<Call> calls);
+  loomResult_t kernelError() { return devicePath_ ? devicePathError(*devicePath_) : loomSuccess; }
   const char* gateName() const { return waitValue64_ ? "memop (cuStreamWaitValue64)" : "kernel"; }
   // The memop gate sees only `done`: past every sequence number there will be.
   void abort() {
@@ -148,6 +123,7 @@ class CudaCalls {
   std::deque<Task> queue_;
   bool stopping_ = false;
   std::thread worker_;
+  DevicePathPtr devicePath_;  // the GPU executor, where there is one
 };
 
 loomResult_t CudaCalls::start(const std::string& gateKind) {
@@ -174,6 +150,7 @@ loomResult_t CudaCalls::start(const std::string& gateKind) {
 }
 
 CudaCalls::~CudaCalls() {
+  devicePath_.reset();  // first: its kernels read the gate's abort word
   if (worker_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -339,6 +316,8 @@ loomResult_t CudaCalls::enqueue(std::vector<Call> calls) {
     extentsOf(call, comm_->nranks, &extents);
     for (size_t i = first; i < extents.size(); ++i) LOOM_CHECK(checkReachable(call, extents[i]));
   }
+  if (devicePath_ && calls.size() == 1 && devicePathTakes(*devicePath_, calls.front()))
+    return devicePathEnqueue(*devicePath_, calls.front());
   size_t totalBytes = 0;
   std::vector<StagedSpan> spans = spansOf(extents, &totalBytes);
   auto stream = static_cast<cudaStream_t>(calls.front().stream);
@@ -491,6 +470,16 @@ loomResult_t cudaEnqueue(std::vector<Call> calls) {
   return comm->cuda->enqueue(std::move(calls));
 }
 
+loomResult_t cudaCommConnected(loomComm* comm) { return comm->cuda->connected(); }
+
+void cudaCommCheckKernels(loomComm* comm) {
+  if (!comm->cuda) return;
+  loomResult_t error = comm->cuda->kernelError();
+  if (error == loomSuccess) return;
+  int expected = loomSuccess;
+  comm->asyncError.compare_exchange_strong(expected, error);
+}
+
 void cudaCommAbort(loomComm* comm) {
   if (comm->cuda) comm->cuda->abort();
 }
@@ -509,6 +498,8 @@ loomResult_t cudaEnqueue(std::vector<Call> calls) {
                    collectiveName(calls.front().collective));
 }
 
+loomResult_t cudaCommConnected(loomComm*) { return loomSuccess; }
+void cudaCommCheckKernels(loomComm*) {}
 void cudaCommAbort(loomComm*) {}
 
 #endif

@@ -18,25 +18,6 @@ namespace {
 
 constexpr size_t kMaxCachedPlans = 512;
 
-CollArgs argsOf(const Call& call, int nChannels) {
-  CollArgs args;
-  args.collective = call.collective;
-  args.nranks = call.comm->nranks;
-  args.rank = call.comm->rank;
-  args.root = call.root;
-  args.count = call.count;
-  args.nChannels = nChannels;
-  args.sendCounts = call.sendCounts;
-  args.sendDispls = call.sendDispls;
-  args.recvCounts = call.recvCounts;
-  args.recvDispls = call.recvDispls;
-  args.p2p = call.p2p;
-  args.torusDimCount = call.comm->torusDimCount;
-  std::copy(call.comm->torusDims, call.comm->torusDims + args.torusDimCount, args.torusDims);
-  args.hostOf = call.comm->hostOf;
-  return args;
-}
-
 // Moves the lanes of a Send/Recv plan onto the p2p channel, away from the collectives' connections.
 void moveToP2PChannel(RankPlan* plan) {
   for (Lane& lane : plan->lanes) lane.channel += kP2PChannel;
@@ -56,7 +37,7 @@ loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** p
   *cached = nullptr;
   bool cacheable = call.collective != Collective::kAllToAllv && call.collective != Collective::kSendRecv;
   if (!cacheable) {
-    buildPlan(argsOf(call, nChannels), algorithm, scratchPlan);
+    buildPlan(collArgsOf(call, nChannels), algorithm, scratchPlan);
     if (call.collective == Collective::kSendRecv) moveToP2PChannel(scratchPlan);
     *plan = scratchPlan;
     return loomSuccess;
@@ -65,7 +46,7 @@ loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** p
   CachedPlan* found = comm->planCache.find(key);
   if (found == nullptr) {
     RankPlan built;
-    if (!buildPlan(argsOf(call, nChannels), algorithm, &built))
+    if (!buildPlan(collArgsOf(call, nChannels), algorithm, &built))
       return LOOM_FAIL(loomInternalError, COLL, "no algorithm for %s", collectiveName(call.collective));
     if (logEnabled(LogLevel::kTrace, Subsys::COLL))
       logMessage(LogLevel::kTrace, Subsys::COLL, "%s count %zu root %d: %s", collectiveName(call.collective),
@@ -165,6 +146,25 @@ void recordFailure(std::vector<loomComm*>& comms, loomResult_t result) {
 }
 
 }  // namespace
+
+CollArgs collArgsOf(const Call& call, int nChannels) {
+  CollArgs args;
+  args.collective = call.collective;
+  args.nranks = call.comm->nranks;
+  args.rank = call.comm->rank;
+  args.root = call.root;
+  args.count = call.count;
+  args.nChannels = nChannels;
+  args.sendCounts = call.sendCounts;
+  args.sendDispls = call.sendDispls;
+  args.recvCounts = call.recvCounts;
+  args.recvDispls = call.recvDispls;
+  args.p2p = call.p2p;
+  args.torusDimCount = call.comm->torusDimCount;
+  std::copy(call.comm->torusDims, call.comm->torusDims + args.torusDimCount, args.torusDims);
+  args.hostOf = call.comm->hostOf;
+  return args;
+}
 
 // The containers of a run, kept per thread and cleared rather than freed, so that once warm a small call's run
 // allocates nothing: at a microsecond a call, a dozen allocations are a fifth of the time.

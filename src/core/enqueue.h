@@ -5,6 +5,7 @@
 #include <span>
 #include <vector>
 
+#include "algorithms/builders.h"
 #include "algorithms/plan.h"
 #include "loom/loom.h"
 #include "src/core/inline_vector.h"
@@ -25,6 +26,8 @@ struct Call {
   std::vector<P2POp> p2p;                                              // SendRecv
 };
 
+// The plan builders' arguments for `call` on `nChannels` channels.
+CollArgs collArgsOf(const Call& call, int nChannels);
 // Runs `call` now, or adds it to this thread's open group, or queues it on its stream.
 loomResult_t submit(Call&& call);
 // Plans, connects and runs calls: those of one communicator one after another, communicators concurrently.

@@ -167,6 +167,7 @@ loomResult_t loomCommAbort(loomComm_t comm) {
 loomResult_t loomCommGetAsyncError(loomComm_t comm, loomResult_t* asyncError) {
   if (comm == nullptr || asyncError == nullptr)
     return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommGetAsyncError: comm and asyncError must not be NULL");
+  cudaCommCheckKernels(comm);
   *asyncError = static_cast<loomResult_t>(comm->asyncError.load());
   return loomSuccess;
 }

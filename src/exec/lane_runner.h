@@ -8,9 +8,11 @@
 // The loads and stores that order memory between ranks are MemoryAccess's: GCC's atomic builtins on the host,
 // volatile accesses with system-scope fences on a device (a peer may be another GPU or the host). What it leaves
 // to its caller: the FIFOs' memory, each connection's counters (kept from call to call, as FifoSender and
-// FifoReceiver keep theirs), and a staging buffer for LL messages. It sends no direct
-// (zero-copy) messages and refuses any it receives, and runs calls whose regions all name buffer 0 (collectives,
-// not Send/Recv groups). In a kernel, one thread runs it; the copies are the place to spread over a CTA.
+// FifoReceiver keep theirs), and a staging buffer for LL messages. It sends no direct (zero-copy) messages and
+// refuses any it receives, and runs calls whose regions all name buffer 0 (collectives, not Send/Recv groups).
+// Each slice goes in three steps, so that a kernel can give its data to a whole CTA: prepare() (one thread: has
+// the message arrived, is there credit), apply() (every thread its share: 16-byte vectors where aligned), finish()
+// (one thread, once every share is visible: post and release).
 #pragma once
 
 #include <cstddef>
@@ -53,7 +55,22 @@ enum LaneFailure : uint32_t {
   kLaneTimedOut = 4,     // no progress within the deadline
 };
 
+// 16 bytes of elements, moved as one.
+struct alignas(16) Vec16 {
+  uint32_t words[4];
+};
+
 struct MemoryAccess {
+  // 16 bytes at a 16-byte aligned address, past the SM's L1 as read() is.
+  LOOM_HOST_DEVICE static Vec16 read16(const void* p) {
+#ifdef __CUDA_ARCH__
+    // __ldcv reads global memory only; the LL staging buffer is the CTA's shared memory.
+    const uint4 v = __isGlobal(p) ? __ldcv(reinterpret_cast<const uint4*>(p)) : *reinterpret_cast<const uint4*>(p);
+    return Vec16{{v.x, v.y, v.z, v.w}};
+#else
+    return *static_cast<const Vec16*>(p);
+#endif
+  }
   // An element of a message or a buffer. On a device, past the SM's own L1 cache, which does not see a peer's
   // later writes to a FIFO slot it has read before.
   template <class T>
@@ -124,38 +141,93 @@ class LaneRunner {
   }
   LOOM_HOST_DEVICE bool done() const { return cursor_.done(); }
 
-  // Runs the next slice when its message has arrived and its FIFO has room.
-  LOOM_HOST_DEVICE LaneStatus tryNext() {
+  // One slice as prepare() finds it ready: what apply() does and what finish() posts and releases. Plain data, so
+  // that a kernel can keep it in shared memory for every thread of a CTA.
+  struct Slice {
+    Action action;
+    Protocol protocol;
+    size_t n;      // elements (0: an empty slice, nothing to move)
+    size_t bytes;  // of its message
+    Element* dst;
+    const Element* src;
+    const Element* src2;
+    const Element* incoming;  // the received message (LL: decoded into the staging buffer)
+    Element* slot;            // where the message to send goes (LL: the staging buffer)
+    PortableEnd* in;
+    PortableEnd* out;
+  };
+
+  // Whether the next slice can run (kRan: *slice says what it does), and if not, why.
+  LOOM_HOST_DEVICE LaneStatus prepare(Slice* slice) {
     if (cursor_.done()) return LaneStatus::kDone;
     const Step& step = lane_.stepAt(cursor_.step());
     const size_t count = step.count();
     const Protocol protocol = protocolFor(count);
     size_t lo = 0, hi = 0;
     sliceBounds(count, sliceElems(protocol), cursor_.round(), &lo, &hi);
-    if (lo < hi) {
-      const size_t bytes = (hi - lo) * sizeof(Element);
-      PortableEnd* in = actionReceives(step.action) ? &recvFrom_[step.recvPeer] : nullptr;
-      PortableEnd* out = actionSends(step.action) ? &sendTo_[step.sendPeer] : nullptr;
-      const Element* incoming = nullptr;
-      if (in != nullptr) {
-        LaneStatus arrived = receive(in, protocol, bytes, &incoming);
-        if (arrived != LaneStatus::kRan) return arrived;
-      }
-      Element* slot = nullptr;
-      if (out != nullptr) {
-        if (aborted(out)) return LaneStatus::kPeerAborted;
-        if (!fifo::hasCredit(out->count, Access::loadAcquire(word(out, words_.tail)), out->depth))
-          return LaneStatus::kWaiting;
-        slot = protocol == Protocol::kSimple
-                   ? reinterpret_cast<Element*>(slots(out) + fifo::simpleSlotOffset(out->slot, out->slotBytes))
-                   : reinterpret_cast<Element*>(staging_);
-      }
-      apply(step, lo, hi - lo, incoming, slot);
-      if (out != nullptr) post(out, protocol, bytes);
-      if (in != nullptr) release(in);
+    *slice = Slice{step.action, protocol, hi - lo, (hi - lo) * sizeof(Element), nullptr, nullptr, nullptr,
+                   nullptr, nullptr, nullptr, nullptr};
+    if (lo == hi) return LaneStatus::kRan;
+    PortableEnd* in = actionReceives(step.action) ? &recvFrom_[step.recvPeer] : nullptr;
+    PortableEnd* out = actionSends(step.action) ? &sendTo_[step.sendPeer] : nullptr;
+    if (in != nullptr) {
+      LaneStatus arrived = receive(in, protocol, slice->bytes, &slice->incoming);
+      if (arrived != LaneStatus::kRan) return arrived;
     }
-    cursor_.next(SlicesOf{this});
+    if (out != nullptr) {
+      if (aborted(out)) return LaneStatus::kPeerAborted;
+      if (!fifo::hasCredit(out->count, Access::loadAcquire(word(out, words_.tail)), out->depth))
+        return LaneStatus::kWaiting;
+      slice->slot = protocol == Protocol::kSimple
+                        ? reinterpret_cast<Element*>(slots(out) + fifo::simpleSlotOffset(out->slot, out->slotBytes))
+                        : reinterpret_cast<Element*>(staging_);
+    }
+    slice->in = in;
+    slice->out = out;
+    slice->dst = at(step.dst, lo);
+    slice->src = at(step.src, lo);
+    slice->src2 = at(step.src2, lo);
     return LaneStatus::kRan;
+  }
+
+  // The slice's copies and reductions, shared by `workers` threads (this one is `worker`); a slice whose copy
+  // overlaps itself within a buffer is worker 0's alone.
+  LOOM_HOST_DEVICE static void apply(const Slice& s, size_t worker, size_t workers) {
+    const size_t n = s.n;
+    if (n == 0) return;
+    switch (s.action) {
+      case Action::kSend:
+        copy(s.slot, s.src, n, worker, workers);
+        break;
+      case Action::kRecv:
+        copy(s.dst, s.incoming, n, worker, workers);
+        break;
+      case Action::kRecvReduce:
+        reduce(s.dst, s.src, s.incoming, n, worker, workers);
+        break;
+      case Action::kRecvReduceSend:
+        reduce(s.slot, s.src, s.incoming, n, worker, workers);
+        break;
+      case Action::kRecvReduceCopySend:
+        reduceTwice(s.dst, s.slot, s.src, s.incoming, n, worker, workers);
+        break;
+      case Action::kRecvCopySend:
+        copyTwice(s.dst, s.slot, s.incoming, n, worker, workers);
+        break;
+      case Action::kCopy:
+        copy(s.dst, s.src, n, worker, workers);
+        break;
+      case Action::kReduce:
+        reduce(s.dst, s.src, s.src2, n, worker, workers);
+        break;
+    }
+  }
+
+  // After apply() (every worker's part visible): posts the message, releases the one received, moves on.
+  LOOM_HOST_DEVICE void finish(const Slice& slice) {
+    if (slice.out != nullptr) post(slice.out, slice.protocol, slice.bytes);
+    if (slice.in != nullptr) release(slice.in);
+    cursor_.next(SlicesOf{this});
   }
 
  private:
@@ -237,46 +309,70 @@ class LaneRunner {
     return reinterpret_cast<Element*>(base) + region.offset + lo;
   }
 
-  LOOM_HOST_DEVICE static void copy(Element* to, const Element* from, size_t n) {
+  static constexpr size_t kPerVector = sizeof(Vec16) / sizeof(Element);
+  LOOM_HOST_DEVICE static bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % sizeof(Vec16) == 0; }
+  union Lanes {
+    Vec16 raw;
+    Element elements[kPerVector];
+  };
+  LOOM_HOST_DEVICE static Lanes load16(const Element* p) {
+    Lanes lanes;
+    lanes.raw = Access::read16(p);
+    return lanes;
+  }
+  LOOM_HOST_DEVICE static void store16(Element* p, const Lanes& lanes) { *reinterpret_cast<Vec16*>(p) = lanes.raw; }
+
+  // to[i] = from[i]: whole 16-byte vectors where both are aligned, then elements, split among the workers.
+  LOOM_HOST_DEVICE static void copy(Element* to, const Element* from, size_t n, size_t worker, size_t workers) {
     if (to == from) return;
-    if (to > from && to < from + n) {  // an overlapping copy within a buffer: backwards
-      for (size_t i = n; i-- > 0;) to[i] = Access::read(from + i);
+    if (to < from + n && from < to + n) {  // overlapping, within a buffer: one worker, in the safe direction
+      if (worker != 0) return;
+      if (to > from) {
+        for (size_t i = n; i-- > 0;) to[i] = Access::read(from + i);
+      } else {
+        for (size_t i = 0; i < n; ++i) to[i] = Access::read(from + i);
+      }
       return;
     }
-    for (size_t i = 0; i < n; ++i) to[i] = Access::read(from + i);
+    size_t done = 0;
+    if (aligned(to) && aligned(from)) {
+      const size_t vectors = n / kPerVector;
+      for (size_t v = worker; v < vectors; v += workers) store16(to + v * kPerVector, load16(from + v * kPerVector));
+      done = vectors * kPerVector;
+    }
+    for (size_t i = done + worker; i < n; i += workers) to[i] = Access::read(from + i);
   }
-  LOOM_HOST_DEVICE static void reduce(Element* to, const Element* a, const Element* b, size_t n) {
-    for (size_t i = 0; i < n; ++i) to[i] = device::combine<kType, Op>(Access::read(a + i), Access::read(b + i));
+  // to[i] = second[i] = from[i].
+  LOOM_HOST_DEVICE static void copyTwice(Element* to, Element* second, const Element* from, size_t n, size_t worker,
+                                         size_t workers) {
+    copy(to, from, n, worker, workers);
+    copy(second, from, n, worker, workers);
   }
-
-  LOOM_HOST_DEVICE void apply(const Step& step, size_t lo, size_t n, const Element* incoming, Element* slot) const {
-    switch (step.action) {
-      case Action::kSend:
-        copy(slot, at(step.src, lo), n);
-        break;
-      case Action::kRecv:
-        copy(at(step.dst, lo), incoming, n);
-        break;
-      case Action::kRecvReduce:
-        reduce(at(step.dst, lo), at(step.src, lo), incoming, n);
-        break;
-      case Action::kRecvReduceSend:
-        reduce(slot, at(step.src, lo), incoming, n);
-        break;
-      case Action::kRecvReduceCopySend:
-        reduce(at(step.dst, lo), at(step.src, lo), incoming, n);
-        copy(slot, at(step.dst, lo), n);
-        break;
-      case Action::kRecvCopySend:
-        copy(at(step.dst, lo), incoming, n);
-        copy(slot, incoming, n);
-        break;
-      case Action::kCopy:
-        copy(at(step.dst, lo), at(step.src, lo), n);
-        break;
-      case Action::kReduce:
-        reduce(at(step.dst, lo), at(step.src, lo), at(step.src2, lo), n);
-        break;
+  // to[i] = a[i] op b[i]: element i depends on element i alone, so `to` may be a or b.
+  LOOM_HOST_DEVICE static void reduce(Element* to, const Element* a, const Element* b, size_t n, size_t worker,
+                                      size_t workers) {
+    reduceTwice(to, nullptr, a, b, n, worker, workers);
+  }
+  // to[i] = a[i] op b[i], and second[i] too unless second is null.
+  LOOM_HOST_DEVICE static void reduceTwice(Element* to, Element* second, const Element* a, const Element* b, size_t n,
+                                           size_t worker, size_t workers) {
+    size_t done = 0;
+    if (aligned(to) && aligned(a) && aligned(b) && (second == nullptr || aligned(second))) {
+      const size_t vectors = n / kPerVector;
+      for (size_t v = worker; v < vectors; v += workers) {
+        const size_t i = v * kPerVector;
+        const Lanes x = load16(a + i), y = load16(b + i);
+        Lanes z;
+        for (size_t j = 0; j < kPerVector; ++j) z.elements[j] = device::combine<kType, Op>(x.elements[j], y.elements[j]);
+        store16(to + i, z);
+        if (second != nullptr) store16(second + i, z);
+      }
+      done = vectors * kPerVector;
+    }
+    for (size_t i = done + worker; i < n; i += workers) {
+      const Element value = device::combine<kType, Op>(Access::read(a + i), Access::read(b + i));
+      to[i] = value;
+      if (second != nullptr) second[i] = value;
     }
   }
 

@@ -115,7 +115,14 @@ std::string runCall(Collective collective, const std::string& algorithm, int nra
       all = true;
       bool progress = false;
       for (auto& runner : runners) {
-        LaneStatus status = runner.tryNext();
+        // As a kernel runs it: the slice's data split among workers (here one after another), then the post.
+        typename LaneRunner<kType, Op>::Slice slice;
+        LaneStatus status = runner.prepare(&slice);
+        if (status == LaneStatus::kRan) {
+          constexpr size_t kWorkers = 3;
+          for (size_t worker = 0; worker < kWorkers; ++worker) LaneRunner<kType, Op>::apply(slice, worker, kWorkers);
+          runner.finish(slice);
+        }
         if (status == LaneStatus::kPeerAborted || status == LaneStatus::kBadMessage) {
           errors[r] = status == LaneStatus::kBadMessage ? "a message of the wrong size" : "a peer aborted";
           return;

@@ -128,36 +128,134 @@ __device__ uint64_t nanoseconds() {
   return now;
 }
 
+constexpr int kLaneThreads = 256;
+
+// One lane per CTA. Thread 0 drives the lane (waits for each slice's message and credit, posts and releases);
+// every thread of the CTA moves the slice's data. The slice goes through shared memory; the fence and barrier
+// after the data make it visible to the peer before thread 0 posts.
 template <loomDataType_t kType, typename Op>
 __global__ void lanesKernel(FlatPlanView plan, LaneCall call, FifoWords words, PortableEnd* recvEnds,
                             PortableEnd* sendEnds, int nranks, const uint32_t* abortFlag, uint64_t timeoutNs,
                             uint32_t* status) {
+  using Runner = LaneRunner<kType, Op>;
   extern __shared__ uint32_t llStaging[];
-  if (threadIdx.x != 0) return;
-  const FlatLaneView lane = plan.lane(blockIdx.x);
-  LaneRunner<kType, Op> runner;
-  runner.start(lane, call, words, recvEnds + lane.channel * nranks, sendEnds + lane.channel * nranks, llStaging);
-  uint64_t lastProgress = nanoseconds();
+  __shared__ typename Runner::Slice slice;
+  __shared__ uint32_t state;  // kLaneOk: a slice to run; else done (kLaneDone) or a LaneFailure
+  constexpr uint32_t kLaneDone = 0xffffffffu;
+  Runner runner;  // thread 0's
+  if (threadIdx.x == 0) {
+    const FlatLaneView lane = plan.lane(blockIdx.x);
+    runner.start(lane, call, words, recvEnds + lane.channel * nranks, sendEnds + lane.channel * nranks, llStaging);
+  }
+  for (;;) {
+    if (threadIdx.x == 0) {
+      uint64_t since = nanoseconds();
+      unsigned sleepNs = 32;
+      for (;;) {
+        if (*reinterpret_cast<const volatile uint32_t*>(status) != kLaneOk) {
+          state = kLaneDone;  // another lane, or an earlier call, has failed: the communicator is done for
+          break;
+        }
+        const LaneStatus ready = runner.prepare(&slice);
+        if (ready == LaneStatus::kRan) {
+          state = kLaneOk;
+          break;
+        }
+        uint32_t failure = kLaneOk;
+        if (ready == LaneStatus::kDone) {
+          state = kLaneDone;
+          break;
+        }
+        if (ready == LaneStatus::kPeerAborted) failure = kLanePeerAborted;
+        if (ready == LaneStatus::kBadMessage) failure = kLaneBadMessage;
+        if (abortFlag != nullptr && *reinterpret_cast<const volatile uint32_t*>(abortFlag) != 0)
+          failure = kLaneAborted;
+        if (failure == kLaneOk && nanoseconds() - since > timeoutNs) failure = kLaneTimedOut;
+        if (failure != kLaneOk) {
+          atomicCAS(status, kLaneOk, failure);
+          state = kLaneDone;
+          break;
+        }
+        __nanosleep(sleepNs);
+        if (sleepNs < 1024) sleepNs *= 2;
+      }
+    }
+    __syncthreads();
+    if (state != kLaneOk) return;
+    Runner::apply(slice, threadIdx.x, blockDim.x);
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) runner.finish(slice);
+    // The next prepare() rewrites the slice only after every thread has passed the barrier above.
+  }
+}
+
+__device__ bool failed(const uint32_t* status) { return *reinterpret_cast<const volatile uint32_t*>(status) != kLaneOk; }
+
+// The barrier half of thread p < nranks (other than the rank's own): raises flag `epoch` for peer p and waits for
+// p's. Returns the failure that ended the wait, or kLaneOk.
+using Flags = PeerAllReduce<loomUint8, SumOp>;  // signal, arrived and peerAborted do not depend on the type
+__device__ uint32_t meetPeer(const PeerCall& call, int p, uint64_t epoch, const uint32_t* abortFlag,
+                             uint64_t timeoutNs) {
+  Flags::signal(call, p, epoch);
+  const uint64_t start = nanoseconds();
   unsigned sleepNs = 32;
-  while (!runner.done()) {
-    const LaneStatus state = runner.tryNext();
-    uint32_t failure = kLaneOk;
-    if (state == LaneStatus::kRan) {
-      lastProgress = nanoseconds();
-      sleepNs = 32;
-      continue;
-    }
-    if (state == LaneStatus::kPeerAborted) failure = kLanePeerAborted;
-    if (state == LaneStatus::kBadMessage) failure = kLaneBadMessage;
-    if (abortFlag != nullptr && *reinterpret_cast<const volatile uint32_t*>(abortFlag) != 0) failure = kLaneAborted;
-    if (failure == kLaneOk && nanoseconds() - lastProgress > timeoutNs) failure = kLaneTimedOut;
-    if (failure != kLaneOk) {
-      atomicCAS(status, kLaneOk, failure);
-      return;
-    }
+  while (!Flags::arrived(call, p, epoch)) {
+    if (Flags::peerAborted(call, p)) return kLanePeerAborted;
+    if (abortFlag != nullptr && *reinterpret_cast<const volatile uint32_t*>(abortFlag) != 0) return kLaneAborted;
+    if (nanoseconds() - start > timeoutNs) return kLaneTimedOut;
     __nanosleep(sleepNs);
     if (sleepNs < 1024) sleepNs *= 2;
   }
+  return kLaneOk;
+}
+
+// A barrier with every peer, in one CTA whose threads 0 to nranks - 1 each meet one peer, after every thread's
+// writes of the CTA (and of the kernels before it on the stream) are visible to the peers. On a failure it marks
+// the rank's mailboxes to its peers aborted, so they stop at their next look, and records the cause. Returns
+// whether all met.
+__device__ bool barrier(const PeerCall& call, uint64_t epoch, const uint32_t* abortFlag, uint64_t timeoutNs,
+                        uint32_t* status) {
+  __shared__ uint32_t failure;
+  if (threadIdx.x == 0) failure = kLaneOk;
+  __threadfence_system();
+  __syncthreads();
+  const int p = static_cast<int>(threadIdx.x);
+  if (p < call.nranks && p != call.rank) {
+    uint32_t why = meetPeer(call, p, epoch, abortFlag, timeoutNs);
+    if (why != kLaneOk) atomicCAS(&failure, kLaneOk, why);
+  }
+  __syncthreads();
+  if (failure == kLaneOk) return true;
+  if (p < call.nranks && p != call.rank)
+    *reinterpret_cast<volatile uint32_t*>(call.outbox[p] + call.words.aborted) = kAbortedByPeer;
+  if (threadIdx.x == 0) atomicCAS(status, kLaneOk, failure);
+  return false;
+}
+
+template <loomDataType_t kType, typename Op>
+__global__ void oneShotKernel(PeerCall call, const uint32_t* abortFlag, uint64_t timeoutNs, uint32_t* status) {
+  using Runner = PeerAllReduce<kType, Op>;
+  if (failed(status)) return;
+  Runner::oneShotPush(call, threadIdx.x, blockDim.x);
+  if (!barrier(call, call.epoch, abortFlag, timeoutNs, status)) return;
+  Runner::oneShotReduce(call, threadIdx.x, blockDim.x);
+}
+
+__global__ void barrierKernel(PeerCall call, uint64_t epoch, const uint32_t* abortFlag, uint64_t timeoutNs,
+                              uint32_t* status) {
+  if (failed(status)) return;
+  barrier(call, epoch, abortFlag, timeoutNs, status);
+}
+
+// One two-shot data phase over the whole grid.
+template <loomDataType_t kType, typename Op, int kPhase>
+__global__ void twoShotKernel(PeerCall call, const uint32_t* status) {
+  using Runner = PeerAllReduce<kType, Op>;
+  if (failed(status)) return;
+  if constexpr (kPhase == 0) Runner::twoShotScatter(call, firstIndex(), gridStride());
+  if constexpr (kPhase == 1) Runner::twoShotReduce(call, firstIndex(), gridStride());
+  if constexpr (kPhase == 2) Runner::twoShotGather(call, firstIndex(), gridStride());
 }
 
 loomResult_t launched(const char* what) {
@@ -205,6 +303,28 @@ bool forType(loomDataType_t type, Body&& body) {
   }
 }
 
+// Calls body.template operator()<Op>() for the loomRedOp_t `op` (avg as sum); false for a value outside the enum.
+template <typename Body>
+bool forOp(loomRedOp_t op, Body&& body) {
+  switch (op) {
+    case loomSum:
+    case loomAvg:
+      body.template operator()<SumOp>();
+      return true;
+    case loomProd:
+      body.template operator()<ProdOp>();
+      return true;
+    case loomMax:
+      body.template operator()<MaxOp>();
+      return true;
+    case loomMin:
+      body.template operator()<MinOp>();
+      return true;
+    default:
+      return false;
+  }
+}
+
 template <typename Op>
 loomResult_t launchReduce(void* dst, const void* a, const void* b, size_t count, loomDataType_t type,
                           cudaStream_t stream) {
@@ -215,19 +335,6 @@ loomResult_t launchReduce(void* dst, const void* a, const void* b, size_t count,
   });
   if (!known) return LOOM_FAIL(loomInvalidArgument, CUDA, "reduce kernel: data type %d is not a loomDataType_t", type);
   return launched("reduce");
-}
-
-template <typename Op>
-loomResult_t launchLanes(const FlatPlanView& plan, const LaneCall& call, const FifoWords& words,
-                         PortableEnd* recvEnds, PortableEnd* sendEnds, int nranks, loomDataType_t type,
-                         const uint32_t* abortFlag, uint64_t timeoutNs, uint32_t* status, size_t stagingBytes,
-                         cudaStream_t stream) {
-  bool known = forType(type, [&]<loomDataType_t kType>() {
-    lanesKernel<kType, Op><<<plan.laneCount, 32, stagingBytes, stream>>>(plan, call, words, recvEnds, sendEnds,
-                                                                        nranks, abortFlag, timeoutNs, status);
-  });
-  if (!known) return LOOM_FAIL(loomInvalidArgument, CUDA, "lanes kernel: data type %d is not a loomDataType_t", type);
-  return launched("lanes");
 }
 
 }  // namespace
@@ -292,23 +399,68 @@ loomResult_t enqueueLanes(const FlatPlanView& plan, const LaneCall& call, const 
   if (plan.laneCount == 0) return loomSuccess;
   const size_t stagingBytes = llSlotBytes / 8 * sizeof(uint32_t);
   auto cudaStream = static_cast<cudaStream_t>(stream);
-  auto launch = [&]<typename Op>() {
-    return launchLanes<Op>(plan, call, words, recvEnds, sendEnds, nranks, type, abortFlag, timeoutNs, status,
-                           stagingBytes, cudaStream);
-  };
-  switch (op) {
-    case loomSum:
-    case loomAvg:
-      return launch.template operator()<SumOp>();
-    case loomProd:
-      return launch.template operator()<ProdOp>();
-    case loomMax:
-      return launch.template operator()<MaxOp>();
-    case loomMin:
-      return launch.template operator()<MinOp>();
-    default:
-      return LOOM_FAIL(loomInvalidArgument, CUDA, "lanes kernel: operation %d is not a loomRedOp_t", op);
-  }
+  bool knownType = true;
+  bool knownOp = forOp(op, [&]<typename Op>() {
+    knownType = forType(type, [&]<loomDataType_t kType>() {
+      lanesKernel<kType, Op><<<plan.laneCount, kLaneThreads, stagingBytes, cudaStream>>>(plan, call, words, recvEnds, sendEnds,
+                                                                              nranks, abortFlag, timeoutNs, status);
+    });
+  });
+  if (!knownOp) return LOOM_FAIL(loomInvalidArgument, CUDA, "lanes kernel: operation %d is not a loomRedOp_t", op);
+  if (!knownType)
+    return LOOM_FAIL(loomInvalidArgument, CUDA, "lanes kernel: data type %d is not a loomDataType_t", type);
+  return launched("lanes");
+}
+
+namespace {
+
+loomResult_t checkPeerCall(const PeerCall& call, const char* what) {
+  if (call.nranks < 2 || call.nranks > kMaxPeerRanks || call.rank < 0 || call.rank >= call.nranks)
+    return LOOM_FAIL(loomInvalidArgument, CUDA, "%s: rank %d of %d (2 to %d ranks)", what, call.rank, call.nranks,
+                     kMaxPeerRanks);
+  return loomSuccess;
+}
+
+}  // namespace
+
+loomResult_t enqueueOneShot(const PeerCall& call, loomDataType_t type, loomRedOp_t op, const uint32_t* abortFlag,
+                            uint64_t timeoutNs, uint32_t* status, void* stream) {
+  LOOM_CHECK(checkPeerCall(call, "one-shot AllReduce"));
+  if (call.count == 0) return loomSuccess;
+  auto cudaStream = static_cast<cudaStream_t>(stream);
+  bool knownType = true;
+  bool knownOp = forOp(op, [&]<typename Op>() {
+    knownType = forType(type, [&]<loomDataType_t kType>() {
+      oneShotKernel<kType, Op><<<1, kThreads, 0, cudaStream>>>(call, abortFlag, timeoutNs, status);
+    });
+  });
+  if (!knownOp || !knownType)
+    return LOOM_FAIL(loomInvalidArgument, CUDA, "one-shot AllReduce: data type %d or operation %d out of range", type,
+                     op);
+  return launched("one-shot AllReduce");
+}
+
+loomResult_t enqueueTwoShot(const PeerCall& call, loomDataType_t type, loomRedOp_t op, const uint32_t* abortFlag,
+                            uint64_t timeoutNs, uint32_t* status, void* stream) {
+  LOOM_CHECK(checkPeerCall(call, "two-shot AllReduce"));
+  if (call.count == 0) return loomSuccess;
+  auto cudaStream = static_cast<cudaStream_t>(stream);
+  size_t elementBytes = 0;
+  bool knownType = forType(type, [&]<loomDataType_t kType>() { elementBytes = sizeof(typename FormatOf<kType>::Storage); });
+  if (!knownType) return LOOM_FAIL(loomInvalidArgument, CUDA, "two-shot AllReduce: data type %d out of range", type);
+  // Each data phase moves a chunk per peer; the grid covers one chunk's elements.
+  const unsigned blocks = blocksFor(peerChunkBytes(call.count, elementBytes, call.nranks) / elementBytes);
+  bool knownOp = forOp(op, [&]<typename Op>() {
+    forType(type, [&]<loomDataType_t kType>() {
+      twoShotKernel<kType, Op, 0><<<blocks, kThreads, 0, cudaStream>>>(call, status);
+      barrierKernel<<<1, 32, 0, cudaStream>>>(call, call.epoch, abortFlag, timeoutNs, status);
+      twoShotKernel<kType, Op, 1><<<blocks, kThreads, 0, cudaStream>>>(call, status);
+      barrierKernel<<<1, 32, 0, cudaStream>>>(call, call.epoch + 1, abortFlag, timeoutNs, status);
+      twoShotKernel<kType, Op, 2><<<blocks, kThreads, 0, cudaStream>>>(call, status);
+    });
+  });
+  if (!knownOp) return LOOM_FAIL(loomInvalidArgument, CUDA, "two-shot AllReduce: operation %d out of range", op);
+  return launched("two-shot AllReduce");
 }
 
 }  // namespace loom::device

@@ -10,6 +10,7 @@
 #include "algorithms/flat_plan.h"
 #include "loom/loom.h"
 #include "src/exec/lane_runner.h"
+#include "src/exec/peer_allreduce.h"
 
 namespace loom::device {
 
@@ -48,10 +49,22 @@ loomResult_t enqueuePlanWalk(FlatPlanView plan, uint32_t lane, size_t sliceElems
 // keep each connection's counters from call to call; no two lanes may share a channel. A lane stops at a peer's
 // abort, a wrong-sized message, *abortFlag (mapped memory, or null) turning non-zero, or `timeoutNs` without
 // progress, and writes the first such cause to *status (a LaneFailure; the caller zeroes it and reads it once the
-// stream has passed the kernel). loomAvg runs as loomSum; its divide is enqueueDivide.
+// stream has passed the kernel); while *status is already set, the kernel returns at once (the communicator has
+// failed). loomAvg runs as loomSum; its divide is enqueueDivide.
 loomResult_t enqueueLanes(const FlatPlanView& plan, const LaneCall& call, const FifoWords& words,
                           PortableEnd* recvEnds, PortableEnd* sendEnds, int nranks, loomDataType_t type,
                           loomRedOp_t op, const uint32_t* abortFlag, uint64_t timeoutNs, uint32_t* status,
                           size_t llSlotBytes, void* stream);
+
+// AllReduce by pushing into peers' mailboxes (src/exec/peer_allreduce.h), for small and medium messages. One-shot:
+// one kernel of one CTA that pushes, meets every peer at barrier call.epoch and reduces. Two-shot: five kernels
+// (scatter, barrier call.epoch, reduce and push, barrier call.epoch + 1, gather), the stream ordering their
+// grids. A barrier stops at a peer's aborted mailbox, *abortFlag or `timeoutNs` without the last flag, writing
+// the cause to *status as enqueueLanes does; every kernel returns at once while *status is set. loomAvg reduces as
+// loomSum.
+loomResult_t enqueueOneShot(const PeerCall& call, loomDataType_t type, loomRedOp_t op, const uint32_t* abortFlag,
+                            uint64_t timeoutNs, uint32_t* status, void* stream);
+loomResult_t enqueueTwoShot(const PeerCall& call, loomDataType_t type, loomRedOp_t op, const uint32_t* abortFlag,
+                            uint64_t timeoutNs, uint32_t* status, void* stream);
 
 }  // namespace loom::device

@@ -1,0 +1,464 @@
+// The GPU executor of CUDA communicators (cuda_device.h).
+//
+// What it keeps per communicator, all made on first use and kept until the communicator is destroyed:
+//  - connections through cuda_ipc, by (peer, channel), and for the kernels two device arrays of PortableEnd
+//    (channel * nranks + peer), whose counters the kernels carry from call to call;
+//  - the mailboxes of one-shot and two-shot AllReduce: one per peer each way, on a channel of their own;
+//  - flat plans copied into device memory, by call shape, planned with a copy of the communicator's tuner made at
+//    init (so a call never waits for the staged path's worker, which holds the communicator's run lock);
+//  - scratch memory for the plans that need it;
+//  - a status word in mapped host memory where a kernel records why it stopped (a LaneFailure): sticky, so every
+//    later kernel returns at once and the error reaches loomCommGetAsyncError.
+// Kernels of one communicator run one after another whatever streams they are enqueued on: each call's stream
+// first waits for the event recorded after the call before, since they share FIFOs, mailboxes and scratch.
+#include "src/core/cuda_device.h"
+
+#if LOOM_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "algorithms/flat_plan.h"
+#include "src/core/check.h"
+#include "src/core/comm.h"
+#include "src/core/cuda_util.h"
+#include "src/core/dtype.h"
+#include "src/core/log.h"
+#include "src/core/params.h"
+#include "src/core/wait.h"
+#include "src/exec/cuda/kernels.h"
+#include "transports/transport.h"
+
+namespace loom {
+namespace {
+
+constexpr int kMailboxChannel = 4096;  // apart from the collectives' channels and Send/Recv's (kP2PChannel on)
+constexpr size_t kMaxDevicePlans = 256;
+
+struct DevicePlan {
+  RankPlan plan;
+  Slicing slicing;
+  FlatPlan flat;
+  void* arrays = nullptr;  // flat's three arrays, in device memory
+  FlatPlanView view{};
+  bool connected = false;
+};
+
+// Bytes of the device copy of a flat plan: its three arrays, each aligned to 16 bytes.
+size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+}  // namespace
+
+class DevicePath {
+ public:
+  DevicePath(loomComm* comm, int device, const uint32_t* abortFlag)
+      : comm_(comm), device_(device), abortFlag_(abortFlag), tuner_(comm->tuner) {}
+  ~DevicePath();
+  loomResult_t start();
+  bool takes(const Call& call) const;
+  loomResult_t enqueue(const Call& call);
+  loomResult_t error();
+
+ private:
+  loomResult_t planOf(const Call& call, DevicePlan** out);
+  loomResult_t upload(DevicePlan* plan);
+  loomResult_t connect(const DevicePlan& plan);
+  loomResult_t connectMailboxes();
+  loomResult_t createReceiver(int peer, int channel, const FifoShape& shape);
+  loomResult_t attachSender(int peer, int channel, const FifoShape& shape, CommWatch& watch);
+  loomResult_t setEnd(PortableEnd* array, int peer, int channel, const Endpoint& endpoint);
+  loomResult_t reserveScratch(size_t bytes);
+  loomResult_t launchPlan(const Call& call, DevicePlan& plan, cudaStream_t stream);
+  loomResult_t launchPeer(const Call& call, bool twoShot, cudaStream_t stream);
+  // The call's kernels after the previous call's (plan null: one-shot or two-shot), then avg's divide.
+  loomResult_t launch(const Call& call, DevicePlan* plan, size_t bytes, cudaStream_t stream);
+  // Waits, within the deadline, until the stream has passed the last call: before memory a kernel may be using is
+  // freed. False when it has not.
+  bool drained();
+  uint64_t timeoutNs() const { return static_cast<uint64_t>(std::max<int64_t>(comm_->timeoutMs, 1)) * 1000000; }
+
+  loomComm* comm_;
+  const int device_;
+  const uint32_t* abortFlag_;
+  std::mutex mutex_;  // everything below
+  Tuner tuner_;
+  std::map<PlanKey, std::unique_ptr<DevicePlan>, std::less<>> plans_;
+  std::map<std::pair<int, int>, std::unique_ptr<Endpoint>> receivers_, senders_;
+  PortableEnd* recvEnds_ = nullptr;  // device memory, channel * nranks + peer
+  PortableEnd* sendEnds_ = nullptr;
+  bool mailboxes_ = false;
+  FifoShape mailboxShape_{};
+  size_t oneShotBytes_ = 0, twoShotBytes_ = 0;
+  uint64_t epoch_ = 1;       // the next barrier's flag
+  uint64_t peerCalls_ = 0;   // one-shot and two-shot calls so far: their slot parity
+  void* scratch_ = nullptr;
+  size_t scratchBytes_ = 0;
+  uint32_t* status_ = nullptr;        // mapped host memory: a LaneFailure
+  uint32_t* deviceStatus_ = nullptr;  // the device's view
+  cudaStream_t setup_ = nullptr;      // copies of plans and ends
+  cudaEvent_t last_ = nullptr;        // recorded after each call
+  bool launched_ = false;
+  loomResult_t reported_ = loomSuccess;
+};
+
+loomResult_t DevicePath::start() {
+  DeviceScope scope(device_);
+  const size_t ends = static_cast<size_t>(kMaxChannels) * comm_->nranks * sizeof(PortableEnd);
+  LOOM_CUDA_CHECK(cudaMalloc(&recvEnds_, ends), "GPU executor: cudaMalloc of connection ends");
+  LOOM_CUDA_CHECK(cudaMalloc(&sendEnds_, ends), "GPU executor: cudaMalloc of connection ends");
+  LOOM_CUDA_CHECK(cudaMemset(recvEnds_, 0, ends), "GPU executor: cudaMemset");
+  LOOM_CUDA_CHECK(cudaMemset(sendEnds_, 0, ends), "GPU executor: cudaMemset");
+  void* status = nullptr;
+  LOOM_CUDA_CHECK(cudaHostAlloc(&status, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable),
+                  "GPU executor: cudaHostAlloc of the status word");
+  status_ = static_cast<uint32_t*>(status);
+  *status_ = kLaneOk;
+  void* deviceStatus = nullptr;
+  LOOM_CUDA_CHECK(cudaHostGetDevicePointer(&deviceStatus, status, 0), "GPU executor: cudaHostGetDevicePointer");
+  deviceStatus_ = static_cast<uint32_t*>(deviceStatus);
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&setup_, cudaStreamNonBlocking), "GPU executor: cudaStreamCreate");
+  LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&last_, cudaEventDisableTiming), "GPU executor: cudaEventCreate");
+  oneShotBytes_ = static_cast<size_t>(std::max<int64_t>(params::cudaOneShotBytes(), 0));
+  twoShotBytes_ = static_cast<size_t>(std::max<int64_t>(params::cudaTwoShotBytes(), 0));
+  if (comm_->nranks < 2 || comm_->nranks > kMaxPeerRanks) oneShotBytes_ = twoShotBytes_ = 0;
+  // A slot holds a one-shot input, or a two-shot chunk in each half, 256-byte aligned.
+  size_t slot = std::max(oneShotBytes_, 2 * peerChunkBytes(twoShotBytes_, 1, std::max(comm_->nranks, 1)));
+  mailboxShape_ = FifoShape{2, std::max<size_t>((slot + 255) / 256 * 256, 256), 64};
+  return loomSuccess;
+}
+
+bool DevicePath::drained() {
+  if (!launched_) return true;
+  DeviceScope scope(device_);
+  Deadline deadline(comm_->timeoutMs);
+  Backoff backoff;
+  for (;;) {
+    cudaError_t state = cudaEventQuery(last_);
+    if (state != cudaErrorNotReady) {
+      cudaGetLastError();
+      return state == cudaSuccess;
+    }
+    if (deadline.expired()) return false;
+    backoff.pause();
+  }
+}
+
+DevicePath::~DevicePath() {
+  // Freeing memory a kernel still uses would corrupt what the kernel writes next; past the deadline it is left.
+  if (!drained()) {
+    LOOM_WARN(CUDA,
+              "rank %d: a CUDA stream had not passed this communicator's last kernel within %lld ms of its "
+              "destruction: its device memory is left allocated",
+              comm_->rank, (long long)comm_->timeoutMs);
+    for (auto& [key, endpoint] : receivers_) endpoint.release();
+    for (auto& [key, endpoint] : senders_) endpoint.release();
+    return;
+  }
+  DeviceScope scope(device_);
+  senders_.clear();
+  receivers_.clear();
+  for (auto& [key, plan] : plans_) cudaFree(plan->arrays);
+  cudaFree(scratch_);
+  cudaFree(recvEnds_);
+  cudaFree(sendEnds_);
+  if (status_ != nullptr) cudaFreeHost(status_);
+  if (setup_ != nullptr) cudaStreamDestroy(setup_);
+  if (last_ != nullptr) cudaEventDestroy(last_);
+  cudaGetLastError();
+}
+
+bool DevicePath::takes(const Call& call) const {
+  switch (call.collective) {
+    case Collective::kAllReduce:
+    case Collective::kBroadcast:
+    case Collective::kReduce:
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+      return true;
+    default:
+      return false;  // the lane runner reads and writes buffer 0 only; AllToAll plans are not held to it yet
+  }
+}
+
+loomResult_t DevicePath::error() {
+  const uint32_t failure = std::atomic_ref<uint32_t>(*status_).load(std::memory_order_acquire);
+  if (failure == kLaneOk) return loomSuccess;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (reported_ != loomSuccess) return reported_;
+  switch (failure) {
+    case kLanePeerAborted:
+      reported_ = LOOM_FAIL(loomRemoteError, CUDA, "rank %d: a kernel stopped: a peer gave up on the call",
+                            comm_->rank);
+      break;
+    case kLaneBadMessage:
+      reported_ = LOOM_FAIL(loomInternalError, CUDA,
+                            "rank %d: a kernel stopped at a message of the wrong size (ranks disagree on a call)",
+                            comm_->rank);
+      break;
+    case kLaneAborted:
+      reported_ = LOOM_FAIL(loomRemoteError, CUDA, "rank %d: a kernel stopped: the communicator was aborted",
+                            comm_->rank);
+      break;
+    default:
+      reported_ = LOOM_FAIL(loomTimeout, CUDA,
+                            "rank %d: a kernel saw no progress within %lld ms (LOOM_TIMEOUT_MS or config "
+                            "timeoutMs): a peer is gone or stuck",
+                            comm_->rank, (long long)comm_->timeoutMs);
+      break;
+  }
+  comm_->setLastError(threadLastError());
+  return reported_;
+}
+
+loomResult_t DevicePath::upload(DevicePlan* plan) {
+  const FlatPlan& flat = plan->flat;
+  const size_t lanes = align16(flat.lanes.size() * sizeof(FlatLane));
+  const size_t steps = align16(flat.steps.size() * sizeof(Step));
+  const size_t phases = align16(flat.phaseStarts.size() * sizeof(flat.phaseStarts[0]));
+  LOOM_CUDA_CHECK(cudaMalloc(&plan->arrays, std::max<size_t>(lanes + steps + phases, 16)),
+                  "GPU executor: cudaMalloc of a plan");
+  auto* base = static_cast<unsigned char*>(plan->arrays);
+  cudaError_t error = cudaMemcpyAsync(base, flat.lanes.data(), flat.lanes.size() * sizeof(FlatLane),
+                                      cudaMemcpyHostToDevice, setup_);
+  if (error == cudaSuccess)
+    error = cudaMemcpyAsync(base + lanes, flat.steps.data(), flat.steps.size() * sizeof(Step), cudaMemcpyHostToDevice,
+                            setup_);
+  if (error == cudaSuccess)
+    error = cudaMemcpyAsync(base + lanes + steps, flat.phaseStarts.data(),
+                            flat.phaseStarts.size() * sizeof(flat.phaseStarts[0]), cudaMemcpyHostToDevice, setup_);
+  if (error == cudaSuccess) error = cudaStreamSynchronize(setup_);
+  if (error != cudaSuccess) return cudaFailed(error, "GPU executor: copying a plan to the device");
+  plan->view = flat.view();
+  plan->view.lanes = reinterpret_cast<const FlatLane*>(base);
+  plan->view.steps = reinterpret_cast<const Step*>(base + lanes);
+  plan->view.phaseStarts = reinterpret_cast<const uint32_t*>(base + lanes + steps);
+  return loomSuccess;
+}
+
+loomResult_t DevicePath::planOf(const Call& call, DevicePlan** out) {
+  const TuneEstimate& choice =
+      tuner_.choose(call.collective, call.count * dtypeSize(call.datatype), comm_->algorithmRules);
+  PlanKeyView key{static_cast<int>(call.collective), call.count, call.root, choice.nChannels, choice.algorithm};
+  auto found = plans_.find(key);
+  if (found != plans_.end()) {
+    *out = found->second.get();
+    return loomSuccess;
+  }
+  if (plans_.size() >= kMaxDevicePlans) {
+    // Every cached plan may be in use by a kernel still queued: free them once the stream has passed it.
+    if (!drained())
+      return LOOM_FAIL(loomTimeout, CUDA, "rank %d: the stream did not pass this communicator's kernels within %lld ms",
+                       comm_->rank, (long long)comm_->timeoutMs);
+    for (auto& [planKey, plan] : plans_) cudaFree(plan->arrays);
+    plans_.clear();
+  }
+  auto plan = std::make_unique<DevicePlan>();
+  if (!buildPlan(collArgsOf(call, choice.nChannels), choice.algorithm, &plan->plan))
+    return LOOM_FAIL(loomInternalError, COLL, "no algorithm for %s", collectiveName(call.collective));
+  for (const Lane& lane : plan->plan.lanes)
+    if (lane.channel < 0 || lane.channel >= kMaxChannels)
+      return LOOM_FAIL(loomInternalError, CUDA, "%s: plan %s uses channel %d (at most %d)",
+                       collectiveName(call.collective), choice.algorithm.c_str(), lane.channel, kMaxChannels);
+  plan->slicing = choice.slicing;
+  plan->flat = flatten(plan->plan);
+  LOOM_CHECK(upload(plan.get()));
+  PlanKey owned{static_cast<int>(call.collective), call.count, call.root, choice.nChannels, choice.algorithm};
+  *out = plans_.emplace(std::move(owned), std::move(plan)).first->second.get();
+  return loomSuccess;
+}
+
+loomResult_t DevicePath::setEnd(PortableEnd* array, int peer, int channel, const Endpoint& endpoint) {
+  const FifoShape& shape = comm_->fifoShape;
+  PortableEnd end;
+  end.fifo = reinterpret_cast<unsigned char*>(const_cast<Endpoint&>(endpoint).fifo().header);
+  end.depth = static_cast<uint32_t>(shape.depth);
+  end.slotBytes = shape.slotBytes;
+  end.llSlotBytes = shape.llSlotBytes;
+  // A new connection's entry: no kernel reads it yet, so the copy need not wait for the calls in flight.
+  PortableEnd* entry = array + static_cast<size_t>(channel) * comm_->nranks + peer;
+  cudaError_t error = cudaMemcpyAsync(entry, &end, sizeof(end), cudaMemcpyHostToDevice, setup_);
+  if (error == cudaSuccess) error = cudaStreamSynchronize(setup_);
+  if (error != cudaSuccess) return cudaFailed(error, "GPU executor: copying a connection end to the device");
+  return loomSuccess;
+}
+
+loomResult_t DevicePath::createReceiver(int peer, int channel, const FifoShape& shape) {
+  auto& endpoint = receivers_[{peer, channel}];
+  if (endpoint) return loomSuccess;
+  ConnectionKey key{comm_->commHash, peer, comm_->rank, channel};
+  loomResult_t result = deviceTransport()->createReceiver(nullptr, key, shape, &endpoint);
+  if (result != loomSuccess) receivers_.erase({peer, channel});
+  return result;
+}
+
+loomResult_t DevicePath::attachSender(int peer, int channel, const FifoShape& shape, CommWatch& watch) {
+  auto& endpoint = senders_[{peer, channel}];
+  if (endpoint) return loomSuccess;
+  ConnectionKey key{comm_->commHash, comm_->rank, peer, channel};
+  loomResult_t result = deviceTransport()->attachSender(nullptr, key, shape, [&]() { return watch(false); },
+                                                        &endpoint);
+  if (result != loomSuccess) senders_.erase({peer, channel});
+  return result;
+}
+
+// Receivers first, then senders, as the host's Connections do: no rank waits for a receiver only it could make.
+loomResult_t DevicePath::connect(const DevicePlan& plan) {
+  CommWatch watch(comm_, "connecting the GPU executor");
+  for (const Lane& lane : plan.plan.lanes)
+    for (const Step& step : lane.steps)
+      if (actionReceives(step.action) && !receivers_.count({step.recvPeer, lane.channel})) {
+        LOOM_CHECK(createReceiver(step.recvPeer, lane.channel, comm_->fifoShape));
+        LOOM_CHECK(setEnd(recvEnds_, step.recvPeer, lane.channel, *receivers_[{step.recvPeer, lane.channel}]));
+      }
+  for (const Lane& lane : plan.plan.lanes)
+    for (const Step& step : lane.steps)
+      if (actionSends(step.action) && !senders_.count({step.sendPeer, lane.channel})) {
+        LOOM_CHECK(attachSender(step.sendPeer, lane.channel, comm_->fifoShape, watch));
+        LOOM_CHECK(setEnd(sendEnds_, step.sendPeer, lane.channel, *senders_[{step.sendPeer, lane.channel}]));
+      }
+  return loomSuccess;
+}
+
+loomResult_t DevicePath::connectMailboxes() {
+  if (mailboxes_) return loomSuccess;
+  CommWatch watch(comm_, "connecting the GPU executor's mailboxes");
+  for (int peer = 0; peer < comm_->nranks; ++peer)
+    if (peer != comm_->rank) LOOM_CHECK(createReceiver(peer, kMailboxChannel, mailboxShape_));
+  for (int peer = 0; peer < comm_->nranks; ++peer)
+    if (peer != comm_->rank) LOOM_CHECK(attachSender(peer, kMailboxChannel, mailboxShape_, watch));
+  mailboxes_ = true;
+  return loomSuccess;
+}
+
+loomResult_t DevicePath::reserveScratch(size_t bytes) {
+  if (bytes <= scratchBytes_) return loomSuccess;
+  if (!drained())
+    return LOOM_FAIL(loomTimeout, CUDA, "rank %d: the stream did not pass this communicator's kernels within %lld ms",
+                     comm_->rank, (long long)comm_->timeoutMs);
+  cudaFree(scratch_);
+  scratch_ = nullptr;
+  scratchBytes_ = 0;
+  LOOM_CUDA_CHECK(cudaMalloc(&scratch_, bytes), "GPU executor: cudaMalloc of scratch memory");
+  scratchBytes_ = bytes;
+  return loomSuccess;
+}
+
+loomResult_t DevicePath::launchPlan(const Call& call, DevicePlan& plan, cudaStream_t stream) {
+  if (!plan.connected) {
+    LOOM_CHECK(connect(plan));
+    plan.connected = true;
+  }
+  const size_t elementBytes = dtypeSize(call.datatype);
+  LOOM_CHECK(reserveScratch(plan.plan.scratchCount * elementBytes));
+  const FifoShape& shape = comm_->fifoShape;
+  LaneCall lanes{};
+  lanes.input = static_cast<unsigned char*>(const_cast<void*>(call.inputs[0]));
+  lanes.output = static_cast<unsigned char*>(call.outputs[0]);
+  lanes.scratch = static_cast<unsigned char*>(scratch_);
+  lanes.simpleSliceElems =
+      std::max<size_t>(1, std::min(plan.slicing.simpleSliceBytes, fifoPayloadBytes(shape, Protocol::kSimple)) /
+                              elementBytes);
+  lanes.llSliceElems = std::max<size_t>(1, fifoPayloadBytes(shape, Protocol::kLL) / elementBytes);
+  lanes.llThresholdBytes = plan.slicing.llThresholdBytes;
+  lanes.forcedProtocol = comm_->forcedProtocol;
+  return device::enqueueLanes(plan.view, lanes, fifoWords(), recvEnds_, sendEnds_, comm_->nranks, call.datatype,
+                              call.op, abortFlag_, timeoutNs(), deviceStatus_, shape.llSlotBytes, stream);
+}
+
+loomResult_t DevicePath::launchPeer(const Call& call, bool twoShot, cudaStream_t stream) {
+  LOOM_CHECK(connectMailboxes());
+  PeerCall peers;
+  peers.rank = comm_->rank;
+  peers.nranks = comm_->nranks;
+  peers.input = static_cast<const unsigned char*>(call.inputs[0]);
+  peers.output = static_cast<unsigned char*>(call.outputs[0]);
+  peers.count = call.count;
+  for (int p = 0; p < comm_->nranks; ++p) {
+    if (p == comm_->rank) continue;
+    peers.inbox[p] = reinterpret_cast<unsigned char*>(receivers_[{p, kMailboxChannel}]->fifo().header);
+    peers.outbox[p] = reinterpret_cast<unsigned char*>(senders_[{p, kMailboxChannel}]->fifo().header);
+  }
+  peers.slotBytes = mailboxShape_.slotBytes;
+  peers.words = fifoWords();
+  peers.parity = static_cast<uint32_t>(peerCalls_ % 2);
+  peers.epoch = epoch_;
+  // Counted as enqueued, whether or not the launch fails: a failed launch fails the communicator.
+  ++peerCalls_;
+  epoch_ += twoShot ? 2 : 1;
+  return twoShot ? device::enqueueTwoShot(peers, call.datatype, call.op, abortFlag_, timeoutNs(), deviceStatus_, stream)
+                 : device::enqueueOneShot(peers, call.datatype, call.op, abortFlag_, timeoutNs(), deviceStatus_,
+                                          stream);
+}
+
+loomResult_t DevicePath::enqueue(const Call& call) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (call.count == 0) return loomSuccess;
+  DeviceScope scope(device_);
+  auto stream = static_cast<cudaStream_t>(call.stream);
+  const size_t bytes = call.count * dtypeSize(call.datatype);
+  const bool peer = call.collective == Collective::kAllReduce && bytes <= std::max(oneShotBytes_, twoShotBytes_);
+  DevicePlan* plan = nullptr;
+  if (!peer) LOOM_CHECK(planOf(call, &plan));
+  loomResult_t result = launch(call, peer ? nullptr : plan, bytes, stream);
+  if (result != loomSuccess) {
+    // Peers may be in this call's kernels already, and the barrier counts have moved on: the communicator is
+    // done for.
+    int expected = loomSuccess;
+    comm_->asyncError.compare_exchange_strong(expected, result);
+  }
+  return result;
+}
+
+loomResult_t DevicePath::launch(const Call& call, DevicePlan* plan, size_t bytes, cudaStream_t stream) {
+  if (launched_) LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream, last_, 0), "GPU executor: cudaStreamWaitEvent");
+  if (plan == nullptr)
+    LOOM_CHECK(launchPeer(call, bytes > oneShotBytes_, stream));
+  else
+    LOOM_CHECK(launchPlan(call, *plan, stream));
+  if (call.op == loomAvg) {
+    // One-shot and two-shot leave the whole output reduced; a plan says where it leaves the reduced part.
+    Region reduced = plan == nullptr ? Region{Buffer::kOutput, 0, call.count} : plan->plan.reducedOutput;
+    if (reduced.count > 0 && call.outputs[0] != nullptr)
+      LOOM_CHECK(device::enqueueDivide(static_cast<unsigned char*>(call.outputs[0]) +
+                                           reduced.offset * dtypeSize(call.datatype),
+                                       reduced.count, call.datatype, comm_->nranks, stream));
+  }
+  LOOM_CUDA_CHECK(cudaEventRecord(last_, stream), "GPU executor: cudaEventRecord");
+  launched_ = true;
+  return loomSuccess;
+}
+
+void DevicePathDeleter::operator()(DevicePath* path) const { delete path; }
+
+loomResult_t devicePathCreate(loomComm* comm, int device, const uint32_t* abortFlag, DevicePathPtr* out) {
+  out->reset();
+  const std::string choice = params::cudaPath();
+  if (choice != "staged" && choice != "device")
+    return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_CUDA_PATH=\"%s\" is neither staged nor device", choice.c_str());
+  if (choice == "staged") return loomSuccess;
+  Transport* transport = deviceTransport();
+  for (const PeerInfo& peer : comm->peers) {
+    std::string why;
+    if (!transport->canConnect(comm->peers[comm->rank], peer, &why)) {
+      LOOM_INFO(CUDA, "rank %d: LOOM_CUDA_PATH=device, but %s: calls go the staged path", comm->rank, why.c_str());
+      return loomSuccess;
+    }
+  }
+  DevicePathPtr path(new DevicePath(comm, device, abortFlag));
+  LOOM_CHECK(path->start());
+  *out = std::move(path);
+  LOOM_INFO(CUDA, "rank %d: GPU executor on device %d over cuda_ipc", comm->rank, device);
+  return loomSuccess;
+}
+
+bool devicePathTakes(const DevicePath& path, const Call& call) { return path.takes(call); }
+loomResult_t devicePathEnqueue(DevicePath& path, const Call& call) { return path.enqueue(call); }
+loomResult_t devicePathError(DevicePath& path) { return path.error(); }
+
+}  // namespace loom
+
+#endif  // LOOM_HAVE_CUDA
