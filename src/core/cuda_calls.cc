@@ -473,7 +473,8 @@ loomResult_t cudaEnqueue(std::vector<Call> calls) {
 loomResult_t cudaCommConnected(loomComm* comm) { return comm->cuda->connected(); }
 
 void cudaCommCheckKernels(loomComm* comm) {
-  if (!comm->cuda) return;
+  // Only once init has ended (a non-blocking init sets the executor up on its own thread) and nothing has failed.
+  if (!comm->cuda || comm->asyncError.load() != loomSuccess) return;
   loomResult_t error = comm->cuda->kernelError();
   if (error == loomSuccess) return;
   int expected = loomSuccess;

@@ -282,6 +282,89 @@ TEST(CudaKernels, LanesRunAnAllReduceAcrossStreams) {
   }
 }
 
+// One-shot and two-shot AllReduce with the ranks as streams of one device, three calls in a row (both mailbox
+// slots, growing flags), against the reference: the kernel layer over src/exec/peer_allreduce.h.
+TEST(CudaKernels, PeerAllReduceRunsAcrossStreams) {
+  const FifoWords words = fifoWords();
+  for (bool twoShot : {false, true}) {
+    for (int nranks : {2, 4, 8}) {
+      for (size_t count : {size_t{1}, size_t{1000}, size_t{100003}}) {
+        const std::string where = std::string(twoShot ? "two-shot" : "one-shot") + " ranks " +
+                                  std::to_string(nranks) + " count " + std::to_string(count);
+        const size_t slotBytes =
+            ((twoShot ? 2 * peerChunkBytes(count, sizeof(float), nranks) : count * sizeof(float)) + 255) / 256 * 256;
+        const FifoShape shape{2, slotBytes, 64};
+        std::vector<unsigned char> image(fifoBytes(shape));
+        fifoInit(image.data(), shape);
+        std::vector<void*> allocations;
+        std::vector<std::vector<unsigned char*>> mailbox(nranks, std::vector<unsigned char*>(nranks, nullptr));
+        for (int to = 0; to < nranks; ++to)
+          for (int from = 0; from < nranks; ++from)
+            if (from != to) allocations.push_back(mailbox[to][from] = onDevice(image));
+        std::vector<cudaStream_t> streams(nranks);
+        std::vector<float*> inputs(nranks), outputs(nranks);
+        uint32_t* statuses = onDevice(std::vector<uint32_t>(nranks, 0));
+        for (int r = 0; r < nranks; ++r) {
+          ASSERT_EQ(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking), cudaSuccess);
+          allocations.push_back(outputs[r] = onDevice(std::vector<float>(count, -1.0f)));
+          allocations.push_back(inputs[r] = onDevice(std::vector<float>(count, 0.0f)));
+        }
+        uint64_t epoch = 1;
+        for (int c = 0; c < 3; ++c) {
+          for (int r = 0; r < nranks; ++r) {
+            std::vector<float> input(count);
+            for (size_t i = 0; i < count; ++i) input[i] = static_cast<float>((r + 1) * 3 + static_cast<int>(i % 7) + c);
+            ASSERT_EQ(cudaMemcpy(inputs[r], input.data(), count * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+          }
+          for (int r = 0; r < nranks; ++r) {
+            PeerCall call;
+            call.rank = r;
+            call.nranks = nranks;
+            call.input = reinterpret_cast<const unsigned char*>(inputs[r]);
+            call.output = reinterpret_cast<unsigned char*>(outputs[r]);
+            call.count = count;
+            for (int p = 0; p < nranks; ++p) {
+              call.inbox[p] = mailbox[r][p];
+              call.outbox[p] = mailbox[p][r];
+            }
+            call.slotBytes = slotBytes;
+            call.words = words;
+            call.parity = static_cast<uint32_t>(c % 2);
+            call.epoch = epoch;
+            const uint64_t timeoutNs = uint64_t{20} * 1000 * 1000 * 1000;
+            ASSERT_EQ(twoShot ? device::enqueueTwoShot(call, loomFloat32, loomSum, nullptr, timeoutNs, statuses + r,
+                                                       streams[r])
+                              : device::enqueueOneShot(call, loomFloat32, loomSum, nullptr, timeoutNs, statuses + r,
+                                                       streams[r]),
+                      loomSuccess)
+                << where;
+          }
+          epoch += twoShot ? 2 : 1;
+          for (int r = 0; r < nranks; ++r) ASSERT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess) << where;
+          std::vector<uint32_t> status(nranks);
+          ASSERT_EQ(cudaMemcpy(status.data(), statuses, nranks * sizeof(uint32_t), cudaMemcpyDeviceToHost),
+                    cudaSuccess);
+          for (int r = 0; r < nranks; ++r) {
+            EXPECT_EQ(status[r], kLaneOk) << where << " call " << c << " rank " << r;
+            std::vector<float> got(count);
+            ASSERT_EQ(cudaMemcpy(got.data(), outputs[r], count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+            size_t wrong = 0;
+            for (size_t i = 0; i < count; ++i) {
+              float want = 0;
+              for (int q = 0; q < nranks; ++q) want += static_cast<float>((q + 1) * 3 + static_cast<int>(i % 7) + c);
+              wrong += got[i] != want;
+            }
+            EXPECT_EQ(wrong, 0u) << where << " call " << c << " rank " << r;
+          }
+        }
+        for (int r = 0; r < nranks; ++r) cudaStreamDestroy(streams[r]);
+        cudaFree(statuses);
+        for (void* pointer : allocations) cudaFree(pointer);
+      }
+    }
+  }
+}
+
 TEST(CudaKernels, BadArgumentsAreErrors) {
   EXPECT_EQ(device::enqueueReduce(nullptr, nullptr, nullptr, 4, loomNumTypes, loomSum, nullptr), loomInvalidArgument);
   EXPECT_EQ(device::enqueueReduce(nullptr, nullptr, nullptr, 4, loomFloat32, loomNumOps, nullptr), loomInvalidArgument);

@@ -6,10 +6,12 @@
 # 1. builds with CUDA required (-Dcuda=enabled);
 # 2. runs the CUDA kernels' tests: their shared arithmetic on the host, the kernels against the host kernels;
 # 3. runs the collective matrix on CUDA communicators with 2, 4 and 8 ranks on the machine's GPUs (all on one
-#    where there is one), with each stream gate (tests/gpu/collectives.sh);
+#    where there is one), staged with each stream gate, and on the GPU executor with 2 ranks
+#    (tests/gpu/collectives.sh);
 # 4. measures the CUDA kernels beside cudaMemcpy, and the pinned host copies (tests/bench/cuda_kernels_perf);
 # 5. runs all_reduce_perf, all_gather_perf and alltoall_perf with CUDA buffers at 2 and 8 ranks, each beside the
-#    same run on host buffers;
+#    same run on host buffers, and all_reduce_perf on the GPU executor with 2 and 8 ranks as threads of one process
+#    (whose kernels share the GPU at once, as processes' do not) up to 1 GiB;
 # 6. prints a short summary table last.
 # Warnings are errors in CI, which compiles the same code; here a newer compiler's new warning must not cost the
 # run. Sized to finish within 8 minutes on one H200. Writes its logs to BUILD_DIR/gpu-run/.
@@ -50,7 +52,8 @@ mkdir -p "$logs"
 # A stuck call fails in a minute with loom's message, rather than at the default deadline.
 export LOOM_TIMEOUT_MS=${LOOM_TIMEOUT_MS:-60000} CUDA_MATRIX_TIMEOUT=${CUDA_MATRIX_TIMEOUT:-150}
 step "CUDA kernel tests" meson test -C "$build" --print-errorlogs device_ops cuda_kernels
-step "collective matrix, 2/4/8 ranks" bash tests/gpu/collectives.sh "$build" 2 4 8
+CUDA_PATHS=staged step "collective matrix, staged, 2/4/8 ranks" bash tests/gpu/collectives.sh "$build" 2 4 8
+CUDA_PATHS=device step "collective matrix, GPU executor, 2 ranks" bash tests/gpu/collectives.sh "$build" 2
 step "kernel bandwidth (1 GiB)" "$build/tests/cuda_kernels_perf" 1G 20 >"$logs/cuda_kernels_perf.txt"
 cat "$logs/cuda_kernels_perf.txt"
 perf_rows=()
@@ -67,6 +70,15 @@ for program in all_reduce_perf all_gather_perf alltoall_perf; do
         "$log")")
     done
   done
+done
+for n in 2 8; do
+  log=$logs/all_reduce_perf_${n}_device.txt
+  LOOM_CUDA_PATH=device step "all_reduce_perf -t $n GPU executor" timeout 150 "$build/perf/all_reduce_perf" -t "$n" \
+    -b 8 -e 1G -f 8 -w 2 -n 10 -D cuda >"$log" 2>&1
+  tail -n 25 "$log"
+  perf_rows+=("$(awk -v name="all_reduce_perf -t $n device" '$1 ~ /^[0-9]+$/ && ($1 == 8 || $1 == 32768 ||
+    $1 == 2097152 || $1 == 1073741824) { cells = cells sprintf("  %10s B %9s us %7s GB/s", $1, $6, $8) }
+    END { print name ":" cells }' "$log")")
 done
 echo "## summary"
 printf '%s\n' "${summary[@]}"

@@ -1,10 +1,13 @@
 // Flat plans (algorithms/flat_plan.h), the form a CUDA kernel walks: for every algorithm of every collective, a
 // flattened plan holds the same steps, and BasicLaneCursor walks each of its lanes through the same (step,
 // round) sequence as the host executor's LaneCursor walks the original. Also the slice arithmetic every executor
-// shares (plan.h).
+// shares (plan.h), and what the GPU executor assumes of every plan: no two lanes share a connection end.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <set>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -96,6 +99,44 @@ TEST(FlatPlan, EveryAlgorithmFlattensToTheSameWalk) {
             }
   EXPECT_GT(plans, 1000);
   EXPECT_GT(lanes, plans);
+}
+
+// The GPU executor runs a plan's lanes at once, one CTA each, and each end of a connection (channel, peer,
+// direction) keeps its counters in one place: two lanes using one end would race on them. The host executor
+// interleaves lanes in one thread and would not notice, so this holds every plan to it.
+TEST(FlatPlan, NoTwoLanesShareAConnectionEnd) {
+  int plans = 0;
+  for (Collective collective : {Collective::kAllReduce, Collective::kReduceScatter, Collective::kAllGather,
+                                Collective::kBroadcast, Collective::kReduce, Collective::kAllToAll})
+    for (const std::string& algorithm : algorithmsFor(collective))
+      for (int nranks = 1; nranks <= 9; ++nranks)
+        for (int nChannels : {1, 2, 4})
+          for (int rank = 0; rank < nranks; ++rank) {
+            CollArgs args;
+            args.collective = collective;
+            args.nranks = nranks;
+            args.rank = rank;
+            args.root = nranks - 1;
+            args.count = 10007;
+            args.nChannels = nChannels;
+            RankPlan plan;
+            if (!buildPlan(args, algorithm, &plan)) continue;
+            ++plans;
+            std::set<std::tuple<int, int, bool>> taken;  // (channel, peer, sends) of the lanes before
+            for (const Lane& lane : plan.lanes) {
+              std::set<std::tuple<int, int, bool>> mine;
+              for (const Step& step : lane.steps) {
+                if (actionReceives(step.action)) mine.insert({lane.channel, step.recvPeer, false});
+                if (actionSends(step.action)) mine.insert({lane.channel, step.sendPeer, true});
+              }
+              for (const auto& end : mine)
+                EXPECT_TRUE(taken.insert(end).second)
+                    << collectiveName(collective) << " " << algorithm << " ranks " << nranks << " channels "
+                    << nChannels << " rank " << rank << ": channel " << std::get<0>(end) << " peer "
+                    << std::get<1>(end) << (std::get<2>(end) ? " (send)" : " (receive)") << " in two lanes";
+            }
+          }
+  EXPECT_GT(plans, 1000);
 }
 
 }  // namespace

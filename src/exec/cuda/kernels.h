@@ -44,13 +44,14 @@ loomResult_t enqueuePlanWalk(FlatPlanView plan, uint32_t lane, size_t sliceElems
                              unsigned long long* count, void* stream);
 
 // One rank's share of a call, run by the GPU executor's kernel: every lane of `plan` (its arrays in device
-// memory) in a CTA of its own, by the CTA's first thread for now, over FIFOs in fifo.h's layout that peers (other
-// kernels, processes or the host) read and write. `recvEnds` and `sendEnds` (device memory, channel * nranks + peer)
-// keep each connection's counters from call to call; no two lanes may share a channel. A lane stops at a peer's
-// abort, a wrong-sized message, *abortFlag (mapped memory, or null) turning non-zero, or `timeoutNs` without
-// progress, and writes the first such cause to *status (a LaneFailure; the caller zeroes it and reads it once the
-// stream has passed the kernel); while *status is already set, the kernel returns at once (the communicator has
-// failed). loomAvg runs as loomSum; its divide is enqueueDivide.
+// memory) in a CTA of its own, whose first thread drives the lane and whose threads all move each slice's data,
+// over FIFOs in fifo.h's layout that peers (other kernels, processes or the host) read and write. `recvEnds` and
+// `sendEnds` (device memory, channel * nranks + peer) keep each connection's counters from call to call; no two
+// lanes may share an end (unit/flat_plan_test.cc holds every plan to it). A lane stops at a peer's abort, a
+// wrong-sized message, *abortFlag (mapped memory, or null) turning non-zero, or `timeoutNs` without progress, and
+// writes the first such cause to *status (a LaneFailure; the caller zeroes it and reads it once the stream has
+// passed the kernel); while *status is already set, the kernel returns at once (the communicator has failed).
+// loomAvg runs as loomSum; its divide is enqueueDivide.
 loomResult_t enqueueLanes(const FlatPlanView& plan, const LaneCall& call, const FifoWords& words,
                           PortableEnd* recvEnds, PortableEnd* sendEnds, int nranks, loomDataType_t type,
                           loomRedOp_t op, const uint32_t* abortFlag, uint64_t timeoutNs, uint32_t* status,
