@@ -64,20 +64,20 @@ class DevicePath {
   loomResult_t error();
 
  private:
-  loomResult_t planOf(const Call& call, DevicePlan** out);
+  loomResult_t planOf(const Call& call, cudaStream_t stream, DevicePlan** out);
   loomResult_t upload(DevicePlan* plan);
   loomResult_t connect(const DevicePlan& plan);
   loomResult_t connectMailboxes();
   loomResult_t createReceiver(int peer, int channel, const FifoShape& shape);
   loomResult_t attachSender(int peer, int channel, const FifoShape& shape, CommWatch& watch);
   loomResult_t setEnd(PortableEnd* array, int peer, int channel, const Endpoint& endpoint);
-  loomResult_t reserveScratch(size_t bytes);
+  loomResult_t reserveScratch(size_t bytes, cudaStream_t stream);
   loomResult_t launchPlan(const Call& call, DevicePlan& plan, cudaStream_t stream);
   loomResult_t launchPeer(const Call& call, bool twoShot, cudaStream_t stream);
-  // The call's kernels after the previous call's (plan null: one-shot or two-shot), then avg's divide.
-  loomResult_t launch(const Call& call, DevicePlan* plan, size_t bytes, cudaStream_t stream);
-  // Waits, within the deadline, until the stream has passed the last call: before memory a kernel may be using is
-  // freed. False when it has not.
+  // The call's kernels (the stream already waits for the call before), then avg's divide.
+  loomResult_t launch(const Call& call, cudaStream_t stream);
+  // Waits, within the deadline, until the stream has passed the last call: before the memory kernels use is
+  // freed at destruction. False when it has not.
   bool drained();
   uint64_t timeoutNs() const { return static_cast<uint64_t>(std::max<int64_t>(comm_->timeoutMs, 1)) * 1000000; }
 
@@ -93,8 +93,8 @@ class DevicePath {
   bool mailboxes_ = false;
   FifoShape mailboxShape_{};
   size_t oneShotBytes_ = 0, twoShotBytes_ = 0;
-  uint64_t epoch_ = 1;       // the next barrier's flag
-  uint64_t peerCalls_ = 0;   // one-shot and two-shot calls so far: their slot parity
+  uint64_t epoch_ = 1;      // the next barrier's flag
+  uint64_t peerCalls_ = 0;  // one-shot and two-shot calls so far: their slot parity
   void* scratch_ = nullptr;
   size_t scratchBytes_ = 0;
   uint32_t* status_ = nullptr;        // mapped host memory: a LaneFailure
@@ -110,8 +110,6 @@ loomResult_t DevicePath::start() {
   const size_t ends = static_cast<size_t>(kMaxChannels) * comm_->nranks * sizeof(PortableEnd);
   LOOM_CUDA_CHECK(cudaMalloc(&recvEnds_, ends), "GPU executor: cudaMalloc of connection ends");
   LOOM_CUDA_CHECK(cudaMalloc(&sendEnds_, ends), "GPU executor: cudaMalloc of connection ends");
-  LOOM_CUDA_CHECK(cudaMemset(recvEnds_, 0, ends), "GPU executor: cudaMemset");
-  LOOM_CUDA_CHECK(cudaMemset(sendEnds_, 0, ends), "GPU executor: cudaMemset");
   void* status = nullptr;
   LOOM_CUDA_CHECK(cudaHostAlloc(&status, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable),
                   "GPU executor: cudaHostAlloc of the status word");
@@ -122,6 +120,10 @@ loomResult_t DevicePath::start() {
   deviceStatus_ = static_cast<uint32_t*>(deviceStatus);
   LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&setup_, cudaStreamNonBlocking), "GPU executor: cudaStreamCreate");
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&last_, cudaEventDisableTiming), "GPU executor: cudaEventCreate");
+  // On a stream of its own: a plain cudaMemset would wait for the application's streams.
+  LOOM_CUDA_CHECK(cudaMemsetAsync(recvEnds_, 0, ends, setup_), "GPU executor: cudaMemsetAsync");
+  LOOM_CUDA_CHECK(cudaMemsetAsync(sendEnds_, 0, ends, setup_), "GPU executor: cudaMemsetAsync");
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(setup_), "GPU executor: cudaStreamSynchronize");
   oneShotBytes_ = static_cast<size_t>(std::max<int64_t>(params::cudaOneShotBytes(), 0));
   twoShotBytes_ = static_cast<size_t>(std::max<int64_t>(params::cudaTwoShotBytes(), 0));
   if (comm_->nranks < 2 || comm_->nranks > kMaxPeerRanks) oneShotBytes_ = twoShotBytes_ = 0;
@@ -191,17 +193,17 @@ loomResult_t DevicePath::error() {
   if (reported_ != loomSuccess) return reported_;
   switch (failure) {
     case kLanePeerAborted:
-      reported_ = LOOM_FAIL(loomRemoteError, CUDA, "rank %d: a kernel stopped: a peer gave up on the call",
-                            comm_->rank);
+      reported_ =
+          LOOM_FAIL(loomRemoteError, CUDA, "rank %d: a kernel stopped: a peer gave up on the call", comm_->rank);
       break;
     case kLaneBadMessage:
-      reported_ = LOOM_FAIL(loomInternalError, CUDA,
-                            "rank %d: a kernel stopped at a message of the wrong size (ranks disagree on a call)",
-                            comm_->rank);
+      reported_ =
+          LOOM_FAIL(loomInternalError, CUDA,
+                    "rank %d: a kernel stopped at a message of the wrong size (ranks disagree on a call)", comm_->rank);
       break;
     case kLaneAborted:
-      reported_ = LOOM_FAIL(loomRemoteError, CUDA, "rank %d: a kernel stopped: the communicator was aborted",
-                            comm_->rank);
+      reported_ =
+          LOOM_FAIL(loomRemoteError, CUDA, "rank %d: a kernel stopped: the communicator was aborted", comm_->rank);
       break;
     default:
       reported_ = LOOM_FAIL(loomTimeout, CUDA,
@@ -219,11 +221,12 @@ loomResult_t DevicePath::upload(DevicePlan* plan) {
   const size_t lanes = align16(flat.lanes.size() * sizeof(FlatLane));
   const size_t steps = align16(flat.steps.size() * sizeof(Step));
   const size_t phases = align16(flat.phaseStarts.size() * sizeof(flat.phaseStarts[0]));
-  LOOM_CUDA_CHECK(cudaMalloc(&plan->arrays, std::max<size_t>(lanes + steps + phases, 16)),
-                  "GPU executor: cudaMalloc of a plan");
+  // From the stream-ordered pool, as scratch is: planOf frees plans with cudaFreeAsync.
+  LOOM_CUDA_CHECK(cudaMallocAsync(&plan->arrays, std::max<size_t>(lanes + steps + phases, 16), setup_),
+                  "GPU executor: cudaMallocAsync of a plan");
   auto* base = static_cast<unsigned char*>(plan->arrays);
-  cudaError_t error = cudaMemcpyAsync(base, flat.lanes.data(), flat.lanes.size() * sizeof(FlatLane),
-                                      cudaMemcpyHostToDevice, setup_);
+  cudaError_t error =
+      cudaMemcpyAsync(base, flat.lanes.data(), flat.lanes.size() * sizeof(FlatLane), cudaMemcpyHostToDevice, setup_);
   if (error == cudaSuccess)
     error = cudaMemcpyAsync(base + lanes, flat.steps.data(), flat.steps.size() * sizeof(Step), cudaMemcpyHostToDevice,
                             setup_);
@@ -239,7 +242,7 @@ loomResult_t DevicePath::upload(DevicePlan* plan) {
   return loomSuccess;
 }
 
-loomResult_t DevicePath::planOf(const Call& call, DevicePlan** out) {
+loomResult_t DevicePath::planOf(const Call& call, cudaStream_t stream, DevicePlan** out) {
   const TuneEstimate& choice =
       tuner_.choose(call.collective, call.count * dtypeSize(call.datatype), comm_->algorithmRules);
   PlanKeyView key{static_cast<int>(call.collective), call.count, call.root, choice.nChannels, choice.algorithm};
@@ -249,11 +252,9 @@ loomResult_t DevicePath::planOf(const Call& call, DevicePlan** out) {
     return loomSuccess;
   }
   if (plans_.size() >= kMaxDevicePlans) {
-    // Every cached plan may be in use by a kernel still queued: free them once the stream has passed it.
-    if (!drained())
-      return LOOM_FAIL(loomTimeout, CUDA, "rank %d: the stream did not pass this communicator's kernels within %lld ms",
-                       comm_->rank, (long long)comm_->timeoutMs);
-    for (auto& [planKey, plan] : plans_) cudaFree(plan->arrays);
+    // Kernels still queued may use any cached plan: each is freed in stream order, after the calls before.
+    for (auto& [planKey, plan] : plans_)
+      LOOM_CUDA_CHECK(cudaFreeAsync(plan->arrays, stream), "GPU executor: cudaFreeAsync of a plan");
     plans_.clear();
   }
   auto plan = std::make_unique<DevicePlan>();
@@ -299,8 +300,8 @@ loomResult_t DevicePath::attachSender(int peer, int channel, const FifoShape& sh
   auto& endpoint = senders_[{peer, channel}];
   if (endpoint) return loomSuccess;
   ConnectionKey key{comm_->commHash, comm_->rank, peer, channel};
-  loomResult_t result = deviceTransport()->attachSender(nullptr, key, shape, [&]() { return watch(false); },
-                                                        &endpoint);
+  loomResult_t result = deviceTransport()->attachSender(
+      nullptr, key, shape, [&]() { return watch(false); }, &endpoint);
   if (result != loomSuccess) senders_.erase({peer, channel});
   return result;
 }
@@ -334,15 +335,14 @@ loomResult_t DevicePath::connectMailboxes() {
   return loomSuccess;
 }
 
-loomResult_t DevicePath::reserveScratch(size_t bytes) {
+// In stream order (after the calls before, which may still use the old memory), and without cudaFree, which
+// waits for the whole device: kernels of peers in this process may be waiting for this very call.
+loomResult_t DevicePath::reserveScratch(size_t bytes, cudaStream_t stream) {
   if (bytes <= scratchBytes_) return loomSuccess;
-  if (!drained())
-    return LOOM_FAIL(loomTimeout, CUDA, "rank %d: the stream did not pass this communicator's kernels within %lld ms",
-                     comm_->rank, (long long)comm_->timeoutMs);
-  cudaFree(scratch_);
+  if (scratch_ != nullptr) LOOM_CUDA_CHECK(cudaFreeAsync(scratch_, stream), "GPU executor: cudaFreeAsync of scratch");
   scratch_ = nullptr;
   scratchBytes_ = 0;
-  LOOM_CUDA_CHECK(cudaMalloc(&scratch_, bytes), "GPU executor: cudaMalloc of scratch memory");
+  LOOM_CUDA_CHECK(cudaMallocAsync(&scratch_, bytes, stream), "GPU executor: cudaMallocAsync of scratch memory");
   scratchBytes_ = bytes;
   return loomSuccess;
 }
@@ -353,15 +353,14 @@ loomResult_t DevicePath::launchPlan(const Call& call, DevicePlan& plan, cudaStre
     plan.connected = true;
   }
   const size_t elementBytes = dtypeSize(call.datatype);
-  LOOM_CHECK(reserveScratch(plan.plan.scratchCount * elementBytes));
+  LOOM_CHECK(reserveScratch(plan.plan.scratchCount * elementBytes, stream));
   const FifoShape& shape = comm_->fifoShape;
   LaneCall lanes{};
   lanes.input = static_cast<unsigned char*>(const_cast<void*>(call.inputs[0]));
   lanes.output = static_cast<unsigned char*>(call.outputs[0]);
   lanes.scratch = static_cast<unsigned char*>(scratch_);
-  lanes.simpleSliceElems =
-      std::max<size_t>(1, std::min(plan.slicing.simpleSliceBytes, fifoPayloadBytes(shape, Protocol::kSimple)) /
-                              elementBytes);
+  lanes.simpleSliceElems = std::max<size_t>(
+      1, std::min(plan.slicing.simpleSliceBytes, fifoPayloadBytes(shape, Protocol::kSimple)) / elementBytes);
   lanes.llSliceElems = std::max<size_t>(1, fifoPayloadBytes(shape, Protocol::kLL) / elementBytes);
   lanes.llThresholdBytes = plan.slicing.llThresholdBytes;
   lanes.forcedProtocol = comm_->forcedProtocol;
@@ -389,9 +388,9 @@ loomResult_t DevicePath::launchPeer(const Call& call, bool twoShot, cudaStream_t
   // Counted as enqueued, whether or not the launch fails: a failed launch fails the communicator.
   ++peerCalls_;
   epoch_ += twoShot ? 2 : 1;
-  return twoShot ? device::enqueueTwoShot(peers, call.datatype, call.op, abortFlag_, timeoutNs(), deviceStatus_, stream)
-                 : device::enqueueOneShot(peers, call.datatype, call.op, abortFlag_, timeoutNs(), deviceStatus_,
-                                          stream);
+  return twoShot
+             ? device::enqueueTwoShot(peers, call.datatype, call.op, abortFlag_, timeoutNs(), deviceStatus_, stream)
+             : device::enqueueOneShot(peers, call.datatype, call.op, abortFlag_, timeoutNs(), deviceStatus_, stream);
 }
 
 loomResult_t DevicePath::enqueue(const Call& call) {
@@ -399,33 +398,34 @@ loomResult_t DevicePath::enqueue(const Call& call) {
   if (call.count == 0) return loomSuccess;
   DeviceScope scope(device_);
   auto stream = static_cast<cudaStream_t>(call.stream);
-  const size_t bytes = call.count * dtypeSize(call.datatype);
-  const bool peer = call.collective == Collective::kAllReduce && bytes <= std::max(oneShotBytes_, twoShotBytes_);
-  DevicePlan* plan = nullptr;
-  if (!peer) LOOM_CHECK(planOf(call, &plan));
-  loomResult_t result = launch(call, peer ? nullptr : plan, bytes, stream);
+  if (launched_) LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream, last_, 0), "GPU executor: cudaStreamWaitEvent");
+  loomResult_t result = launch(call, stream);
   if (result != loomSuccess) {
-    // Peers may be in this call's kernels already, and the barrier counts have moved on: the communicator is
-    // done for.
+    // Peers may be in this call's kernels already, and the barrier counts may have moved on: the communicator
+    // is done for.
     int expected = loomSuccess;
     comm_->asyncError.compare_exchange_strong(expected, result);
   }
   return result;
 }
 
-loomResult_t DevicePath::launch(const Call& call, DevicePlan* plan, size_t bytes, cudaStream_t stream) {
-  if (launched_) LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream, last_, 0), "GPU executor: cudaStreamWaitEvent");
-  if (plan == nullptr)
+loomResult_t DevicePath::launch(const Call& call, cudaStream_t stream) {
+  const size_t bytes = call.count * dtypeSize(call.datatype);
+  const bool peer = call.collective == Collective::kAllReduce && bytes <= std::max(oneShotBytes_, twoShotBytes_);
+  DevicePlan* plan = nullptr;
+  if (peer) {
     LOOM_CHECK(launchPeer(call, bytes > oneShotBytes_, stream));
-  else
+  } else {
+    LOOM_CHECK(planOf(call, stream, &plan));
     LOOM_CHECK(launchPlan(call, *plan, stream));
+  }
   if (call.op == loomAvg) {
     // One-shot and two-shot leave the whole output reduced; a plan says where it leaves the reduced part.
-    Region reduced = plan == nullptr ? Region{Buffer::kOutput, 0, call.count} : plan->plan.reducedOutput;
+    Region reduced = peer ? Region{Buffer::kOutput, 0, call.count} : plan->plan.reducedOutput;
     if (reduced.count > 0 && call.outputs[0] != nullptr)
-      LOOM_CHECK(device::enqueueDivide(static_cast<unsigned char*>(call.outputs[0]) +
-                                           reduced.offset * dtypeSize(call.datatype),
-                                       reduced.count, call.datatype, comm_->nranks, stream));
+      LOOM_CHECK(device::enqueueDivide(
+          static_cast<unsigned char*>(call.outputs[0]) + reduced.offset * dtypeSize(call.datatype), reduced.count,
+          call.datatype, comm_->nranks, stream));
   }
   LOOM_CUDA_CHECK(cudaEventRecord(last_, stream), "GPU executor: cudaEventRecord");
   launched_ = true;

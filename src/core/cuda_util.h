@@ -14,9 +14,9 @@ inline loomResult_t cudaFailed(cudaError_t error, const char* what) {
                    cudaGetErrorName(error));
 }
 
-#define LOOM_CUDA_CHECK(call, what)                                                   \
-  do {                                                                                \
-    cudaError_t loomCudaError_ = (call);                                              \
+#define LOOM_CUDA_CHECK(call, what)                                                     \
+  do {                                                                                  \
+    cudaError_t loomCudaError_ = (call);                                                \
     if (loomCudaError_ != cudaSuccess) return ::loom::cudaFailed(loomCudaError_, what); \
   } while (0)
 

@@ -165,8 +165,8 @@ class LaneRunner {
     const Protocol protocol = protocolFor(count);
     size_t lo = 0, hi = 0;
     sliceBounds(count, sliceElems(protocol), cursor_.round(), &lo, &hi);
-    *slice = Slice{step.action, protocol, hi - lo, (hi - lo) * sizeof(Element), nullptr, nullptr, nullptr,
-                   nullptr, nullptr, nullptr, nullptr};
+    *slice = Slice{step.action, protocol, hi - lo, (hi - lo) * sizeof(Element), nullptr, nullptr, nullptr, nullptr,
+                   nullptr,     nullptr,  nullptr};
     if (lo == hi) return LaneStatus::kRan;
     PortableEnd* in = actionReceives(step.action) ? &recvFrom_[step.recvPeer] : nullptr;
     PortableEnd* out = actionSends(step.action) ? &sendTo_[step.sendPeer] : nullptr;
@@ -363,7 +363,8 @@ class LaneRunner {
         const size_t i = v * kPerVector;
         const Lanes x = load16(a + i), y = load16(b + i);
         Lanes z;
-        for (size_t j = 0; j < kPerVector; ++j) z.elements[j] = device::combine<kType, Op>(x.elements[j], y.elements[j]);
+        for (size_t j = 0; j < kPerVector; ++j)
+          z.elements[j] = device::combine<kType, Op>(x.elements[j], y.elements[j]);
         store16(to + i, z);
         if (second != nullptr) store16(second + i, z);
       }

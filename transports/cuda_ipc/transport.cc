@@ -12,6 +12,8 @@
 //
 // The host never reads or writes these FIFOs after setup (Transport::deviceMemory): Endpoint::fifo() gives device
 // addresses. So the host executor never picks this transport; only the GPU executor's connections do.
+#include "transports/transport.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,7 +26,6 @@
 
 #include "src/core/cuda_util.h"
 #include "src/core/params.h"
-#include "transports/transport.h"
 
 namespace loom {
 namespace {
@@ -100,8 +101,7 @@ class CudaIpcTransport : public Transport {
     LOOM_CUDA_CHECK(cudaGetDevice(&device), "cuda_ipc: cudaGetDevice");
     void* memory = nullptr;
     LOOM_CUDA_CHECK(cudaMalloc(&memory, bytes), "cuda_ipc: cudaMalloc of a FIFO");
-    auto endpoint = std::make_unique<CudaIpcEndpoint>(CudaIpcEndpoint::Kind::kOwned, memory, device,
-                                                      recordPath(key));
+    auto endpoint = std::make_unique<CudaIpcEndpoint>(CudaIpcEndpoint::Kind::kOwned, memory, device, recordPath(key));
     std::vector<std::byte> header(fifoHeaderBytes());
     fifoHeaderImage(header.data(), shape);
     cudaStream_t stream = nullptr;

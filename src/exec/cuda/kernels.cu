@@ -168,8 +168,7 @@ __global__ void lanesKernel(FlatPlanView plan, LaneCall call, FifoWords words, P
         }
         if (ready == LaneStatus::kPeerAborted) failure = kLanePeerAborted;
         if (ready == LaneStatus::kBadMessage) failure = kLaneBadMessage;
-        if (abortFlag != nullptr && *reinterpret_cast<const volatile uint32_t*>(abortFlag) != 0)
-          failure = kLaneAborted;
+        if (abortFlag != nullptr && *reinterpret_cast<const volatile uint32_t*>(abortFlag) != 0) failure = kLaneAborted;
         if (failure == kLaneOk && nanoseconds() - since > timeoutNs) failure = kLaneTimedOut;
         if (failure != kLaneOk) {
           atomicCAS(status, kLaneOk, failure);
@@ -190,7 +189,9 @@ __global__ void lanesKernel(FlatPlanView plan, LaneCall call, FifoWords words, P
   }
 }
 
-__device__ bool failed(const uint32_t* status) { return *reinterpret_cast<const volatile uint32_t*>(status) != kLaneOk; }
+__device__ bool failed(const uint32_t* status) {
+  return *reinterpret_cast<const volatile uint32_t*>(status) != kLaneOk;
+}
 
 // The barrier half of thread p < nranks (other than the rank's own): raises flag `epoch` for peer p and waits for
 // p's. Returns the failure that ended the wait, or kLaneOk.
@@ -339,8 +340,8 @@ loomResult_t launchReduce(void* dst, const void* a, const void* b, size_t count,
 
 }  // namespace
 
-loomResult_t enqueueReduce(void* dst, const void* a, const void* b, size_t count, loomDataType_t type,
-                           loomRedOp_t op, void* stream) {
+loomResult_t enqueueReduce(void* dst, const void* a, const void* b, size_t count, loomDataType_t type, loomRedOp_t op,
+                           void* stream) {
   if (count == 0) return loomSuccess;
   auto cudaStream = static_cast<cudaStream_t>(stream);
   switch (op) {
@@ -392,18 +393,18 @@ loomResult_t enqueuePlanWalk(FlatPlanView plan, uint32_t lane, size_t sliceElems
   return launched("plan walk");
 }
 
-loomResult_t enqueueLanes(const FlatPlanView& plan, const LaneCall& call, const FifoWords& words,
-                          PortableEnd* recvEnds, PortableEnd* sendEnds, int nranks, loomDataType_t type,
-                          loomRedOp_t op, const uint32_t* abortFlag, uint64_t timeoutNs, uint32_t* status,
-                          size_t llSlotBytes, void* stream) {
+loomResult_t enqueueLanes(const FlatPlanView& plan, const LaneCall& call, const FifoWords& words, PortableEnd* recvEnds,
+                          PortableEnd* sendEnds, int nranks, loomDataType_t type, loomRedOp_t op,
+                          const uint32_t* abortFlag, uint64_t timeoutNs, uint32_t* status, size_t llSlotBytes,
+                          void* stream) {
   if (plan.laneCount == 0) return loomSuccess;
   const size_t stagingBytes = llSlotBytes / 8 * sizeof(uint32_t);
   auto cudaStream = static_cast<cudaStream_t>(stream);
   bool knownType = true;
   bool knownOp = forOp(op, [&]<typename Op>() {
     knownType = forType(type, [&]<loomDataType_t kType>() {
-      lanesKernel<kType, Op><<<plan.laneCount, kLaneThreads, stagingBytes, cudaStream>>>(plan, call, words, recvEnds, sendEnds,
-                                                                              nranks, abortFlag, timeoutNs, status);
+      lanesKernel<kType, Op><<<plan.laneCount, kLaneThreads, stagingBytes, cudaStream>>>(
+          plan, call, words, recvEnds, sendEnds, nranks, abortFlag, timeoutNs, status);
     });
   });
   if (!knownOp) return LOOM_FAIL(loomInvalidArgument, CUDA, "lanes kernel: operation %d is not a loomRedOp_t", op);
@@ -446,7 +447,8 @@ loomResult_t enqueueTwoShot(const PeerCall& call, loomDataType_t type, loomRedOp
   if (call.count == 0) return loomSuccess;
   auto cudaStream = static_cast<cudaStream_t>(stream);
   size_t elementBytes = 0;
-  bool knownType = forType(type, [&]<loomDataType_t kType>() { elementBytes = sizeof(typename FormatOf<kType>::Storage); });
+  bool knownType =
+      forType(type, [&]<loomDataType_t kType>() { elementBytes = sizeof(typename FormatOf<kType>::Storage); });
   if (!knownType) return LOOM_FAIL(loomInvalidArgument, CUDA, "two-shot AllReduce: data type %d out of range", type);
   // Each data phase moves a chunk per peer; the grid covers one chunk's elements.
   const unsigned blocks = blocksFor(peerChunkBytes(call.count, elementBytes, call.nranks) / elementBytes);
