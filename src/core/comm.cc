@@ -54,6 +54,9 @@ struct RankSetup {
   uint64_t torusHash;
   char transports[48];     // the transports this rank would use (LOOM_TRANSPORTS, LOOM_NET or the automatic
   uint64_t transportsHash;  // choice between hosts), likewise: a sender on ib and its receiver on tcp never meet
+  int cuda;                 // a CUDA communicator's rank; then the GPU executor's settings, which its CUDA ranks
+  char cudaPath[16];        // must share (LOOM_CUDA_PATH, LOOM_CUDA_ONESHOT_BYTES, LOOM_CUDA_TWOSHOT_BYTES)
+  uint64_t oneShotBytes, twoShotBytes;
 };
 
 // The transport that connects this rank to `peer`: the first in priority order that can (null: none can).
@@ -287,7 +290,14 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   snprintf(mine.transports, sizeof(mine.transports), "%s", transports.c_str());
   mine.transportsHash = std::hash<std::string>{}(transports);
   mine.probeAddress = reinterpret_cast<uint64_t>(&kProbeWord);
+  if (comm->cuda) {
+    mine.cuda = 1;
+    snprintf(mine.cudaPath, sizeof(mine.cudaPath), "%s", params::cudaPath().c_str());
+    mine.oneShotBytes = static_cast<uint64_t>(params::cudaOneShotBytes());
+    mine.twoShotBytes = static_cast<uint64_t>(params::cudaTwoShotBytes());
+  }
   LOOM_CHECK(comm->bootstrap->allGather(setups.data(), sizeof(RankSetup), deadline.remainingMs()));
+  comm->everyRankCuda = true;
   for (const RankSetup& setup : setups) {
     if (setup.algorithmHash != mine.algorithmHash)
       return LOOM_FAIL(loomInvalidUsage, INIT,
@@ -319,6 +329,17 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
                        (unsigned long long)mine.networkSlotBytes, (unsigned long long)mine.llSlotBytes, mine.nChannels,
                        (unsigned long long)mine.llThresholdBytes, mine.forcedProtocol,
                        (unsigned long long)mine.chunkBytes);
+    if (setup.cuda && mine.cuda &&
+        (std::strncmp(setup.cudaPath, mine.cudaPath, sizeof(mine.cudaPath)) != 0 ||
+         setup.oneShotBytes != mine.oneShotBytes || setup.twoShotBytes != mine.twoShotBytes))
+      return LOOM_FAIL(loomInvalidUsage, INIT,
+                       "rank %d uses LOOM_CUDA_PATH=\"%.16s\" with one-shot and two-shot AllReduce up to %llu and %llu "
+                       "bytes, rank %d \"%.16s\", %llu and %llu: LOOM_CUDA_PATH, LOOM_CUDA_ONESHOT_BYTES and "
+                       "LOOM_CUDA_TWOSHOT_BYTES must match on every rank",
+                       setup.info.rank, setup.cudaPath, (unsigned long long)setup.oneShotBytes,
+                       (unsigned long long)setup.twoShotBytes, rank, mine.cudaPath,
+                       (unsigned long long)mine.oneShotBytes, (unsigned long long)mine.twoShotBytes);
+    comm->everyRankCuda = comm->everyRankCuda && setup.cuda;
     comm->peers.push_back(setup.info);
     if (setup.info.machineHash == mine.info.machineHash && setup.info.rank != rank)
       comm->peerWatch.add(setup.info.rank, setup.info.pid);

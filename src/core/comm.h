@@ -131,6 +131,7 @@ struct loomComm {
   int nChannels = 1;
   loomDevice_t device = loomDeviceHost;
   int cudaDevice = -1;  // a CUDA communicator's device ordinal
+  bool everyRankCuda = false;  // every rank's communicator is a CUDA one (known once connected)
   uint64_t commHash = 0;
   std::unique_ptr<loom::Bootstrap> bootstrap;
   std::vector<loom::PeerInfo> peers;

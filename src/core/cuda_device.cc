@@ -69,7 +69,9 @@ class DevicePath {
   loomResult_t connect(const DevicePlan& plan);
   loomResult_t connectMailboxes();
   loomResult_t createReceiver(int peer, int channel, const FifoShape& shape);
-  loomResult_t attachSender(int peer, int channel, const FifoShape& shape, CommWatch& watch);
+  // Waits for the peer's receiver within the deadline, watching the abort flag (not the peer watch, which belongs
+  // to the staged path's worker and its run lock).
+  loomResult_t attachSender(int peer, int channel, const FifoShape& shape);
   loomResult_t setEnd(PortableEnd* array, int peer, int channel, const Endpoint& endpoint);
   loomResult_t reserveScratch(size_t bytes, cudaStream_t stream);
   loomResult_t launchPlan(const Call& call, DevicePlan& plan, cudaStream_t stream);
@@ -296,19 +298,30 @@ loomResult_t DevicePath::createReceiver(int peer, int channel, const FifoShape& 
   return result;
 }
 
-loomResult_t DevicePath::attachSender(int peer, int channel, const FifoShape& shape, CommWatch& watch) {
+loomResult_t DevicePath::attachSender(int peer, int channel, const FifoShape& shape) {
   auto& endpoint = senders_[{peer, channel}];
   if (endpoint) return loomSuccess;
   ConnectionKey key{comm_->commHash, comm_->rank, peer, channel};
-  loomResult_t result = deviceTransport()->attachSender(
-      nullptr, key, shape, [&]() { return watch(false); }, &endpoint);
+  Deadline deadline(comm_->timeoutMs);
+  auto check = [&]() {
+    if (comm_->abortFlag.load(std::memory_order_relaxed))
+      return LOOM_FAIL(loomRemoteError, CUDA, "rank %d: communicator aborted while connecting to rank %d",
+                       comm_->rank, peer);
+    if (deadline.expired())
+      return LOOM_FAIL(loomTimeout, CUDA,
+                       "rank %d: rank %d made no GPU executor connection (channel %d) within %lld ms "
+                       "(LOOM_TIMEOUT_MS or config timeoutMs): is it running the same call, with "
+                       "LOOM_CUDA_PATH=device?",
+                       comm_->rank, peer, channel, (long long)deadline.timeoutMs());
+    return loomSuccess;
+  };
+  loomResult_t result = deviceTransport()->attachSender(nullptr, key, shape, check, &endpoint);
   if (result != loomSuccess) senders_.erase({peer, channel});
   return result;
 }
 
 // Receivers first, then senders, as the host's Connections do: no rank waits for a receiver only it could make.
 loomResult_t DevicePath::connect(const DevicePlan& plan) {
-  CommWatch watch(comm_, "connecting the GPU executor");
   for (const Lane& lane : plan.plan.lanes)
     for (const Step& step : lane.steps)
       if (actionReceives(step.action) && !receivers_.count({step.recvPeer, lane.channel})) {
@@ -318,7 +331,7 @@ loomResult_t DevicePath::connect(const DevicePlan& plan) {
   for (const Lane& lane : plan.plan.lanes)
     for (const Step& step : lane.steps)
       if (actionSends(step.action) && !senders_.count({step.sendPeer, lane.channel})) {
-        LOOM_CHECK(attachSender(step.sendPeer, lane.channel, comm_->fifoShape, watch));
+        LOOM_CHECK(attachSender(step.sendPeer, lane.channel, comm_->fifoShape));
         LOOM_CHECK(setEnd(sendEnds_, step.sendPeer, lane.channel, *senders_[{step.sendPeer, lane.channel}]));
       }
   return loomSuccess;
@@ -326,11 +339,10 @@ loomResult_t DevicePath::connect(const DevicePlan& plan) {
 
 loomResult_t DevicePath::connectMailboxes() {
   if (mailboxes_) return loomSuccess;
-  CommWatch watch(comm_, "connecting the GPU executor's mailboxes");
   for (int peer = 0; peer < comm_->nranks; ++peer)
     if (peer != comm_->rank) LOOM_CHECK(createReceiver(peer, kMailboxChannel, mailboxShape_));
   for (int peer = 0; peer < comm_->nranks; ++peer)
-    if (peer != comm_->rank) LOOM_CHECK(attachSender(peer, kMailboxChannel, mailboxShape_, watch));
+    if (peer != comm_->rank) LOOM_CHECK(attachSender(peer, kMailboxChannel, mailboxShape_));
   mailboxes_ = true;
   return loomSuccess;
 }
@@ -440,6 +452,11 @@ loomResult_t devicePathCreate(loomComm* comm, int device, const uint32_t* abortF
   if (choice != "staged" && choice != "device")
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_CUDA_PATH=\"%s\" is neither staged nor device", choice.c_str());
   if (choice == "staged") return loomSuccess;
+  if (!comm->everyRankCuda) {
+    LOOM_INFO(CUDA, "rank %d: LOOM_CUDA_PATH=device, but some ranks have host communicators: calls go the staged path",
+              comm->rank);
+    return loomSuccess;
+  }
   Transport* transport = deviceTransport();
   for (const PeerInfo& peer : comm->peers) {
     std::string why;
