@@ -1,0 +1,36 @@
+// Fused softmax and cross-entropy (kernels.h). The softmax subtracts the row's maximum and sums in double.
+#include <algorithm>
+#include <cmath>
+
+#include "parallel/kernels/cpu/kernels.h"
+
+namespace loom::parallel::cpu {
+
+void crossEntropyForward(float* losses, float* probs, const float* logits, const int32_t* targets, int N, int V) {
+  for (int i = 0; i < N; ++i) {
+    const float* row = logits + static_cast<size_t>(i) * V;
+    float* p = probs + static_cast<size_t>(i) * V;
+    float maxLogit = row[0];
+    for (int v = 1; v < V; ++v) maxLogit = std::max(maxLogit, row[v]);
+    double sum = 0;
+    for (int v = 0; v < V; ++v) {
+      p[v] = std::exp(row[v] - maxLogit);
+      sum += p[v];
+    }
+    const float inverse = static_cast<float>(1.0 / sum);
+    for (int v = 0; v < V; ++v) p[v] *= inverse;
+    // -log softmax computed from the logits, not from the rounded probability.
+    losses[i] = static_cast<float>(std::log(sum) - (row[targets[i]] - maxLogit));
+  }
+}
+
+void crossEntropyBackward(float* dlogits, const float* dlosses, const float* probs, const int32_t* targets, int N,
+                          int V) {
+  for (int i = 0; i < N; ++i) {
+    const float* p = probs + static_cast<size_t>(i) * V;
+    float* d = dlogits + static_cast<size_t>(i) * V;
+    for (int v = 0; v < V; ++v) d[v] += (p[v] - (v == targets[i] ? 1.0f : 0.0f)) * dlosses[i];
+  }
+}
+
+}  // namespace loom::parallel::cpu
