@@ -1,0 +1,95 @@
+// The reference GPT (GPT-2's architecture): token and position embeddings, L pre-norm blocks of causal multi-head
+// attention and a 4x GELU MLP, each added to the residual stream, a final layernorm and an output head tied to the
+// token embedding. Explicit forward and backward on the CPU kernels (parallel/kernels/cpu), fp32.
+//
+// Parameters live in one flat buffer, layer by layer (the embeddings, then each block's tensors, then the final
+// layernorm), so that a layer is one contiguous range: the unit that ZeRO-3 gathers and frees, and the order in
+// which backward finishes gradients. Gradients share that layout. No dropout (the reference trains without it).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/tensor.h"
+
+namespace loom::parallel {
+
+struct GptConfig {
+  int layers = 2;
+  int heads = 4;
+  int channels = 128;
+  int maxT = 64;  // the longest sequence (rows of the position embedding)
+  int vocab = 256;
+
+  // "gpt-tiny" (L=2, H=4, C=128, T=64, V=256) or "gpt2-124m" (L=12, H=12, C=768, T=1024, V=50257); false for any
+  // other name.
+  static bool preset(const std::string& name, GptConfig* out);
+  // Empty, or what is wrong ("channels 100 is not divisible by heads 3").
+  std::string check() const;
+};
+
+// A named range of the flat parameter buffer.
+struct ParamRange {
+  std::string name;  // "h.0.attn.qkv.weight", in PyTorch's naming of the same model
+  size_t offset;     // elements from the buffer's start
+  std::vector<int64_t> shape;
+  int layer;  // -1: embeddings, layers: the final layernorm
+  size_t numel() const;
+};
+
+// Where every parameter lies, and where each layer's range starts.
+struct GptLayout {
+  std::vector<ParamRange> params;
+  size_t total = 0;
+  // Elements [layerBegin[u], layerBegin[u + 1]) form unit u: 0 the embeddings, 1..L the blocks, L+1 the final
+  // layernorm.
+  std::vector<size_t> unitBegin;
+  static GptLayout of(const GptConfig& config);
+};
+
+class Gpt {
+ public:
+  explicit Gpt(const GptConfig& config);
+  const GptConfig& config() const { return config_; }
+  const GptLayout& layout() const { return layout_; }
+
+  // GPT-2's initialisation from `seed`: weights N(0, 0.02), the two residual projections of each block scaled by
+  // 1/sqrt(2L), biases 0, layernorm gains 1.
+  void initialise(uint64_t seed);
+
+  // The flat parameters and gradients (layout() says what is where).
+  Tensor& params() { return params_; }
+  const Tensor& params() const { return params_; }
+  Tensor& grads() { return grads_; }
+  float* param(const std::string& name);
+
+  // Runs the model on tokens [B, T] (B * T int32, T <= maxT); with targets, returns the mean cross-entropy, else 0.
+  // Keeps the activations for backward().
+  float forward(const int32_t* tokens, const int32_t* targets, int B, int T);
+  // The logits [B, T, V] of the last forward().
+  const float* logits() const { return acts_.logits.f32(); }
+  // Adds the gradients of the last forward's mean loss to grads() (zeroGrads() first for a fresh step).
+  void backward();
+  void zeroGrads() { grads_.zero(); }
+
+ private:
+  struct Activations {
+    Tensor encoded, ln1, ln1Mean, ln1Rstd, qkv, attY, att, attProj, residual2, ln2, ln2Mean, ln2Rstd, fc, fcGelu,
+        fcProj, residual3, lnf, lnfMean, lnfRstd, logits, probs, losses;
+  };
+  struct Block {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcProjw, *fcProjb;
+  };
+  Block block(float* base, int layer) const;
+  void reserve(int B, int T);
+
+  GptConfig config_;
+  GptLayout layout_;
+  Tensor params_, grads_;
+  Activations acts_, grads2_;  // grads2_: the activations' gradients, same shapes
+  std::vector<int32_t> tokens_, targets_;
+  int B_ = 0, T_ = 0;
+};
+
+}  // namespace loom::parallel
