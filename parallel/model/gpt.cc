@@ -254,7 +254,7 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
   return static_cast<float>(sum / BT);
 }
 
-void Gpt::backward() {
+void Gpt::backward(float lossScale, const std::function<void(int unit)>& unitDone) {
   if (targets_.empty()) {
     std::fprintf(stderr, "gpt: backward() needs a forward() with targets\n");
     std::abort();
@@ -272,13 +272,14 @@ void Gpt::backward() {
   float* dwte = g + layout_.params[0].offset;
   float* dwpe = g + layout_.params[1].offset;
   // The mean over B * T positions.
-  for (int i = 0; i < BT; ++i) d.losses.f32()[i] = 1.0f / BT;
+  for (int i = 0; i < BT; ++i) d.losses.f32()[i] = lossScale / BT;
   cpu::crossEntropyBackward(d.logits.f32(), d.losses.f32(), a.probs.f32(), targets_.data(), BT, V);
   cpu::matmulBackward(d.lnf.f32(), dwte, nullptr, d.logits.f32(), a.lnf.f32(), wte, BT, C, V);
   const size_t lnfOffset = layout_.params[layout_.params.size() - 2].offset;
   cpu::layernormBackward(d.residual3.f32() + (L - 1) * rows, g + lnfOffset, g + layout_.params.back().offset,
                          d.lnf.f32(), a.residual3.f32() + (L - 1) * rows, p + lnfOffset, a.lnfMean.f32(),
                          a.lnfRstd.f32(), BT, C);
+  if (unitDone) unitDone(L + 1);
   for (int l = L - 1; l >= 0; --l) {
     const Block w = block(p, l);
     const Block dw = block(g, l);
@@ -301,8 +302,10 @@ void Gpt::backward() {
                         3 * C);
     cpu::layernormBackward(dx, dw.ln1w, dw.ln1b, d.ln1.f32() + at, x, w.ln1w, a.ln1Mean.f32() + l * BT,
                            a.ln1Rstd.f32() + l * BT, BT, C);
+    if (unitDone) unitDone(l + 1);
   }
   cpu::embeddingBackward(dwte, dwpe, d.encoded.f32(), tokens_.data(), B, T, C);
+  if (unitDone) unitDone(0);
 }
 
 }  // namespace loom::parallel

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -69,8 +70,11 @@ class Gpt {
   float forward(const int32_t* tokens, const int32_t* targets, int B, int T);
   // The logits [B, T, V] of the last forward().
   const float* logits() const { return acts_.logits.f32(); }
-  // Adds the gradients of the last forward's mean loss to grads() (zeroGrads() first for a fresh step).
-  void backward();
+  // Adds the gradients of lossScale times the last forward's mean loss to grads() (zeroGrads() first for a fresh
+  // step; lossScale 1/k for one of k accumulated micro-batches). unitDone(u), when given, is called as soon as
+  // unit u's gradients (GptLayout::unitBegin) are final: the final layernorm first, then the blocks from the last,
+  // the embeddings last (the tied head adds to the token embedding first, the input embedding last).
+  void backward(float lossScale = 1.0f, const std::function<void(int unit)>& unitDone = nullptr);
   void zeroGrads() { grads_.zero(); }
 
  private:

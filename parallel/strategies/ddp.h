@@ -1,0 +1,48 @@
+// Data parallelism (DDP): every rank holds the whole model and optimizer, runs forward and backward on its part of
+// the global batch, and the gradients are averaged across the ranks (BucketedAllReduce, overlapped with backward)
+// before every rank takes the same AdamW step. With gradient accumulation, a step is several micro-batches whose
+// gradients add up locally; only the last one's backward communicates.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "loom/loom.h"
+#include "parallel/model/gpt.h"
+#include "parallel/strategies/ddp_comm.h"
+#include "parallel/strategies/optimizer.h"
+
+namespace loom::parallel {
+
+struct DdpOptions {
+  size_t bucketBytes = size_t{25} << 20;  // PyTorch DDP's default
+  AdamWOptions adamw;
+};
+
+// What one step measured on this rank.
+struct StepReport {
+  float loss;             // the global batch's mean loss (averaged across ranks)
+  double seconds;         // the whole step
+  double exposedSeconds;  // waiting for gradient communication after backward
+};
+
+class DdpTrainer {
+ public:
+  DdpTrainer(Gpt& model, loomComm_t comm, DdpOptions options);
+  ~DdpTrainer();
+  // One optimizer step over this rank's micro-batches: inputs[k] and targets[k] hold B x T tokens each.
+  StepReport step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets, int B, int T);
+  const BucketedAllReduce& buckets() const { return buckets_; }
+  const AdamW& optimizer() const { return optimizer_; }
+
+ private:
+  Gpt& model_;
+  loomComm_t comm_;
+  BucketedAllReduce buckets_;
+  AdamW optimizer_;
+  loomStream_t lossStream_ = nullptr;
+};
+
+}  // namespace loom::parallel

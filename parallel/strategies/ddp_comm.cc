@@ -1,0 +1,63 @@
+// Bucketed gradient all-reduce (ddp_comm.h).
+#include "parallel/strategies/ddp_comm.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "parallel/check.h"
+
+namespace loom::parallel {
+
+BucketedAllReduce::BucketedAllReduce(loomComm_t comm, const GptLayout& layout, size_t bucketBytes)
+    : comm_(comm), unitBegin_(layout.unitBegin) {
+  const size_t perBucket = std::max<size_t>(1, bucketBytes / sizeof(float));
+  // From the last unit to the first: a unit's elements join the open bucket while it has room; a unit larger
+  // than a bucket is cut into bucket-sized pieces.
+  size_t end = layout.total, open = layout.total;
+  for (size_t unit = unitBegin_.size() - 1; unit-- > 0;) {
+    const size_t begin = unitBegin_[unit];
+    while (end - begin > 0) {
+      const size_t take = std::min(end - begin, perBucket - (open - end));
+      end -= take;
+      if (open - end == perBucket) {
+        buckets_.push_back({end, open});
+        open = end;
+      }
+    }
+  }
+  if (open > 0) buckets_.push_back({0, open});
+  LOOM_PAR_CHECK(comm_, loomStreamCreate(&stream_));
+}
+
+BucketedAllReduce::~BucketedAllReduce() {
+  if (stream_ != nullptr) loomStreamDestroy(stream_);
+}
+
+void BucketedAllReduce::start(float* grads) {
+  grads_ = grads;
+  launched_ = 0;
+  finalFrom_ = unitBegin_.back();
+}
+
+void BucketedAllReduce::unitDone(int unit) {
+  finalFrom_ = std::min(finalFrom_, unitBegin_[unit]);
+  launchReady();
+}
+
+void BucketedAllReduce::launchReady() {
+  while (launched_ < buckets_.size() && buckets_[launched_].first >= finalFrom_) {
+    const auto [begin, end] = buckets_[launched_++];
+    LOOM_PAR_CHECK(comm_,
+                   loomAllReduce(grads_ + begin, grads_ + begin, end - begin, loomFloat32, loomAvg, comm_, stream_));
+  }
+}
+
+double BucketedAllReduce::finish() {
+  finalFrom_ = 0;
+  launchReady();
+  const auto start = std::chrono::steady_clock::now();
+  LOOM_PAR_CHECK(comm_, loomStreamSynchronize(stream_));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace loom::parallel
