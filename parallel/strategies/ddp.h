@@ -13,6 +13,7 @@
 #include "parallel/model/gpt.h"
 #include "parallel/strategies/ddp_comm.h"
 #include "parallel/strategies/optimizer.h"
+#include "parallel/strategies/trainer.h"
 
 namespace loom::parallel {
 
@@ -21,19 +22,14 @@ struct DdpOptions {
   AdamWOptions adamw;
 };
 
-// What one step measured on this rank.
-struct StepReport {
-  float loss;             // the global batch's mean loss (averaged across ranks)
-  double seconds;         // the whole step
-  double exposedSeconds;  // waiting for gradient communication after backward
-};
-
-class DdpTrainer {
+class DdpTrainer : public Trainer {
  public:
   DdpTrainer(Gpt& model, loomComm_t comm, DdpOptions options);
-  ~DdpTrainer();
-  // One optimizer step over this rank's micro-batches: inputs[k] and targets[k] hold B x T tokens each.
-  StepReport step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets, int B, int T);
+  ~DdpTrainer() override;
+  StepReport step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets, int B,
+                  int T) override;
+  // Everything whole on every rank.
+  MemoryReport memory() const override;
   const BucketedAllReduce& buckets() const { return buckets_; }
   const AdamW& optimizer() const { return optimizer_; }
 

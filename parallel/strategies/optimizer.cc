@@ -20,11 +20,11 @@ AdamW::AdamW(const GptLayout& layout, AdamWOptions options, size_t begin, size_t
   }
 }
 
-void AdamW::step(float* params, const float* grads, float gradScale) {
+void AdamW::step(float* params, const float* grads, size_t gradsBase, float gradScale) {
   ++steps_;
   for (const Span& span : spans_) {
     const size_t n = span.end - span.begin, at = span.begin - begin_;
-    const float* g = grads + span.begin;
+    const float* g = grads + (span.begin - gradsBase);
     if (gradScale != 1.0f) {
       std::copy(g, g + n, scaled_.begin() + at);
       cpu::scale(scaled_.data() + at, n, gradScale);

@@ -1,18 +1,20 @@
-// DDP (parallel/strategies/ddp.h) against one rank: the same model, seed and global batch, trained 20 steps with
-// 2 and 4 ranks as threads of this process, must give the same loss at every step and the same final parameters,
-// within fp32 relative error 1e-5 (ARCHITECTURE.md, section 4); also with two accumulated micro-batches per step,
-// and with small buckets, so that many all-reduces overlap backward.
-#include "parallel/strategies/ddp.h"
-
+// The data-parallel strategies (DDP, ZeRO-1: parallel/strategies) against one rank: the same model, seed and
+// global batch, trained 20 steps with 2 and 4 ranks as threads of this process, must give the same loss at every
+// step and the same final parameters, within fp32 relative error 1e-5 (ARCHITECTURE.md, section 4); DDP also with
+// two accumulated micro-batches per step, and with small buckets, so that many all-reduces overlap backward. And
+// what each rank holds: ZeRO-1 a quarter of the optimizer state at 4 ranks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "parallel/check.h"
+#include "parallel/strategies/ddp.h"
+#include "parallel/strategies/zero.h"
 
 namespace loom::parallel {
 namespace {
@@ -43,10 +45,13 @@ struct Training {
   std::vector<float> losses;
   std::vector<float> params;
   size_t buckets = 0;
+  MemoryReport memory;
 };
 
+enum class Strategy { kDdp, kZero1 };
+
 // Trains on `nranks` threads, each taking kGlobalBatch / nranks sequences per step in `micro` micro-batches.
-Training train(int nranks, int micro, size_t bucketBytes) {
+Training train(int nranks, int micro, size_t bucketBytes, Strategy strategy = Strategy::kDdp) {
   loomUniqueId id;
   EXPECT_EQ(loomGetUniqueId(&id), loomSuccess);
   std::vector<Training> runs(nranks);
@@ -55,15 +60,27 @@ Training train(int nranks, int micro, size_t bucketBytes) {
     LOOM_PAR_CHECK(comm, loomCommInitRank(&comm, nranks, id, rank));
     Gpt model(smallConfig());
     model.initialise(42);
-    DdpOptions options;
-    options.bucketBytes = bucketBytes;
-    options.adamw.learningRate = 3e-3f;
+    AdamWOptions adamw;
+    adamw.learningRate = 3e-3f;
     // The attention's key bias has an exact gradient of zero (softmax ignores a shift shared by a query's scores),
     // so in fp32 it is rounding noise, which differs with the order of summation; with eps 1e-8 AdamW turns that
     // noise into steps of up to the learning rate. eps 1e-6 keeps such steps a thousandth of that, and is still far
     // below every real gradient's root mean square.
-    options.adamw.eps = 1e-6f;
-    DdpTrainer trainer(model, comm, options);
+    adamw.eps = 1e-6f;
+    std::unique_ptr<Trainer> trainer;
+    DdpTrainer* ddp = nullptr;
+    if (strategy == Strategy::kDdp) {
+      DdpOptions options;
+      options.bucketBytes = bucketBytes;
+      options.adamw = adamw;
+      trainer = std::make_unique<DdpTrainer>(model, comm, options);
+      ddp = static_cast<DdpTrainer*>(trainer.get());
+    } else {
+      ZeroOptions options;
+      options.stage = 1;
+      options.adamw = adamw;
+      trainer = std::make_unique<ZeroTrainer>(model, comm, options);
+    }
     const int perRank = kGlobalBatch / nranks, perMicro = perRank / micro;
     for (int step = 0; step < kSteps; ++step) {
       // Micro-batch k: perMicro sequences of B x (T + 1) tokens, laid out so inputs and targets are B x T each.
@@ -79,10 +96,12 @@ Training train(int nranks, int micro, size_t bucketBytes) {
         in.push_back(inputs[k].data());
         out.push_back(targets[k].data());
       }
-      runs[rank].losses.push_back(trainer.step(in, out, perMicro, kT).loss);
+      runs[rank].losses.push_back(trainer->step(in, out, perMicro, kT).loss);
     }
     runs[rank].params.assign(model.params().f32(), model.params().f32() + model.layout().total);
-    runs[rank].buckets = trainer.buckets().buckets().size();
+    if (ddp != nullptr) runs[rank].buckets = ddp->buckets().buckets().size();
+    runs[rank].memory = trainer->memory();
+    trainer.reset();
     loomCommDestroy(comm);
   };
   std::vector<std::thread> threads;
@@ -126,6 +145,24 @@ TEST(Ddp, MatchesOneRankWithAccumulationAndSmallBuckets) {
   const Training small = train(2, 1, 64 << 10);
   EXPECT_GT(small.buckets, 10u);
   expectSameTraining(small, single, "2 ranks, 64 KiB buckets");
+}
+
+TEST(Zero, Stage1MatchesOneRankWithTwoAndFourRanks) {
+  const Training single = train(1, 1, 0);
+  for (int nranks : {2, 4})
+    expectSameTraining(train(nranks, 1, 0, Strategy::kZero1), single, "ZeRO-1, " + std::to_string(nranks) + " ranks");
+}
+
+TEST(Zero, Stage1HoldsAQuarterOfTheOptimizerStateAtFourRanks) {
+  const Training ddp = train(4, 1, size_t{25} << 20, Strategy::kDdp);
+  const Training zero = train(4, 1, 0, Strategy::kZero1);
+  const GptLayout layout = GptLayout::of(smallConfig());
+  const size_t units = layout.unitBegin.size() - 1;
+  EXPECT_EQ(ddp.memory.optimizerBytes, 2 * layout.total * sizeof(float));
+  // A quarter, up to each unit's padding to a multiple of 4 (rank 0 owns whole slices).
+  EXPECT_GE(zero.memory.optimizerBytes * 4, ddp.memory.optimizerBytes);
+  EXPECT_LE(zero.memory.optimizerBytes * 4, ddp.memory.optimizerBytes + 2 * sizeof(float) * 4 * units);
+  EXPECT_EQ(zero.memory.paramBytes, ddp.memory.paramBytes);
 }
 
 TEST(Ddp, BucketsCoverTheBufferFromTheEnd) {

@@ -1,0 +1,35 @@
+// What every data-parallel strategy offers the training loop (DDP, ZeRO-1/2/3): one optimizer step over this rank's
+// micro-batches, and what it measured.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace loom::parallel {
+
+// What one step measured on this rank.
+struct StepReport {
+  float loss;             // the global batch's mean loss (averaged across ranks)
+  double seconds;         // the whole step
+  double exposedSeconds;  // waiting for communication that computation did not hide
+};
+
+// The bytes a rank holds for the model's state, by kind, as its strategy shards it (padding included).
+struct MemoryReport {
+  size_t paramBytes = 0;
+  size_t gradBytes = 0;
+  size_t optimizerBytes = 0;
+  size_t total() const { return paramBytes + gradBytes + optimizerBytes; }
+};
+
+class Trainer {
+ public:
+  virtual ~Trainer() = default;
+  // inputs[k] and targets[k]: micro-batch k, B x T tokens each.
+  virtual StepReport step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets, int B,
+                          int T) = 0;
+  virtual MemoryReport memory() const = 0;
+};
+
+}  // namespace loom::parallel
