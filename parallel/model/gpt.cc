@@ -105,14 +105,31 @@ GptLayout GptLayout::of(const GptConfig& config) {
   return layout;
 }
 
-Gpt::Gpt(const GptConfig& config) : config_(config), layout_(GptLayout::of(config)) {
+Gpt::Gpt(const GptConfig& config, bool ownsStorage) : config_(config), layout_(GptLayout::of(config)) {
   const std::string problem = config.check();
   if (!problem.empty()) {
     std::fprintf(stderr, "gpt: %s\n", problem.c_str());
     std::abort();
   }
+  const size_t units = layout_.unitBegin.size() - 1;
+  unitParams_.assign(units, nullptr);
+  unitGrads_.assign(units, nullptr);
+  if (!ownsStorage) return;
   params_ = Tensor::zeros({static_cast<int64_t>(layout_.total)});
   grads_ = Tensor::zeros({static_cast<int64_t>(layout_.total)});
+  bindDefault();
+}
+
+void Gpt::bindUnit(int unit, float* params, float* grads) {
+  if (params != nullptr) unitParams_[unit] = params;
+  if (grads != nullptr) unitGrads_[unit] = grads;
+}
+
+void Gpt::bindDefault() {
+  for (size_t u = 0; u < unitParams_.size(); ++u) {
+    unitParams_[u] = params_.f32() + layout_.unitBegin[u];
+    unitGrads_[u] = grads_.f32() + layout_.unitBegin[u];
+  }
 }
 
 float* Gpt::param(const std::string& name) {
@@ -143,14 +160,7 @@ void Gpt::initialise(uint64_t seed) {
   }
 }
 
-Gpt::Block Gpt::block(float* base, int layer) const {
-  const ParamRange* first = nullptr;
-  for (const ParamRange& range : layout_.params)
-    if (range.layer == layer) {
-      first = &range;
-      break;
-    }
-  float* p = base + first->offset;
+Gpt::Block Gpt::block(float* p) const {
   const size_t C = config_.channels;
   Block b{};
   b.ln1w = p;
@@ -211,14 +221,17 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
     targets_.assign(targets, targets + BT);
   else
     targets_.clear();
-  float* p = params_.f32();
-  const float* wte = p + layout_.params[0].offset;
-  const float* wpe = p + layout_.params[1].offset;
+  const int lnfUnit = L + 1;
+  acquire(0, false);
+  // Unit 0: wte [V, C], then wpe; the final layernorm's unit: its weight, then its bias.
+  const float* wte = unitParams_[0];
+  const float* wpe = unitParams_[0] + static_cast<size_t>(V) * C;
   Activations& a = acts_;
   cpu::embeddingForward(a.encoded.f32(), tokens, wte, wpe, B, T, C);
   const size_t rows = static_cast<size_t>(BT) * C;
   for (int l = 0; l < L; ++l) {
-    const Block w = block(p, l);
+    acquire(l + 1, false);
+    const Block w = block(unitParams_[l + 1]);
     const float* x = l == 0 ? a.encoded.f32() : a.residual3.f32() + (l - 1) * rows;
     float* ln1 = a.ln1.f32() + l * rows;
     float* qkv = a.qkv.f32() + l * 3 * rows;
@@ -241,12 +254,16 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
     cpu::geluForward(fcGelu, fc, 4 * rows);
     cpu::matmulForward(fcProj, fcGelu, w.fcProjw, w.fcProjb, BT, 4 * C, C);
     cpu::residualForward(residual3, residual2, fcProj, rows);
+    release(l + 1, false);
   }
   const float* last = a.residual3.f32() + (L - 1) * rows;
-  const float* lnfw = p + layout_.params[layout_.params.size() - 2].offset;
-  const float* lnfb = p + layout_.params.back().offset;
+  acquire(lnfUnit, false);
+  const float* lnfw = unitParams_[lnfUnit];
+  const float* lnfb = lnfw + C;
   cpu::layernormForward(a.lnf.f32(), a.lnfMean.f32(), a.lnfRstd.f32(), last, lnfw, lnfb, BT, C);
+  release(lnfUnit, false);
   cpu::matmulForward(a.logits.f32(), a.lnf.f32(), wte, nullptr, BT, C, V);
+  release(0, false);
   if (targets == nullptr) return 0.0f;
   cpu::crossEntropyForward(a.losses.f32(), a.probs.f32(), a.logits.f32(), targets, BT, V);
   double sum = 0;
@@ -254,7 +271,7 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
   return static_cast<float>(sum / BT);
 }
 
-void Gpt::backward(float lossScale, const std::function<void(int unit)>& unitDone) {
+void Gpt::backward(float lossScale) {
   if (targets_.empty()) {
     std::fprintf(stderr, "gpt: backward() needs a forward() with targets\n");
     std::abort();
@@ -266,23 +283,24 @@ void Gpt::backward(float lossScale, const std::function<void(int unit)>& unitDon
   for (Tensor* t : {&d.encoded, &d.ln1, &d.qkv, &d.attY, &d.attProj, &d.residual2, &d.ln2, &d.fc, &d.fcGelu, &d.fcProj,
                     &d.residual3, &d.lnf, &d.logits})
     t->zero();
-  float* p = params_.f32();
-  float* g = grads_.f32();
-  const float* wte = p + layout_.params[0].offset;
-  float* dwte = g + layout_.params[0].offset;
-  float* dwpe = g + layout_.params[1].offset;
+  const int lnfUnit = L + 1;
+  acquire(0, true);
+  acquire(lnfUnit, true);
+  const float* wte = unitParams_[0];
+  float* dwte = unitGrads_[0];
+  float* dwpe = unitGrads_[0] + static_cast<size_t>(V) * C;
   // The mean over B * T positions.
   for (int i = 0; i < BT; ++i) d.losses.f32()[i] = lossScale / BT;
   cpu::crossEntropyBackward(d.logits.f32(), d.losses.f32(), a.probs.f32(), targets_.data(), BT, V);
   cpu::matmulBackward(d.lnf.f32(), dwte, nullptr, d.logits.f32(), a.lnf.f32(), wte, BT, C, V);
-  const size_t lnfOffset = layout_.params[layout_.params.size() - 2].offset;
-  cpu::layernormBackward(d.residual3.f32() + (L - 1) * rows, g + lnfOffset, g + layout_.params.back().offset,
-                         d.lnf.f32(), a.residual3.f32() + (L - 1) * rows, p + lnfOffset, a.lnfMean.f32(),
+  cpu::layernormBackward(d.residual3.f32() + (L - 1) * rows, unitGrads_[lnfUnit], unitGrads_[lnfUnit] + C,
+                         d.lnf.f32(), a.residual3.f32() + (L - 1) * rows, unitParams_[lnfUnit], a.lnfMean.f32(),
                          a.lnfRstd.f32(), BT, C);
-  if (unitDone) unitDone(L + 1);
+  release(lnfUnit, true);
   for (int l = L - 1; l >= 0; --l) {
-    const Block w = block(p, l);
-    const Block dw = block(g, l);
+    acquire(l + 1, true);
+    const Block w = block(unitParams_[l + 1]);
+    const Block dw = block(unitGrads_[l + 1]);
     const float* x = l == 0 ? a.encoded.f32() : a.residual3.f32() + (l - 1) * rows;
     float* dx = l == 0 ? d.encoded.f32() : d.residual3.f32() + (l - 1) * rows;
     const size_t at = l * rows;
@@ -302,10 +320,10 @@ void Gpt::backward(float lossScale, const std::function<void(int unit)>& unitDon
                         3 * C);
     cpu::layernormBackward(dx, dw.ln1w, dw.ln1b, d.ln1.f32() + at, x, w.ln1w, a.ln1Mean.f32() + l * BT,
                            a.ln1Rstd.f32() + l * BT, BT, C);
-    if (unitDone) unitDone(l + 1);
+    release(l + 1, true);
   }
   cpu::embeddingBackward(dwte, dwpe, d.encoded.f32(), tokens_.data(), B, T, C);
-  if (unitDone) unitDone(0);
+  release(0, true);
 }
 
 }  // namespace loom::parallel

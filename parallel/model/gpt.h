@@ -3,8 +3,10 @@
 // token embedding. Explicit forward and backward on the CPU kernels (parallel/kernels/cpu), fp32.
 //
 // Parameters live in one flat buffer, layer by layer (the embeddings, then each block's tensors, then the final
-// layernorm), so that a layer is one contiguous range: the unit that ZeRO-3 gathers and frees, and the order in
-// which backward finishes gradients. Gradients share that layout. No dropout (the reference trains without it).
+// layernorm), so that a layer is one contiguous range, a unit: what ZeRO-3 gathers and frees, and the order in
+// which backward finishes gradients. Gradients share that layout. A strategy may hand the model each unit's
+// parameters and gradients from memory of its own (bindUnit), and is told before and after each unit's use
+// (UnitHooks). No dropout (the reference trains without it).
 #pragma once
 
 #include <cstdint>
@@ -49,9 +51,22 @@ struct GptLayout {
   static GptLayout of(const GptConfig& config);
 };
 
+// Called around every use of a unit: acquire before the model reads its parameters (and, in backward, adds to its
+// gradients), release after its last use in the pass (in backward: its gradients are final). Forward acquires the
+// embeddings (unit 0), each block in turn, then the final layernorm; it releases each block after it, and the final
+// layernorm and the embeddings (which the tied head reads last) at the end. Backward acquires the embeddings and
+// the final layernorm first (the head and the last layernorm), releases the final layernorm, then acquires and
+// releases each block from the last, and releases the embeddings at the end.
+struct UnitHooks {
+  std::function<void(int unit, bool backward)> acquire;
+  std::function<void(int unit, bool backward)> release;
+};
+
 class Gpt {
  public:
-  explicit Gpt(const GptConfig& config);
+  // ownsStorage false: the model allocates no parameter or gradient buffer; every unit must be bound
+  // (bindUnit) before it is used, as ZeRO-3 does in its acquire hook.
+  explicit Gpt(const GptConfig& config, bool ownsStorage = true);
   const GptConfig& config() const { return config_; }
   const GptLayout& layout() const { return layout_; }
 
@@ -59,7 +74,14 @@ class Gpt {
   // 1/sqrt(2L), biases 0, layernorm gains 1.
   void initialise(uint64_t seed);
 
-  // The flat parameters and gradients (layout() says what is where).
+  // Unit u's parameters and gradients at `params` and `grads` from now on (element unitBegin[u] + j at [j]); null
+  // leaves that one as it was. bindDefault() points every unit back into params() and grads().
+  void bindUnit(int unit, float* params, float* grads);
+  void bindDefault();
+  void setUnitHooks(UnitHooks hooks) { hooks_ = std::move(hooks); }
+  bool ownsStorage() const { return params_.defined(); }
+
+  // The flat parameters and gradients (layout() says what is where); undefined without storage of its own.
   Tensor& params() { return params_; }
   const Tensor& params() const { return params_; }
   Tensor& grads() { return grads_; }
@@ -70,11 +92,9 @@ class Gpt {
   float forward(const int32_t* tokens, const int32_t* targets, int B, int T);
   // The logits [B, T, V] of the last forward().
   const float* logits() const { return acts_.logits.f32(); }
-  // Adds the gradients of lossScale times the last forward's mean loss to grads() (zeroGrads() first for a fresh
-  // step; lossScale 1/k for one of k accumulated micro-batches). unitDone(u), when given, is called as soon as
-  // unit u's gradients (GptLayout::unitBegin) are final: the final layernorm first, then the blocks from the last,
-  // the embeddings last (the tied head adds to the token embedding first, the input embedding last).
-  void backward(float lossScale = 1.0f, const std::function<void(int unit)>& unitDone = nullptr);
+  // Adds the gradients of lossScale times the last forward's mean loss to the units' gradients (zeroGrads() first
+  // for a fresh step; lossScale 1/k for one of k accumulated micro-batches).
+  void backward(float lossScale = 1.0f);
   void zeroGrads() { grads_.zero(); }
 
  private:
@@ -85,12 +105,21 @@ class Gpt {
   struct Block {
     float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcProjw, *fcProjb;
   };
-  Block block(float* base, int layer) const;
+  // A block's tensors in a unit's storage.
+  Block block(float* unit) const;
   void reserve(int B, int T);
+  void acquire(int unit, bool backward) {
+    if (hooks_.acquire) hooks_.acquire(unit, backward);
+  }
+  void release(int unit, bool backward) {
+    if (hooks_.release) hooks_.release(unit, backward);
+  }
 
   GptConfig config_;
   GptLayout layout_;
   Tensor params_, grads_;
+  std::vector<float*> unitParams_, unitGrads_;  // by unit: where element unitBegin[u] lies
+  UnitHooks hooks_;
   Activations acts_, grads2_;  // grads2_: the activations' gradients, same shapes
   std::vector<int32_t> tokens_, targets_;
   int B_ = 0, T_ = 0;

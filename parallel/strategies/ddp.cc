@@ -36,7 +36,13 @@ StepReport DdpTrainer::step(const std::vector<const int32_t*>& inputs, const std
       continue;
     }
     buckets_.start(grads);
-    model_.backward(lossScale, [&](int unit) { buckets_.unitDone(unit); });
+    UnitHooks hooks;
+    hooks.release = [this](int unit, bool backward) {
+      if (backward) buckets_.unitDone(unit);
+    };
+    model_.setUnitHooks(std::move(hooks));
+    model_.backward(lossScale);
+    model_.setUnitHooks({});
     report.exposedSeconds = buckets_.finish();
   }
   float loss = static_cast<float>(localLoss / micro);
