@@ -125,6 +125,15 @@ void Gpt::bindUnit(int unit, float* params, float* grads) {
   if (grads != nullptr) unitGrads_[unit] = grads;
 }
 
+void Gpt::dropStorage(bool params, bool grads) {
+  for (size_t u = 0; u < unitParams_.size(); ++u) {
+    if (params) unitParams_[u] = nullptr;
+    if (grads) unitGrads_[u] = nullptr;
+  }
+  if (params) params_ = Tensor();
+  if (grads) grads_ = Tensor();
+}
+
 void Gpt::bindDefault() {
   for (size_t u = 0; u < unitParams_.size(); ++u) {
     unitParams_[u] = params_.f32() + layout_.unitBegin[u];
@@ -293,9 +302,9 @@ void Gpt::backward(float lossScale) {
   for (int i = 0; i < BT; ++i) d.losses.f32()[i] = lossScale / BT;
   cpu::crossEntropyBackward(d.logits.f32(), d.losses.f32(), a.probs.f32(), targets_.data(), BT, V);
   cpu::matmulBackward(d.lnf.f32(), dwte, nullptr, d.logits.f32(), a.lnf.f32(), wte, BT, C, V);
-  cpu::layernormBackward(d.residual3.f32() + (L - 1) * rows, unitGrads_[lnfUnit], unitGrads_[lnfUnit] + C,
-                         d.lnf.f32(), a.residual3.f32() + (L - 1) * rows, unitParams_[lnfUnit], a.lnfMean.f32(),
-                         a.lnfRstd.f32(), BT, C);
+  cpu::layernormBackward(d.residual3.f32() + (L - 1) * rows, unitGrads_[lnfUnit], unitGrads_[lnfUnit] + C, d.lnf.f32(),
+                         a.residual3.f32() + (L - 1) * rows, unitParams_[lnfUnit], a.lnfMean.f32(), a.lnfRstd.f32(), BT,
+                         C);
   release(lnfUnit, true);
   for (int l = L - 1; l >= 0; --l) {
     acquire(l + 1, true);

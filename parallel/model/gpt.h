@@ -78,6 +78,9 @@ class Gpt {
   // leaves that one as it was. bindDefault() points every unit back into params() and grads().
   void bindUnit(int unit, float* params, float* grads);
   void bindDefault();
+  // Frees the model's own parameter and/or gradient buffer, for a strategy that keeps them elsewhere (ZeRO-2 the
+  // gradients, ZeRO-3 both); the units that pointed into it must be bound again before use.
+  void dropStorage(bool params, bool grads);
   void setUnitHooks(UnitHooks hooks) { hooks_ = std::move(hooks); }
   bool ownsStorage() const { return params_.defined(); }
 

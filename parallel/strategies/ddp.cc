@@ -52,7 +52,7 @@ StepReport DdpTrainer::step(const std::vector<const int32_t*>& inputs, const std
   const float clip = optimizer_.options().clipNorm > 0
                          ? cpu::clipFactor(cpu::sumOfSquares(grads, n), optimizer_.options().clipNorm)
                          : 1.0f;
-  optimizer_.step(model_.params().f32(), grads, 0, clip);
+  optimizer_.step(model_.params().f32(), 0, grads, 0, clip);
   LOOM_PAR_CHECK(comm_, loomStreamSynchronize(lossStream_));
   report.loss = loss;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -20,7 +20,7 @@ AdamW::AdamW(const GptLayout& layout, AdamWOptions options, size_t begin, size_t
   }
 }
 
-void AdamW::step(float* params, const float* grads, size_t gradsBase, float gradScale) {
+void AdamW::step(float* params, size_t paramsBase, const float* grads, size_t gradsBase, float gradScale) {
   ++steps_;
   for (const Span& span : spans_) {
     const size_t n = span.end - span.begin, at = span.begin - begin_;
@@ -30,8 +30,8 @@ void AdamW::step(float* params, const float* grads, size_t gradsBase, float grad
       cpu::scale(scaled_.data() + at, n, gradScale);
       g = scaled_.data() + at;
     }
-    cpu::adamwUpdate(params + span.begin, g, m_.data() + at, v_.data() + at, n, options_.learningRate, options_.beta1,
-                     options_.beta2, options_.eps, span.decay ? options_.weightDecay : 0.0f, steps_);
+    cpu::adamwUpdate(params + (span.begin - paramsBase), g, m_.data() + at, v_.data() + at, n, options_.learningRate,
+                     options_.beta1, options_.beta2, options_.eps, span.decay ? options_.weightDecay : 0.0f, steps_);
   }
 }
 

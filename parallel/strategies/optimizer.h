@@ -23,10 +23,10 @@ class AdamW {
  public:
   // Holds moments for elements [begin, end) of `layout`'s buffer.
   AdamW(const GptLayout& layout, AdamWOptions options, size_t begin, size_t end);
-  // One step on params[begin, end) (offsets of the full buffer), after scaling the gradients by `gradScale` (the
-  // clipping factor). The gradient of element i is grads[i - gradsBase]: gradsBase 0 for a full gradient buffer,
-  // begin() for one that holds just this range (a ZeRO shard).
-  void step(float* params, const float* grads, size_t gradsBase, float gradScale);
+  // One step on the elements [begin, end) of the full buffer, after scaling the gradients by `gradScale` (the
+  // clipping factor). Element i is params[i - paramsBase] and its gradient grads[i - gradsBase]: base 0 for a full
+  // buffer, begin() for one that holds just this range (a ZeRO shard).
+  void step(float* params, size_t paramsBase, const float* grads, size_t gradsBase, float gradScale);
   size_t begin() const { return begin_; }
   size_t end() const { return end_; }
   int steps() const { return steps_; }

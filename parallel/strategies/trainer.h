@@ -20,7 +20,11 @@ struct MemoryReport {
   size_t paramBytes = 0;
   size_t gradBytes = 0;
   size_t optimizerBytes = 0;
+  // The most bytes of buffers held for a while within a step at once (ZeRO's per-unit gradients and gathered
+  // parameters), on top of the above.
+  size_t peakTransientBytes = 0;
   size_t total() const { return paramBytes + gradBytes + optimizerBytes; }
+  size_t peak() const { return total() + peakTransientBytes; }
 };
 
 class Trainer {

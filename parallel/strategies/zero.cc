@@ -27,36 +27,137 @@ ZeroTrainer::ZeroTrainer(Gpt& model, loomComm_t comm, ZeroOptions options)
       sharding_(shardingOf(model.layout(), comm)),
       zeroComm_(comm, sharding_),
       gradSlices_(sharding_.shardElements) {
-  if (options.stage != 1) {
-    std::fprintf(stderr, "zero: stage %d is not built yet (1 is)\n", options.stage);
+  if (options.stage < 1 || options.stage > 3) {
+    std::fprintf(stderr, "zero: stage %d (1, 2 or 3)\n", options.stage);
     std::exit(1);
   }
+  if (!model.ownsStorage()) {
+    std::fprintf(stderr, "zero: the model must hold its initial parameters\n");
+    std::exit(1);
+  }
+  loomCommCount(comm, &nranks_);
   size_t largestSlice = 0;
   for (const UnitShard& shard : sharding_.units) {
     optimizers_.emplace_back(model.layout(), options.adamw, shard.begin, shard.end);
     largestSlice = std::max(largestSlice, shard.slice);
   }
-  paramSlice_.resize(largestSlice);
+  const size_t units = sharding_.units.size();
+  unitGrads_.resize(units);
+  unitParams_.resize(units);
+  gathering_.assign(units, false);
+  if (options.stage == 3) {
+    paramSlices_.assign(sharding_.shardElements, 0.0f);
+    const float* params = model.params().f32();
+    for (const UnitShard& shard : sharding_.units)
+      std::copy(params + shard.begin, params + shard.end, paramSlices_.begin() + shard.shardOffset);
+  } else {
+    paramSlice_.resize(largestSlice);
+  }
+  if (options.stage >= 2) {
+    model.dropStorage(options.stage == 3, true);
+    UnitHooks hooks;
+    hooks.acquire = [this](int unit, bool backward) { acquire(unit, backward); };
+    hooks.release = [this](int unit, bool backward) { release(unit, backward); };
+    model.setUnitHooks(std::move(hooks));
+  }
+}
+
+ZeroTrainer::~ZeroTrainer() {
+  if (options_.stage >= 2) model_.setUnitHooks({});
+}
+
+float* ZeroTrainer::allocate(std::vector<float>& buffer, size_t elements) {
+  buffer.assign(elements, 0.0f);
+  liveBytes_ += elements * sizeof(float);
+  peakBytes_ = std::max(peakBytes_, liveBytes_);
+  return buffer.data();
+}
+
+void ZeroTrainer::free(std::vector<float>& buffer) {
+  liveBytes_ -= buffer.size() * sizeof(float);
+  std::vector<float>().swap(buffer);
+}
+
+void ZeroTrainer::startGather(int unit) {
+  if (gathering_[unit]) return;
+  const UnitShard& shard = sharding_.units[unit];
+  float* padded = allocate(unitParams_[unit], shard.slice * nranks_);
+  zeroComm_.gather(unit, paramSlices_.data() + shard.shardOffset, padded);
+  gathering_[unit] = true;
+}
+
+// The order the model acquires units in (gpt.h), for the prefetch: forward 0, 1..L, L+1; backward 0, L+1, L..1.
+void ZeroTrainer::acquire(int unit, bool backward) {
+  const int units = static_cast<int>(sharding_.units.size()), last = units - 1;
+  if (options_.stage == 3) {
+    startGather(unit);
+    zeroComm_.wait();  // this unit's gather, and whatever was queued before it
+    model_.bindUnit(unit, unitParams_[unit].data(), nullptr);
+    int next = -1;
+    if (!backward) next = unit < last ? unit + 1 : -1;
+    if (backward) next = unit == 0 ? last : unit == last ? last - 1 : unit - 1;
+    if (next > 0 || (next == 0 && !backward)) startGather(next);
+  }
+  if (backward) {
+    const UnitShard& shard = sharding_.units[unit];
+    model_.bindUnit(unit, nullptr, allocate(unitGrads_[unit], shard.slice * nranks_));
+  }
+}
+
+void ZeroTrainer::release(int unit, bool backward) {
+  if (options_.stage == 3) {
+    free(unitParams_[unit]);
+    gathering_[unit] = false;
+    model_.bindUnit(unit, nullptr, nullptr);
+  }
+  if (!backward) return;
+  // The reduce-scatters queued before this one are done once the stream is: their buffers go, and this unit's
+  // reduce-scatter runs while the model goes on to the next unit.
+  collectGradients();
+  const UnitShard& shard = sharding_.units[unit];
+  float* target = (firstMicro_ ? gradSlices_.data() : incoming_.data()) + shard.shardOffset;
+  zeroComm_.reduceScatter(unit, unitGrads_[unit].data(), true, target);
+  reducing_.push_back({unit, !firstMicro_});
+}
+
+void ZeroTrainer::collectGradients() {
+  if (reducing_.empty()) return;
+  zeroComm_.wait();
+  for (const auto& [unit, accumulate] : reducing_) {
+    if (accumulate) {
+      const UnitShard& shard = sharding_.units[unit];
+      for (size_t i = 0; i < shard.slice; ++i) gradSlices_[shard.shardOffset + i] += incoming_[shard.shardOffset + i];
+    }
+    free(unitGrads_[unit]);
+  }
+  reducing_.clear();
 }
 
 StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets,
                              int B, int T) {
   const auto start = std::chrono::steady_clock::now();
   const size_t micro = inputs.size();
-  model_.zeroGrads();
+  if (options_.stage == 1) model_.zeroGrads();
+  if (options_.stage >= 2 && micro > 1 && incoming_.size() != gradSlices_.size()) incoming_.resize(gradSlices_.size());
   double localLoss = 0;
   for (size_t k = 0; k < micro; ++k) {
+    firstMicro_ = k == 0;
     localLoss += model_.forward(inputs[k], targets[k], B, T);
     model_.backward(1.0f / static_cast<float>(micro));
+    // The last unit's reduce-scatter (the embeddings') before the next micro-batch takes a buffer for that unit.
+    if (options_.stage >= 2) collectGradients();
   }
-  const float* grads = model_.grads().f32();
-  float* params = model_.params().f32();
   const auto communicating = std::chrono::steady_clock::now();
-  for (size_t u = 0; u < sharding_.units.size(); ++u) {
-    const UnitShard& shard = sharding_.units[u];
-    zeroComm_.reduceScatter(static_cast<int>(u), grads + shard.unitBegin, gradSlices_.data() + shard.shardOffset);
+  float* params = options_.stage == 3 ? paramSlices_.data() : model_.params().f32();
+  if (options_.stage == 1) {
+    const float* grads = model_.grads().f32();
+    for (size_t u = 0; u < sharding_.units.size(); ++u) {
+      const UnitShard& shard = sharding_.units[u];
+      zeroComm_.reduceScatter(static_cast<int>(u), grads + shard.unitBegin, false,
+                              gradSlices_.data() + shard.shardOffset);
+    }
+    zeroComm_.wait();
   }
-  zeroComm_.wait();
   // The global gradient norm: every rank's owned elements (padding excluded), summed across ranks.
   double squares = 0;
   for (const UnitShard& shard : sharding_.units)
@@ -65,7 +166,13 @@ StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const st
       options_.adamw.clipNorm > 0 ? cpu::clipFactor(zeroComm_.sum(squares), options_.adamw.clipNorm) : 1.0f;
   for (size_t u = 0; u < sharding_.units.size(); ++u) {
     const UnitShard& shard = sharding_.units[u];
-    if (shard.end > shard.begin) optimizers_[u].step(params, gradSlices_.data() + shard.shardOffset, shard.begin, clip);
+    const float* grads = gradSlices_.data() + shard.shardOffset;
+    if (options_.stage == 3) {
+      if (shard.end > shard.begin)
+        optimizers_[u].step(params + shard.shardOffset, shard.begin, grads, shard.begin, clip);
+      continue;
+    }
+    if (shard.end > shard.begin) optimizers_[u].step(params, 0, grads, shard.begin, clip);
     // The rank's updated slice, padded with zeros past the unit's end, then every rank's into the unit.
     std::fill(paramSlice_.begin(), paramSlice_.end(), 0.0f);
     std::copy(params + shard.begin, params + shard.end, paramSlice_.begin());
@@ -79,11 +186,28 @@ StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const st
   return report;
 }
 
+std::vector<float> ZeroTrainer::gatherParams() {
+  if (options_.stage != 3) {
+    const float* params = model_.params().f32();
+    return std::vector<float>(params, params + model_.layout().total);
+  }
+  std::vector<float> whole(model_.layout().total), padded(sharding_.largestUnit);
+  for (size_t u = 0; u < sharding_.units.size(); ++u) {
+    const UnitShard& shard = sharding_.units[u];
+    zeroComm_.gather(static_cast<int>(u), paramSlices_.data() + shard.shardOffset, padded.data());
+    zeroComm_.wait();
+    std::copy(padded.begin(), padded.begin() + (shard.unitEnd - shard.unitBegin), whole.begin() + shard.unitBegin);
+  }
+  return whole;
+}
+
 MemoryReport ZeroTrainer::memory() const {
   MemoryReport report;
-  report.paramBytes = model_.layout().total * sizeof(float);
-  report.gradBytes = model_.layout().total * sizeof(float) + gradSlices_.size() * sizeof(float);
+  const size_t whole = model_.layout().total * sizeof(float), slices = sharding_.shardElements * sizeof(float);
+  report.paramBytes = options_.stage == 3 ? slices : whole;
+  report.gradBytes = (options_.stage == 1 ? whole : 0) + slices + incoming_.size() * sizeof(float);
   for (const AdamW& optimizer : optimizers_) report.optimizerBytes += optimizer.stateBytes();
+  report.peakTransientBytes = peakBytes_;
   return report;
 }
 

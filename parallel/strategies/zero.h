@@ -1,8 +1,15 @@
-// ZeRO stage 1: the optimizer state is sharded. Every rank runs forward and backward on its part of the batch with
-// the whole model; each unit's gradients are then averaged into the rank's slice with a reduce-scatter (zero_comm.h),
-// the rank takes the AdamW step on the parameters it owns only, and every unit's parameters are all-gathered back.
-// Each rank holds 1/nranks of the two Adam moments. Stages 2 (gradients sharded during backward) and 3 (parameters
-// sharded per layer) build on this sharding.
+// ZeRO, stages 1 to 3, on the per-unit sharding of zero_comm.h (rank r owns slice r of every unit).
+//  - Stage 1: the optimizer state is sharded. Forward and backward run on the whole model; each unit's gradients
+//    are then averaged into the rank's slice (reduce-scatter), the rank steps AdamW on the parameters it owns, and
+//    every unit's parameters are all-gathered back.
+//  - Stage 2: also the gradients. The model keeps no gradient buffer: backward gets a fresh one per unit (the
+//    embeddings' lives through the whole backward, since the tied head adds to it first), and each unit's
+//    gradients are reduce-scattered as soon as backward releases it, while the next unit's backward runs; its buffer
+//    is freed once that reduce-scatter is done.
+//  - Stage 3 (FSDP): also the parameters. Each rank keeps its slices; a unit is all-gathered when the model acquires
+//    it, before forward and again before backward, with the next unit's gather queued behind it (prefetch), and
+//    freed when released. No all-gather after the step.
+// Every rank ends each step with the same parameters as DDP and as one rank over the same global batch.
 #pragma once
 
 #include <memory>
@@ -17,29 +24,52 @@
 namespace loom::parallel {
 
 struct ZeroOptions {
-  int stage = 1;  // only 1 for now
+  int stage = 1;  // 1, 2 or 3
   AdamWOptions adamw;
 };
 
 class ZeroTrainer : public Trainer {
  public:
+  // Takes the model's current parameters as the starting point; from stage 2 on it frees the model's own buffers
+  // that the stage shards.
   ZeroTrainer(Gpt& model, loomComm_t comm, ZeroOptions options);
+  ~ZeroTrainer() override;
   StepReport step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets, int B,
                   int T) override;
-  // Whole parameters and gradients, a slice of each unit's optimizer state (and the gradient slices it averages
-  // into).
   MemoryReport memory() const override;
   const Sharding& sharding() const { return sharding_; }
+  // The whole parameters, gathered from every rank's slices (for checks and checkpoints); every rank must call it.
+  std::vector<float> gatherParams();
 
  private:
+  void acquire(int unit, bool backward);
+  void release(int unit, bool backward);
+  // Starts gathering unit u's parameters into a buffer of its own, unless they are there or on their way.
+  void startGather(int unit);
+  // Waits for the queued reduce-scatters, adds each into the gradient slices and frees its gradient buffer.
+  void collectGradients();
+  float* allocate(std::vector<float>& buffer, size_t elements);
+  void free(std::vector<float>& buffer);
+
   Gpt& model_;
   loomComm_t comm_;
   ZeroOptions options_;
+  int nranks_ = 1;
   Sharding sharding_;
   ZeroComm zeroComm_;
-  std::vector<AdamW> optimizers_;  // one per unit, over the elements this rank owns
-  std::vector<float> gradSlices_;  // this rank's slice of every unit's averaged gradients
-  std::vector<float> paramSlice_;  // one unit's slice of parameters, padded, for the all-gather
+  std::vector<AdamW> optimizers_;   // one per unit, over the elements this rank owns
+  std::vector<float> gradSlices_;   // this rank's slice of every unit's averaged gradients
+  std::vector<float> incoming_;     // reduce-scatters land here when micro-batches accumulate (stage 2, 3)
+  std::vector<float> paramSlices_;  // stage 3: the parameters this rank owns, padded slices
+  std::vector<float> paramSlice_;   // stages 1, 2: one unit's slice, padded, for the all-gather
+  // Stages 2 and 3: per unit, its gradient buffer (padded) while backward or a reduce-scatter uses it, and (stage
+  // 3) its gathered parameters while forward or backward does.
+  std::vector<std::vector<float>> unitGrads_, unitParams_;
+  std::vector<bool> gathering_;  // stage 3: a gather of the unit is queued or done
+  // Units whose reduce-scatter is queued, and whether it lands in incoming_ (to be added to the slices).
+  std::vector<std::pair<int, bool>> reducing_;
+  bool firstMicro_ = true;
+  size_t liveBytes_ = 0, peakBytes_ = 0;  // transient buffers: now, and the most since construction
 };
 
 }  // namespace loom::parallel

@@ -35,18 +35,18 @@ ZeroComm::~ZeroComm() {
   if (stream_ != nullptr) loomStreamDestroy(stream_);
 }
 
-void ZeroComm::reduceScatter(int unit, const float* unitGrads, float* slice) {
+void ZeroComm::reduceScatter(int unit, const float* unitGrads, bool padded, float* slice) {
   const UnitShard& shard = sharding_.units[unit];
   const size_t n = shard.unitEnd - shard.unitBegin;
   int nranks = 1;
   loomCommCount(comm_, &nranks);
   const float* send = unitGrads;
-  if (shard.slice * nranks != n) {
+  if (!padded && shard.slice * nranks != n) {
     // The padding: a zeroed copy, since reading past the unit would read past the buffer for the last one.
-    std::vector<float>& padded = padded_[unit];
-    padded.assign(shard.slice * nranks, 0.0f);
-    std::memcpy(padded.data(), unitGrads, n * sizeof(float));
-    send = padded.data();
+    std::vector<float>& copy = padded_[unit];
+    copy.assign(shard.slice * nranks, 0.0f);
+    std::memcpy(copy.data(), unitGrads, n * sizeof(float));
+    send = copy.data();
   }
   LOOM_PAR_CHECK(comm_, loomReduceScatter(send, slice, shard.slice, loomFloat32, loomAvg, comm_, stream_));
 }
@@ -56,6 +56,10 @@ void ZeroComm::allGather(int unit, const float* slice, float* unitParams) {
   LOOM_PAR_CHECK(comm_, loomAllGather(slice, gathered_.data(), shard.slice, loomFloat32, comm_, stream_));
   LOOM_PAR_CHECK(comm_, loomStreamSynchronize(stream_));
   std::memcpy(unitParams, gathered_.data(), (shard.unitEnd - shard.unitBegin) * sizeof(float));
+}
+
+void ZeroComm::gather(int unit, const float* slice, float* padded) {
+  LOOM_PAR_CHECK(comm_, loomAllGather(slice, padded, sharding_.units[unit].slice, loomFloat32, comm_, stream_));
 }
 
 double ZeroComm::sum(double value) {

@@ -33,11 +33,14 @@ class ZeroComm {
   ZeroComm(const ZeroComm&) = delete;
   ZeroComm& operator=(const ZeroComm&) = delete;
 
-  // Queues the average across ranks of unit u's gradients (`unitGrads`: the whole unit, unpadded) into this rank's
-  // slice (`slice`). unitGrads must stay unchanged until wait().
-  void reduceScatter(int unit, const float* unitGrads, float* slice);
+  // Queues the average across ranks of unit u's gradients into this rank's slice (`slice`). `unitGrads` holds the
+  // unit, padded to slice x nranks elements when `padded`, else unpadded (then copied); it must stay unchanged
+  // until wait().
+  void reduceScatter(int unit, const float* unitGrads, bool padded, float* slice);
   // Rebuilds unit u's parameters (`unitParams`: the whole unit) from every rank's slice (`slice`); returns when done.
   void allGather(int unit, const float* slice, float* unitParams);
+  // Queues the gathering of unit u from every rank's slice into `padded` (slice x nranks elements).
+  void gather(int unit, const float* slice, float* padded);
   // The sum over ranks of `value` (a sum of squares for the gradient norm); returns when done.
   double sum(double value);
   // The average over ranks of `value` (the loss).

@@ -1,8 +1,8 @@
-// The data-parallel strategies (DDP, ZeRO-1: parallel/strategies) against one rank: the same model, seed and
+// The data-parallel strategies (DDP, ZeRO-1, 2 and 3: parallel/strategies) against one rank: the same model, seed and
 // global batch, trained 20 steps with 2 and 4 ranks as threads of this process, must give the same loss at every
 // step and the same final parameters, within fp32 relative error 1e-5 (ARCHITECTURE.md, section 4); DDP also with
-// two accumulated micro-batches per step, and with small buckets, so that many all-reduces overlap backward. And
-// what each rank holds: ZeRO-1 a quarter of the optimizer state at 4 ranks.
+// two accumulated micro-batches per step, and with small buckets, so that many all-reduces overlap backward; ZeRO-2
+// and 3 also with two micro-batches. And what each rank holds at 4 ranks: a quarter of what its stage shards.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -48,7 +48,7 @@ struct Training {
   MemoryReport memory;
 };
 
-enum class Strategy { kDdp, kZero1 };
+enum class Strategy { kDdp, kZero1, kZero2, kZero3 };
 
 // Trains on `nranks` threads, each taking kGlobalBatch / nranks sequences per step in `micro` micro-batches.
 Training train(int nranks, int micro, size_t bucketBytes, Strategy strategy = Strategy::kDdp) {
@@ -69,6 +69,7 @@ Training train(int nranks, int micro, size_t bucketBytes, Strategy strategy = St
     adamw.eps = 1e-6f;
     std::unique_ptr<Trainer> trainer;
     DdpTrainer* ddp = nullptr;
+    ZeroTrainer* zero = nullptr;
     if (strategy == Strategy::kDdp) {
       DdpOptions options;
       options.bucketBytes = bucketBytes;
@@ -77,9 +78,10 @@ Training train(int nranks, int micro, size_t bucketBytes, Strategy strategy = St
       ddp = static_cast<DdpTrainer*>(trainer.get());
     } else {
       ZeroOptions options;
-      options.stage = 1;
+      options.stage = strategy == Strategy::kZero1 ? 1 : strategy == Strategy::kZero2 ? 2 : 3;
       options.adamw = adamw;
       trainer = std::make_unique<ZeroTrainer>(model, comm, options);
+      zero = static_cast<ZeroTrainer*>(trainer.get());
     }
     const int perRank = kGlobalBatch / nranks, perMicro = perRank / micro;
     for (int step = 0; step < kSteps; ++step) {
@@ -98,7 +100,9 @@ Training train(int nranks, int micro, size_t bucketBytes, Strategy strategy = St
       }
       runs[rank].losses.push_back(trainer->step(in, out, perMicro, kT).loss);
     }
-    runs[rank].params.assign(model.params().f32(), model.params().f32() + model.layout().total);
+    runs[rank].params = zero != nullptr
+                            ? zero->gatherParams()
+                            : std::vector<float>(model.params().f32(), model.params().f32() + model.layout().total);
     if (ddp != nullptr) runs[rank].buckets = ddp->buckets().buckets().size();
     runs[rank].memory = trainer->memory();
     trainer.reset();
@@ -147,22 +151,60 @@ TEST(Ddp, MatchesOneRankWithAccumulationAndSmallBuckets) {
   expectSameTraining(small, single, "2 ranks, 64 KiB buckets");
 }
 
-TEST(Zero, Stage1MatchesOneRankWithTwoAndFourRanks) {
+TEST(Zero, EveryStageMatchesOneRankWithTwoAndFourRanks) {
   const Training single = train(1, 1, 0);
-  for (int nranks : {2, 4})
-    expectSameTraining(train(nranks, 1, 0, Strategy::kZero1), single, "ZeRO-1, " + std::to_string(nranks) + " ranks");
+  for (Strategy strategy : {Strategy::kZero1, Strategy::kZero2, Strategy::kZero3})
+    for (int nranks : {2, 4})
+      expectSameTraining(
+          train(nranks, 1, 0, strategy), single,
+          "ZeRO-" + std::to_string(static_cast<int>(strategy)) + ", " + std::to_string(nranks) + " ranks");
 }
 
-TEST(Zero, Stage1HoldsAQuarterOfTheOptimizerStateAtFourRanks) {
-  const Training ddp = train(4, 1, size_t{25} << 20, Strategy::kDdp);
-  const Training zero = train(4, 1, 0, Strategy::kZero1);
+TEST(Zero, Stages2And3MatchOneRankWithAccumulation) {
+  const Training single = train(1, 1, 0);
+  for (Strategy strategy : {Strategy::kZero2, Strategy::kZero3})
+    expectSameTraining(train(2, 2, 0, strategy), single,
+                       "ZeRO-" + std::to_string(static_cast<int>(strategy)) + ", 2 ranks, 2 micro-batches");
+}
+
+// With the same reduction order, ZeRO and DDP compute the same bits. At 2 ranks every order is the same (a + b is
+// b + a in IEEE arithmetic), so there every stage must match DDP exactly, loss and parameters.
+TEST(Zero, EveryStageAgreesWithDdpBitwiseAtTwoRanks) {
+  const Training ddp = train(2, 1, size_t{25} << 20, Strategy::kDdp);
+  for (Strategy strategy : {Strategy::kZero1, Strategy::kZero2, Strategy::kZero3}) {
+    const Training zero = train(2, 1, 0, strategy);
+    EXPECT_EQ(zero.losses, ddp.losses) << "ZeRO-" << static_cast<int>(strategy);
+    EXPECT_EQ(zero.params, ddp.params) << "ZeRO-" << static_cast<int>(strategy);
+  }
+}
+
+// At 4 ranks each stage holds a quarter of what it shards, up to each unit's padding to a multiple of 4 (rank 0
+// owns whole slices): stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the parameters.
+TEST(Zero, EachStageHoldsAQuarterOfWhatItShardsAtFourRanks) {
   const GptLayout layout = GptLayout::of(smallConfig());
-  const size_t units = layout.unitBegin.size() - 1;
-  EXPECT_EQ(ddp.memory.optimizerBytes, 2 * layout.total * sizeof(float));
-  // A quarter, up to each unit's padding to a multiple of 4 (rank 0 owns whole slices).
-  EXPECT_GE(zero.memory.optimizerBytes * 4, ddp.memory.optimizerBytes);
-  EXPECT_LE(zero.memory.optimizerBytes * 4, ddp.memory.optimizerBytes + 2 * sizeof(float) * 4 * units);
-  EXPECT_EQ(zero.memory.paramBytes, ddp.memory.paramBytes);
+  const size_t whole = layout.total * sizeof(float);
+  const size_t padding = (layout.unitBegin.size() - 1) * 4 * sizeof(float);
+  auto quarter = [&](size_t bytes, size_t of, const char* what) {
+    EXPECT_GE(bytes * 4, of) << what;
+    EXPECT_LE(bytes * 4, of + padding) << what;
+  };
+  const Training ddp = train(4, 1, size_t{25} << 20, Strategy::kDdp);
+  EXPECT_EQ(ddp.memory.paramBytes, whole);
+  EXPECT_EQ(ddp.memory.gradBytes, whole);
+  EXPECT_EQ(ddp.memory.optimizerBytes, 2 * whole);
+  const Training zero1 = train(4, 1, 0, Strategy::kZero1);
+  quarter(zero1.memory.optimizerBytes, 2 * whole, "ZeRO-1 optimizer state");
+  EXPECT_EQ(zero1.memory.paramBytes, whole);
+  const Training zero2 = train(4, 1, 0, Strategy::kZero2);
+  quarter(zero2.memory.optimizerBytes, 2 * whole, "ZeRO-2 optimizer state");
+  quarter(zero2.memory.gradBytes, whole, "ZeRO-2 gradients");
+  EXPECT_EQ(zero2.memory.paramBytes, whole);
+  EXPECT_LT(zero2.memory.peakTransientBytes, whole) << "ZeRO-2 held every unit's gradients at once";
+  const Training zero3 = train(4, 1, 0, Strategy::kZero3);
+  quarter(zero3.memory.optimizerBytes, 2 * whole, "ZeRO-3 optimizer state");
+  quarter(zero3.memory.gradBytes, whole, "ZeRO-3 gradients");
+  quarter(zero3.memory.paramBytes, whole, "ZeRO-3 parameters");
+  EXPECT_LT(zero3.memory.peakTransientBytes, 2 * whole) << "ZeRO-3 held every unit at once";
 }
 
 TEST(Ddp, BucketsCoverTheBufferFromTheEnd) {
