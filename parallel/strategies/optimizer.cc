@@ -35,4 +35,10 @@ void AdamW::step(float* params, size_t paramsBase, const float* grads, size_t gr
   }
 }
 
+void AdamW::restore(const float* m, const float* v, int steps) {
+  std::copy(m, m + m_.size(), m_.begin());
+  std::copy(v, v + v_.size(), v_.begin());
+  steps_ = steps;
+}
+
 }  // namespace loom::parallel

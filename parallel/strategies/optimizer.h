@@ -33,6 +33,10 @@ class AdamW {
   // Bytes of optimizer state this rank holds (two moments per element of its range).
   size_t stateBytes() const { return (m_.size() + v_.size()) * sizeof(float); }
   const AdamWOptions& options() const { return options_; }
+  // The moments of elements [begin, end), for a checkpoint, and their restoring with the step count.
+  const std::vector<float>& firstMoments() const { return m_; }
+  const std::vector<float>& secondMoments() const { return v_; }
+  void restore(const float* m, const float* v, int steps);
 
  private:
   struct Span {

@@ -1,0 +1,189 @@
+// Checkpoint files (checkpoint.h). Layout of version 1, every field little-endian:
+//   0   char[8]   "LOOMCKPT"
+//   8   u32       version (1)
+//   12  u32       header bytes (64)
+//   16  i32 x 5   layers, heads, channels, maxT, vocab
+//   36  u32       element type (0: fp32)
+//   40  u64       parameter count (must be the config's)
+//   48  u64       optimizer step
+//   56  u64       data position
+//   64  f32 x n   parameters; then, when saved, f32 x n first moments and f32 x n second moments
+//   end u64       FNV-1a 64 of every byte before it
+// Whether the moments are there follows from the size, which must fit exactly 1 or 3 arrays.
+#include "parallel/model/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace loom::parallel {
+namespace {
+
+constexpr char kMagic[8] = {'L', 'O', 'O', 'M', 'C', 'K', 'P', 'T'};
+constexpr size_t kHeaderBytes = 64;
+
+uint64_t fnv1a(const unsigned char* data, size_t bytes, uint64_t hash = 0xcbf29ce484222325ull) {
+  for (size_t i = 0; i < bytes; ++i) hash = (hash ^ data[i]) * 0x100000001b3ull;
+  return hash;
+}
+
+template <typename T>
+void put(std::vector<unsigned char>* out, size_t at, T value) {
+  std::memcpy(out->data() + at, &value, sizeof(value));
+}
+template <typename T>
+T get(const std::vector<unsigned char>& in, size_t at) {
+  T value;
+  std::memcpy(&value, in.data() + at, sizeof(value));
+  return value;
+}
+
+bool writeAll(int fd, const unsigned char* data, size_t bytes) {
+  while (bytes > 0) {
+    ssize_t written = write(fd, data, bytes);
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) return false;
+    data += written;
+    bytes -= static_cast<size_t>(written);
+  }
+  return true;
+}
+
+std::string systemError(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+}  // namespace
+
+bool writeCheckpoint(const std::string& path, const Checkpoint& checkpoint, std::string* error) {
+  const size_t n = GptLayout::of(checkpoint.config).total;
+  if (checkpoint.params.size() != n) {
+    *error =
+        "checkpoint: " + std::to_string(checkpoint.params.size()) + " parameters for a model of " + std::to_string(n);
+    return false;
+  }
+  const bool moments = !checkpoint.m.empty() || !checkpoint.v.empty();
+  if (moments && (checkpoint.m.size() != n || checkpoint.v.size() != n)) {
+    *error = "checkpoint: moments of " + std::to_string(checkpoint.m.size()) + " and " +
+             std::to_string(checkpoint.v.size()) + " elements for " + std::to_string(n) + " parameters";
+    return false;
+  }
+  const size_t arrays = moments ? 3 : 1;
+  std::vector<unsigned char> bytes(kHeaderBytes + arrays * n * sizeof(float) + sizeof(uint64_t));
+  std::memcpy(bytes.data(), kMagic, sizeof(kMagic));
+  put<uint32_t>(&bytes, 8, kCheckpointVersion);
+  put<uint32_t>(&bytes, 12, kHeaderBytes);
+  const GptConfig& c = checkpoint.config;
+  put<int32_t>(&bytes, 16, c.layers);
+  put<int32_t>(&bytes, 20, c.heads);
+  put<int32_t>(&bytes, 24, c.channels);
+  put<int32_t>(&bytes, 28, c.maxT);
+  put<int32_t>(&bytes, 32, c.vocab);
+  put<uint32_t>(&bytes, 36, 0);
+  put<uint64_t>(&bytes, 40, n);
+  put<uint64_t>(&bytes, 48, checkpoint.step);
+  put<uint64_t>(&bytes, 56, checkpoint.dataPosition);
+  size_t at = kHeaderBytes;
+  for (const std::vector<float>* array : {&checkpoint.params, &checkpoint.m, &checkpoint.v}) {
+    if (array->empty()) continue;
+    std::memcpy(bytes.data() + at, array->data(), n * sizeof(float));
+    at += n * sizeof(float);
+  }
+  put<uint64_t>(&bytes, at, fnv1a(bytes.data(), at));
+
+  const std::string temporary = path + ".tmp";
+  int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    *error = systemError("checkpoint: cannot create " + temporary);
+    return false;
+  }
+  const bool written = writeAll(fd, bytes.data(), bytes.size()) && fsync(fd) == 0;
+  const int savedErrno = errno;
+  close(fd);
+  if (!written || rename(temporary.c_str(), path.c_str()) != 0) {
+    errno = written ? errno : savedErrno;
+    *error = systemError("checkpoint: cannot write " + path);
+    unlink(temporary.c_str());
+    return false;
+  }
+  // The rename itself, durable: fsync the directory.
+  const size_t slash = path.rfind('/');
+  const std::string directory = slash == std::string::npos ? "." : path.substr(0, std::max<size_t>(slash, 1));
+  int dirFd = open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dirFd >= 0) {
+    fsync(dirFd);
+    close(dirFd);
+  }
+  return true;
+}
+
+bool readCheckpoint(const std::string& path, Checkpoint* checkpoint, std::string* error) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    *error = systemError("checkpoint: cannot open " + path);
+    return false;
+  }
+  std::vector<unsigned char> bytes;
+  unsigned char chunk[1 << 16];
+  for (;;) {
+    ssize_t got = read(fd, chunk, sizeof(chunk));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      *error = systemError("checkpoint: cannot read " + path);
+      close(fd);
+      return false;
+    }
+    if (got == 0) break;
+    bytes.insert(bytes.end(), chunk, chunk + got);
+  }
+  close(fd);
+  if (bytes.size() < kHeaderBytes + sizeof(uint64_t) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+    *error = "checkpoint: " + path + " is not a loom checkpoint (no LOOMCKPT header)";
+    return false;
+  }
+  const uint32_t version = get<uint32_t>(bytes, 8);
+  if (version != kCheckpointVersion || get<uint32_t>(bytes, 12) != kHeaderBytes) {
+    *error = "checkpoint: " + path + " is version " + std::to_string(version) + "; this build reads version " +
+             std::to_string(kCheckpointVersion);
+    return false;
+  }
+  Checkpoint result;
+  result.config = GptConfig{get<int32_t>(bytes, 16), get<int32_t>(bytes, 20), get<int32_t>(bytes, 24),
+                            get<int32_t>(bytes, 28), get<int32_t>(bytes, 32)};
+  const std::string problem = result.config.check();
+  if (!problem.empty()) {
+    *error = "checkpoint: " + path + " holds an invalid model: " + problem;
+    return false;
+  }
+  const uint64_t n = get<uint64_t>(bytes, 40);
+  if (get<uint32_t>(bytes, 36) != 0 || n != GptLayout::of(result.config).total) {
+    *error = "checkpoint: " + path + " holds " + std::to_string(n) + " parameters of type " +
+             std::to_string(get<uint32_t>(bytes, 36)) + "; its model has " +
+             std::to_string(GptLayout::of(result.config).total) + " fp32 ones";
+    return false;
+  }
+  const size_t body = bytes.size() - kHeaderBytes - sizeof(uint64_t);
+  if (body != n * sizeof(float) && body != 3 * n * sizeof(float)) {
+    *error = "checkpoint: " + path + " is " + std::to_string(bytes.size()) + " bytes, which fits neither " +
+             "parameters alone nor parameters with moments (truncated?)";
+    return false;
+  }
+  const size_t checked = bytes.size() - sizeof(uint64_t);
+  if (get<uint64_t>(bytes, checked) != fnv1a(bytes.data(), checked)) {
+    *error = "checkpoint: " + path + " fails its checksum (corrupted)";
+    return false;
+  }
+  result.step = get<uint64_t>(bytes, 48);
+  result.dataPosition = get<uint64_t>(bytes, 56);
+  const float* arrays = reinterpret_cast<const float*>(bytes.data() + kHeaderBytes);
+  result.params.assign(arrays, arrays + n);
+  if (body == 3 * n * sizeof(float)) {
+    result.m.assign(arrays + n, arrays + 2 * n);
+    result.v.assign(arrays + 2 * n, arrays + 3 * n);
+  }
+  *checkpoint = std::move(result);
+  return true;
+}
+
+}  // namespace loom::parallel
