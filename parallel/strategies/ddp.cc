@@ -1,6 +1,7 @@
 // The DDP training step (ddp.h). Its communication is in ddp_comm.cc, apart from the math.
 #include "parallel/strategies/ddp.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "parallel/check.h"
@@ -57,6 +58,19 @@ StepReport DdpTrainer::step(const std::vector<const int32_t*>& inputs, const std
   report.loss = loss;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
+}
+
+void DdpTrainer::exportState(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v) {
+  const float* whole = model_.params().f32();
+  params->assign(whole, whole + model_.layout().total);
+  *m = optimizer_.firstMoments();
+  *v = optimizer_.secondMoments();
+}
+
+void DdpTrainer::importState(const std::vector<float>& params, const std::vector<float>& m, const std::vector<float>& v,
+                             int steps) {
+  std::copy(params.begin(), params.end(), model_.params().f32());
+  optimizer_.restore(m.data(), v.data(), steps);
 }
 
 MemoryReport DdpTrainer::memory() const {

@@ -30,6 +30,10 @@ class DdpTrainer : public Trainer {
                   int T) override;
   // Everything whole on every rank.
   MemoryReport memory() const override;
+  void exportState(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v) override;
+  void importState(const std::vector<float>& params, const std::vector<float>& m, const std::vector<float>& v,
+                   int steps) override;
+  int steps() const override { return optimizer_.steps(); }
   const BucketedAllReduce& buckets() const { return buckets_; }
   const AdamW& optimizer() const { return optimizer_; }
 

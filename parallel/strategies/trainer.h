@@ -34,6 +34,12 @@ class Trainer {
   virtual StepReport step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets, int B,
                           int T) = 0;
   virtual MemoryReport memory() const = 0;
+  // For checkpoints, on every rank at once (they may communicate): the whole parameters and AdamW moments in the
+  // model's layout, and the steps taken; and restoring them from a checkpoint's.
+  virtual void exportState(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v) = 0;
+  virtual void importState(const std::vector<float>& params, const std::vector<float>& m, const std::vector<float>& v,
+                           int steps) = 0;
+  virtual int steps() const = 0;
 };
 
 }  // namespace loom::parallel

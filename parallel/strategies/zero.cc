@@ -186,19 +186,51 @@ StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const st
   return report;
 }
 
+std::vector<float> ZeroTrainer::gatherUnits(const std::function<void(size_t unit, float* slice)>& sliceOf) {
+  std::vector<float> whole(model_.layout().total), slice, padded(sharding_.largestUnit);
+  for (size_t u = 0; u < sharding_.units.size(); ++u) {
+    const UnitShard& shard = sharding_.units[u];
+    slice.assign(shard.slice, 0.0f);
+    sliceOf(u, slice.data());
+    zeroComm_.gather(static_cast<int>(u), slice.data(), padded.data());
+    zeroComm_.wait();
+    std::copy(padded.begin(), padded.begin() + (shard.unitEnd - shard.unitBegin), whole.begin() + shard.unitBegin);
+  }
+  return whole;
+}
+
 std::vector<float> ZeroTrainer::gatherParams() {
   if (options_.stage != 3) {
     const float* params = model_.params().f32();
     return std::vector<float>(params, params + model_.layout().total);
   }
-  std::vector<float> whole(model_.layout().total), padded(sharding_.largestUnit);
+  return gatherUnits([&](size_t u, float* slice) {
+    const UnitShard& shard = sharding_.units[u];
+    std::copy(paramSlices_.begin() + shard.shardOffset, paramSlices_.begin() + shard.shardOffset + shard.slice, slice);
+  });
+}
+
+void ZeroTrainer::exportState(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v) {
+  *params = gatherParams();
+  *m = gatherUnits([&](size_t u, float* slice) {
+    std::copy(optimizers_[u].firstMoments().begin(), optimizers_[u].firstMoments().end(), slice);
+  });
+  *v = gatherUnits([&](size_t u, float* slice) {
+    std::copy(optimizers_[u].secondMoments().begin(), optimizers_[u].secondMoments().end(), slice);
+  });
+}
+
+void ZeroTrainer::importState(const std::vector<float>& params, const std::vector<float>& m,
+                              const std::vector<float>& v, int steps) {
   for (size_t u = 0; u < sharding_.units.size(); ++u) {
     const UnitShard& shard = sharding_.units[u];
-    zeroComm_.gather(static_cast<int>(u), paramSlices_.data() + shard.shardOffset, padded.data());
-    zeroComm_.wait();
-    std::copy(padded.begin(), padded.begin() + (shard.unitEnd - shard.unitBegin), whole.begin() + shard.unitBegin);
+    optimizers_[u].restore(m.data() + shard.begin, v.data() + shard.begin, steps);
+    if (options_.stage == 3) {
+      std::fill(paramSlices_.begin() + shard.shardOffset, paramSlices_.begin() + shard.shardOffset + shard.slice, 0.0f);
+      std::copy(params.begin() + shard.begin, params.begin() + shard.end, paramSlices_.begin() + shard.shardOffset);
+    }
   }
-  return whole;
+  if (options_.stage != 3) std::copy(params.begin(), params.end(), model_.params().f32());
 }
 
 MemoryReport ZeroTrainer::memory() const {

@@ -12,6 +12,7 @@
 // Every rank ends each step with the same parameters as DDP and as one rank over the same global batch.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -40,6 +41,10 @@ class ZeroTrainer : public Trainer {
   const Sharding& sharding() const { return sharding_; }
   // The whole parameters, gathered from every rank's slices (for checks and checkpoints); every rank must call it.
   std::vector<float> gatherParams();
+  void exportState(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v) override;
+  void importState(const std::vector<float>& params, const std::vector<float>& m, const std::vector<float>& v,
+                   int steps) override;
+  int steps() const override { return optimizers_.empty() ? 0 : optimizers_.front().steps(); }
 
  private:
   void acquire(int unit, bool backward);
@@ -50,6 +55,8 @@ class ZeroTrainer : public Trainer {
   void collectGradients();
   float* allocate(std::vector<float>& buffer, size_t elements);
   void free(std::vector<float>& buffer);
+  // The whole of an array sharded as the units are: `sliceOf(u, padded)` fills unit u's padded slice.
+  std::vector<float> gatherUnits(const std::function<void(size_t unit, float* slice)>& sliceOf);
 
   Gpt& model_;
   loomComm_t comm_;
