@@ -7,7 +7,8 @@
 // rank 0 writes the metrics (--metrics FILE.csv or FILE.json), a PNG of the loss curve (--plot FILE.png, through
 // gnuplot) and checkpoints (--save FILE, every --save-every steps and at the end, atomically). --resume FILE
 // continues a run from its checkpoint: the same batches follow, so the losses are bit for bit those of a run that
-// never stopped.
+// never stopped. Each rank computes on one thread (OPENBLAS_NUM_THREADS, when set, gives its GEMMs more).
+#include <cblas.h>
 #include <getopt.h>
 #include <unistd.h>
 
@@ -232,6 +233,8 @@ void plotLoss(const std::string& path, const std::vector<Metric>& metrics, doubl
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  // One thread per rank for the GEMMs (the kernels' own rule): ranks are processes, one per core.
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
   GptConfig config;
   if (!GptConfig::preset(o.model, &config)) usage(("--model " + o.model + ": gpt-tiny or gpt2-124m").c_str());
 
