@@ -72,7 +72,7 @@ def forward(cfg, w, inputs, targets):
         x = x + F.linear(h, w[p + "mlp.c_proj.weight"], w[p + "mlp.c_proj.bias"])
     x = F.layer_norm(x, (c,), w["ln_f.weight"], w["ln_f.bias"], eps=1e-5)
     logits = x @ w["wte.weight"].t()
-    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
     return logits, loss
 
 

@@ -49,6 +49,8 @@ struct Options {
   int logEvery = 10;
   std::string metrics, plot, save, resume;
   int saveEvery = 0;
+  int evalEvery = 0;  // text data: the validation loss every N steps (0: never)
+  int evalBatches = 8;
 };
 
 [[noreturn]] void usage(const char* problem) {
@@ -57,7 +59,8 @@ struct Options {
                "usage: loom-train [--model gpt-tiny|gpt2-124m] [--dp N] [--zero 0|1|2|3] [--steps N] [--batch B]\n"
                "                  [--seq T] [--accumulation K] [--lr X] [--seed S] [--data synthetic|FILE]\n"
                "                  [--tokenizer byte|char] [--log-every N] [--metrics FILE.csv|FILE.json]\n"
-               "                  [--plot FILE.png] [--save FILE] [--save-every N] [--resume FILE]\n");
+               "                  [--plot FILE.png] [--save FILE] [--save-every N] [--resume FILE]\n"
+               "                  [--eval-every N] [--eval-batches K]\n");
   std::exit(problem != nullptr ? 2 : 0);
 }
 
@@ -188,6 +191,7 @@ struct Metric {
   int step;
   float loss;
   double milliseconds, tokensPerSecond;
+  float validationLoss;  // NaN: not evaluated at this step
 };
 
 void writeMetrics(const std::string& path, const std::vector<Metric>& metrics) {
@@ -214,19 +218,35 @@ void writeMetrics(const std::string& path, const std::vector<Metric>& metrics) {
 }
 
 void plotLoss(const std::string& path, const std::vector<Metric>& metrics, double floor) {
-  const std::string data = path + ".dat";
+  const std::string data = path + ".dat", validation = path + ".val.dat";
   FILE* file = std::fopen(data.c_str(), "w");
-  if (file == nullptr) return;
-  for (const Metric& m : metrics) std::fprintf(file, "%d %.9g\n", m.step, m.loss);
+  FILE* validationFile = std::fopen(validation.c_str(), "w");
+  if (file == nullptr || validationFile == nullptr) {
+    if (file != nullptr) std::fclose(file);
+    if (validationFile != nullptr) std::fclose(validationFile);
+    std::fprintf(stderr, "loom-train: cannot write the plot's data beside %s\n", path.c_str());
+    return;
+  }
+  bool anyValidation = false;
+  for (const Metric& m : metrics) {
+    std::fprintf(file, "%d %.9g\n", m.step, m.loss);
+    if (!std::isnan(m.validationLoss)) {
+      std::fprintf(validationFile, "%d %.9g\n", m.step, m.validationLoss);
+      anyValidation = true;
+    }
+  }
   std::fclose(file);
+  std::fclose(validationFile);
   std::string script = "set terminal pngcairo size 800,500; set output '" + path +
                        "'; set xlabel 'step'; set ylabel 'loss (nats)'; set grid; plot '" + data +
                        "' with lines title 'training loss'";
+  if (anyValidation) script += ", '" + validation + "' with linespoints title 'validation loss'";
   if (floor > 0) script += ", " + std::to_string(floor) + " with lines dashtype 2 title 'entropy rate'";
   const std::string command = "gnuplot -e \"" + script + "\" 2>&1";
   if (std::system(command.c_str()) != 0)
     std::fprintf(stderr, "loom-train: gnuplot could not draw %s (is gnuplot installed?)\n", path.c_str());
   std::remove(data.c_str());
+  std::remove(validation.c_str());
 }
 
 }  // namespace
@@ -351,6 +371,25 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
 
+  if (o.evalEvery > 0 && !text && rank == 0)
+    std::fprintf(stderr,
+                 "loom-train: --eval-every needs text data (--data FILE); the synthetic source has its "
+                 "entropy rate instead\n");
+  loomStream_t evalStream = nullptr;
+  LOOM_PAR_CHECK(comm, loomStreamCreate(&evalStream));
+  // The mean loss over --eval-batches validation batches, averaged across ranks.
+  auto validationLoss = [&]() {
+    double sum = 0;
+    for (int i = 0; i < o.evalBatches; ++i) {
+      const Batch batch = text->batch(static_cast<uint64_t>(i), rank, nranks, o.batch, T, true);
+      sum += model.forward(batch.inputs.data(), batch.targets.data(), o.batch, T);
+    }
+    float mean = static_cast<float>(sum / o.evalBatches);
+    LOOM_PAR_CHECK(comm, loomAllReduce(&mean, &mean, 1, loomFloat32, loomAvg, comm, evalStream));
+    LOOM_PAR_CHECK(comm, loomStreamSynchronize(evalStream));
+    return mean;
+  };
+
   std::vector<Metric> metrics;
   double computeSeconds = 0, exposedSeconds = 0;
   const auto started = std::chrono::steady_clock::now();
@@ -369,8 +408,10 @@ int main(int argc, char** argv) {
     const StepReport report = trainer->step(inputs, targets, o.batch, T);
     computeSeconds += report.seconds - report.exposedSeconds;
     exposedSeconds += report.exposedSeconds;
-    metrics.push_back(Metric{step + 1, report.loss, report.seconds * 1e3, tokensPerStep / report.seconds});
     const bool last = step + 1 == o.steps;
+    float validation = std::nanf("");
+    if (text && o.evalEvery > 0 && ((step + 1) % o.evalEvery == 0 || last)) validation = validationLoss();
+    metrics.push_back(Metric{step + 1, report.loss, report.seconds * 1e3, tokensPerStep / report.seconds, validation});
     if (rank == 0 && ((step + 1) % o.logEvery == 0 || last)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       const double perStep = elapsed / (step + 1 - firstStep);
@@ -389,6 +430,7 @@ int main(int argc, char** argv) {
     if (!o.metrics.empty()) writeMetrics(o.metrics, metrics);
     if (!o.plot.empty()) plotLoss(o.plot, metrics, synthetic ? synthetic->entropyRate() : 0.0);
   }
+  loomStreamDestroy(evalStream);
   trainer.reset();
   loomCommDestroy(comm);
   return 0;

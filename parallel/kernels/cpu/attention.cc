@@ -1,10 +1,14 @@
-// Causal multi-head self-attention (kernels.h), row by row: for query t of head h, the scores against keys 0..t, a
-// softmax over them, and the weighted sum of the values. The backward recomputes nothing but the score gradient of
-// one row at a time, in a buffer of T floats.
+// Causal multi-head self-attention (kernels.h), a head at a time with BLAS: the scores S = Q K^T / sqrt(hs) and the
+// output Y = P V as GEMMs over the strided q, k and v columns of the QKV buffer, the causal softmax row by row in
+// between. The products run over whole T x T blocks, the masked half included: at these sizes one GEMM beats a
+// triangle of small loops. The backward needs one T x T buffer for dP.
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "parallel/kernels/cpu/fast_math.h"
 #include "parallel/kernels/cpu/kernels.h"
 
 namespace loom::parallel::cpu {
@@ -12,77 +16,67 @@ namespace loom::parallel::cpu {
 void attentionForward(float* out, float* att, const float* inp, int B, int T, int C, int NH) {
   const int headSize = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(headSize));
-  const size_t rowStride = static_cast<size_t>(3) * C;
+  const int rowStride = 3 * C;
   for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
+    for (int h = 0; h < NH; ++h) {
+      const float* query = inp + static_cast<size_t>(b) * T * rowStride + h * headSize;
+      const float* key = query + C;
+      const float* value = query + 2 * C;
+      float* probs = att + (static_cast<size_t>(b) * NH + h) * T * T;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, headSize, scale, query, rowStride, key, rowStride,
+                  0.0f, probs, T);
       for (int t = 0; t < T; ++t) {
-        const float* query = inp + (static_cast<size_t>(b) * T + t) * rowStride + h * headSize;
-        float* probs = att + ((static_cast<size_t>(b) * NH + h) * T + t) * T;
-        float maxScore = -INFINITY;
-        for (int s = 0; s <= t; ++s) {
-          const float* key = inp + (static_cast<size_t>(b) * T + s) * rowStride + C + h * headSize;
-          float dot = 0;
-          for (int i = 0; i < headSize; ++i) dot += query[i] * key[i];
-          probs[s] = dot * scale;
-          maxScore = std::max(maxScore, probs[s]);
-        }
+        float* row = probs + static_cast<size_t>(t) * T;
+        const float maxScore = *std::max_element(row, row + t + 1);
+        for (int s = 0; s <= t; ++s) row[s] = vectorExp(row[s] - maxScore);  // apart from the sum: it vectorizes
         double sum = 0;
-        for (int s = 0; s <= t; ++s) {
-          probs[s] = std::exp(probs[s] - maxScore);
-          sum += probs[s];
-        }
+        for (int s = 0; s <= t; ++s) sum += row[s];
         const float inverse = static_cast<float>(1.0 / sum);
-        for (int s = 0; s <= t; ++s) probs[s] *= inverse;
-        for (int s = t + 1; s < T; ++s) probs[s] = 0;
-        float* y = out + (static_cast<size_t>(b) * T + t) * C + h * headSize;
-        for (int i = 0; i < headSize; ++i) y[i] = 0;
-        for (int s = 0; s <= t; ++s) {
-          const float* value = inp + (static_cast<size_t>(b) * T + s) * rowStride + 2 * C + h * headSize;
-          for (int i = 0; i < headSize; ++i) y[i] += probs[s] * value[i];
-        }
+        for (int s = 0; s <= t; ++s) row[s] *= inverse;
+        std::fill(row + t + 1, row + T, 0.0f);
       }
+      float* y = out + static_cast<size_t>(b) * T * C + h * headSize;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, headSize, T, 1.0f, probs, T, value, rowStride, 0.0f, y,
+                  C);
+    }
 }
 
-// For one row: dprobs[s] = dy . v[s]; dscores[s] = probs[s] * (dprobs[s] - sum_j probs[j] dprobs[j]);
-// dq += scale * sum_s dscores[s] k[s]; dk[s] += scale * dscores[s] q; dv[s] += probs[s] dy.
+// dP = dY V^T; dS = P * (dP - rowsum(P * dP)) / sqrt(hs) (zero where P is, above the diagonal);
+// dQ += dS K; dK += dS^T Q; dV += P^T dY.
 void attentionBackward(float* dinp, const float* dout, const float* inp, const float* att, int B, int T, int C,
                        int NH) {
   const int headSize = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(headSize));
-  const size_t rowStride = static_cast<size_t>(3) * C;
-  std::vector<float> dprobs(T);
+  const int rowStride = 3 * C;
+  std::vector<float> scores(static_cast<size_t>(T) * T);
   for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
+    for (int h = 0; h < NH; ++h) {
+      const size_t first = static_cast<size_t>(b) * T * rowStride + h * headSize;
+      const float* query = inp + first;
+      const float* key = query + C;
+      const float* value = query + 2 * C;
+      float* dquery = dinp + first;
+      float* dkey = dquery + C;
+      float* dvalue = dquery + 2 * C;
+      const float* probs = att + (static_cast<size_t>(b) * NH + h) * T * T;
+      const float* dy = dout + static_cast<size_t>(b) * T * C + h * headSize;
+      float* d = scores.data();
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, headSize, 1.0f, dy, C, value, rowStride, 0.0f, d, T);
       for (int t = 0; t < T; ++t) {
-        const size_t queryRow = (static_cast<size_t>(b) * T + t) * rowStride + h * headSize;
-        const float* probs = att + ((static_cast<size_t>(b) * NH + h) * T + t) * T;
-        const float* dy = dout + (static_cast<size_t>(b) * T + t) * C + h * headSize;
+        const float* p = probs + static_cast<size_t>(t) * T;
+        float* row = d + static_cast<size_t>(t) * T;
         double weighted = 0;
-        for (int s = 0; s <= t; ++s) {
-          const size_t keyRow = (static_cast<size_t>(b) * T + s) * rowStride + h * headSize;
-          const float* value = inp + keyRow + 2 * C;
-          float* dvalue = dinp + keyRow + 2 * C;
-          float dot = 0;
-          for (int i = 0; i < headSize; ++i) {
-            dot += dy[i] * value[i];
-            dvalue[i] += probs[s] * dy[i];
-          }
-          dprobs[s] = dot;
-          weighted += static_cast<double>(probs[s]) * dot;
-        }
-        const float* query = inp + queryRow;
-        float* dquery = dinp + queryRow;
-        for (int s = 0; s <= t; ++s) {
-          const size_t keyRow = (static_cast<size_t>(b) * T + s) * rowStride + h * headSize;
-          const float* key = inp + keyRow + C;
-          float* dkey = dinp + keyRow + C;
-          const float dscore = probs[s] * (dprobs[s] - static_cast<float>(weighted)) * scale;
-          for (int i = 0; i < headSize; ++i) {
-            dquery[i] += dscore * key[i];
-            dkey[i] += dscore * query[i];
-          }
-        }
+        for (int s = 0; s <= t; ++s) weighted += static_cast<double>(p[s]) * row[s];
+        for (int s = 0; s <= t; ++s) row[s] = p[s] * (row[s] - static_cast<float>(weighted)) * scale;
+        std::fill(row + t + 1, row + T, 0.0f);
       }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, headSize, T, 1.0f, d, T, key, rowStride, 1.0f, dquery,
+                  rowStride);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, headSize, T, 1.0f, d, T, query, rowStride, 1.0f, dkey,
+                  rowStride);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, headSize, T, 1.0f, probs, T, dy, C, 1.0f, dvalue,
+                  rowStride);
+    }
 }
 
 }  // namespace loom::parallel::cpu

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "parallel/kernels/cpu/fast_math.h"
 #include "parallel/kernels/cpu/kernels.h"
 
 namespace loom::parallel::cpu {
@@ -12,11 +13,9 @@ void crossEntropyForward(float* losses, float* probs, const float* logits, const
     float* p = probs + static_cast<size_t>(i) * V;
     float maxLogit = row[0];
     for (int v = 1; v < V; ++v) maxLogit = std::max(maxLogit, row[v]);
+    for (int v = 0; v < V; ++v) p[v] = vectorExp(row[v] - maxLogit);  // apart from the sum, so it vectorizes
     double sum = 0;
-    for (int v = 0; v < V; ++v) {
-      p[v] = std::exp(row[v] - maxLogit);
-      sum += p[v];
-    }
+    for (int v = 0; v < V; ++v) sum += p[v];
     const float inverse = static_cast<float>(1.0 / sum);
     for (int v = 0; v < V; ++v) p[v] *= inverse;
     // -log softmax computed from the logits, not from the rounded probability.
