@@ -94,6 +94,8 @@ Options parse(int argc, char** argv) {
                                        {"save", required_argument, nullptr, 'o'},
                                        {"save-every", required_argument, nullptr, 'e'},
                                        {"resume", required_argument, nullptr, 'r'},
+                                       {"eval-every", required_argument, nullptr, 'v'},
+                                       {"eval-batches", required_argument, nullptr, 'V'},
                                        {"help", no_argument, nullptr, 'h'},
                                        {nullptr, 0, nullptr, 0}};
   for (int c; (c = getopt_long(argc, argv, "h", longOptions, nullptr)) != -1;) {
@@ -148,6 +150,12 @@ Options parse(int argc, char** argv) {
         break;
       case 'e':
         o.saveEvery = intArg(optarg, "save-every", 1, 1 << 30);
+        break;
+      case 'v':
+        o.evalEvery = intArg(optarg, "eval-every", 1, 1 << 30);
+        break;
+      case 'V':
+        o.evalBatches = intArg(optarg, "eval-batches", 1, 1 << 20);
         break;
       case 'r':
         o.resume = optarg;
@@ -204,14 +212,19 @@ void writeMetrics(const std::string& path, const std::vector<Metric>& metrics) {
   if (json)
     std::fprintf(file, "[\n");
   else
-    std::fprintf(file, "step,loss,ms_per_step,tokens_per_s\n");
+    std::fprintf(file, "step,loss,ms_per_step,tokens_per_s,val_loss\n");
   for (size_t i = 0; i < metrics.size(); ++i) {
     const Metric& m = metrics[i];
+    char validation[32] = "";
+    if (!std::isnan(m.validationLoss)) std::snprintf(validation, sizeof(validation), "%.9g", m.validationLoss);
     if (json)
-      std::fprintf(file, "  {\"step\": %d, \"loss\": %.9g, \"ms_per_step\": %.3f, \"tokens_per_s\": %.1f}%s\n", m.step,
-                   m.loss, m.milliseconds, m.tokensPerSecond, i + 1 < metrics.size() ? "," : "");
+      std::fprintf(file,
+                   "  {\"step\": %d, \"loss\": %.9g, \"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, "
+                   "\"val_loss\": %s}%s\n",
+                   m.step, m.loss, m.milliseconds, m.tokensPerSecond, validation[0] ? validation : "null",
+                   i + 1 < metrics.size() ? "," : "");
     else
-      std::fprintf(file, "%d,%.9g,%.3f,%.1f\n", m.step, m.loss, m.milliseconds, m.tokensPerSecond);
+      std::fprintf(file, "%d,%.9g,%.3f,%.1f,%s\n", m.step, m.loss, m.milliseconds, m.tokensPerSecond, validation);
   }
   if (json) std::fprintf(file, "]\n");
   std::fclose(file);
@@ -415,8 +428,10 @@ int main(int argc, char** argv) {
     if (rank == 0 && ((step + 1) % o.logEvery == 0 || last)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       const double perStep = elapsed / (step + 1 - firstStep);
-      std::printf("step %6d/%d | loss %.4f | %9.0f tok/s | %8.2f ms/step | ETA %s\n", step + 1, o.steps, report.loss,
-                  tokensPerStep / report.seconds, report.seconds * 1e3,
+      char validationText[32] = "";
+      if (!std::isnan(validation)) std::snprintf(validationText, sizeof(validationText), " | val %.4f", validation);
+      std::printf("step %6d/%d | loss %.4f%s | %9.0f tok/s | %8.2f ms/step | ETA %s\n", step + 1, o.steps, report.loss,
+                  validationText, tokensPerStep / report.seconds, report.seconds * 1e3,
                   duration(perStep * (o.steps - step - 1)).c_str());
       std::fflush(stdout);
     }
