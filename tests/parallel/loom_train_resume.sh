@@ -11,7 +11,9 @@ common=(--model gpt-tiny --seq 16 --batch 2 --lr 3e-3 --log-every 100)
 status=0
 for config in "1 0" "2 0" "2 2" "2 3"; do
   read -r ranks zero <<<"$config"
-  train() { "$build/tools/loomrun" -n "$ranks" "$build/tools/loom-train" "${common[@]}" --zero "$zero" "$@" >/dev/null; }
+  train() {
+    "$build/tools/loomrun" -n "$ranks" "$build/tools/loom-train" "${common[@]}" --zero "$zero" "$@" >/dev/null
+  }
   train --steps 6 --metrics "$dir/full.csv"
   train --steps 3 --save "$dir/checkpoint"
   train --steps 6 --resume "$dir/checkpoint" --metrics "$dir/resumed.csv"
