@@ -4,7 +4,8 @@
 #   tests/gpu/run-on-gpu.sh [BUILD_DIR]        (default build-gpu)
 #
 # 1. builds with CUDA required (-Dcuda=enabled);
-# 2. runs the CUDA kernels' tests: their shared arithmetic on the host, the kernels against the host kernels;
+# 2. runs the CUDA kernels' tests: their shared arithmetic on the host, the kernels against the host kernels, and
+#    the parallel layer's CUDA kernels against their CPU references;
 # 3. runs the collective matrix on CUDA communicators with 2, 4 and 8 ranks on the machine's GPUs (all on one
 #    where there is one), staged with each stream gate, and on the GPU executor with 2 ranks
 #    (tests/gpu/collectives.sh);
@@ -51,7 +52,7 @@ logs=$build/gpu-run
 mkdir -p "$logs"
 # A stuck call fails in a minute with loom's message, rather than at the default deadline.
 export LOOM_TIMEOUT_MS=${LOOM_TIMEOUT_MS:-60000} CUDA_MATRIX_TIMEOUT=${CUDA_MATRIX_TIMEOUT:-150}
-step "CUDA kernel tests" meson test -C "$build" --print-errorlogs device_ops cuda_kernels
+step "CUDA kernel tests" meson test -C "$build" --print-errorlogs device_ops cuda_kernels parallel_cuda_kernels
 CUDA_PATHS=staged step "collective matrix, staged, 2/4/8 ranks" bash tests/gpu/collectives.sh "$build" 2 4 8
 CUDA_PATHS=device step "collective matrix, GPU executor, 2 ranks" bash tests/gpu/collectives.sh "$build" 2
 step "kernel bandwidth (1 GiB)" "$build/tests/cuda_kernels_perf" 1G 20 >"$logs/cuda_kernels_perf.txt"
