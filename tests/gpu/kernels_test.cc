@@ -3,6 +3,8 @@
 // place; avg's divide; copies of odd lengths and offsets; a flat plan walked on the device as on the host; the
 // GPU executor's lanes running an AllReduce between kernels. NaNs compare by NaN-ness (a device conversion may
 // return another NaN payload). Exits 77 (skipped) when there is no CUDA device.
+#include "src/exec/cuda/kernels.h"
+
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -15,15 +17,14 @@
 #include "algorithms/builders.h"
 #include "algorithms/flat_plan.h"
 #include "src/core/dtype.h"
-#include "src/exec/cuda/kernels.h"
 #include "src/exec/reduce.h"
-#include "transports/fifo.h"
 #include "tests/common/elements.h"
+#include "transports/fifo.h"
 
 namespace loom {
 namespace {
 
-constexpr loomDataType_t kTypes[] = {loomInt8,  loomUint8,   loomInt32,   loomUint32,  loomInt64,
+constexpr loomDataType_t kTypes[] = {loomInt8,   loomUint8,   loomInt32,   loomUint32,  loomInt64,
                                      loomUint64, loomFloat16, loomFloat32, loomFloat64, loomBfloat16};
 constexpr size_t kCounts[] = {1, 7, 1000, (1 << 20) + 3};
 
@@ -187,8 +188,8 @@ TEST(CudaKernels, LanesRunAnAllReduceAcrossStreams) {
   for (const char* algorithm : {"ring", "tree"}) {
     for (int nranks : {2, 4}) {
       for (size_t count : {size_t{1000}, size_t{100003}}) {
-        const std::string where = std::string(algorithm) + " ranks " + std::to_string(nranks) + " count " +
-                                  std::to_string(count);
+        const std::string where =
+            std::string(algorithm) + " ranks " + std::to_string(nranks) + " count " + std::to_string(count);
         std::vector<FlatPlan> plans(nranks);
         int channels = 0;
         for (int r = 0; r < nranks; ++r) {
@@ -242,19 +243,23 @@ TEST(CudaKernels, LanesRunAnAllReduceAcrossStreams) {
           view.lanes = onDevice(plans[r].lanes);
           view.steps = onDevice(plans[r].steps);
           view.phaseStarts = onDevice(plans[r].phaseStarts);
-          for (const void* pointer : {static_cast<const void*>(in), static_cast<const void*>(scratch),
-                                      static_cast<const void*>(recv), static_cast<const void*>(send),
-                                      static_cast<const void*>(view.lanes), static_cast<const void*>(view.steps),
-                                      static_cast<const void*>(view.phaseStarts)})
+          for (const void* pointer :
+               {static_cast<const void*>(in), static_cast<const void*>(scratch), static_cast<const void*>(recv),
+                static_cast<const void*>(send), static_cast<const void*>(view.lanes),
+                static_cast<const void*>(view.steps), static_cast<const void*>(view.phaseStarts)})
             allocations.push_back(const_cast<void*>(pointer));
-          LaneCall call{reinterpret_cast<unsigned char*>(in), reinterpret_cast<unsigned char*>(outputs[r]),
-                        reinterpret_cast<unsigned char*>(scratch),     shape.slotBytes / sizeof(float),
-                        fifo::llPayloadBytes(shape.llSlotBytes) / sizeof(float), 8192, -1};
+          LaneCall call{reinterpret_cast<unsigned char*>(in),
+                        reinterpret_cast<unsigned char*>(outputs[r]),
+                        reinterpret_cast<unsigned char*>(scratch),
+                        shape.slotBytes / sizeof(float),
+                        fifo::llPayloadBytes(shape.llSlotBytes) / sizeof(float),
+                        8192,
+                        -1};
           ASSERT_EQ(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking), cudaSuccess);
-          ASSERT_EQ(device::enqueueLanes(view, call, words, recv, send, nranks, loomFloat32, loomSum, nullptr,
-                                         uint64_t{20} * 1000 * 1000 * 1000, statuses + r, shape.llSlotBytes,
-                                         streams[r]),
-                    loomSuccess)
+          ASSERT_EQ(
+              device::enqueueLanes(view, call, words, recv, send, nranks, loomFloat32, loomSum, nullptr,
+                                   uint64_t{20} * 1000 * 1000 * 1000, statuses + r, shape.llSlotBytes, streams[r]),
+              loomSuccess)
               << where;
         }
         for (int r = 0; r < nranks; ++r) ASSERT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess) << where;
@@ -289,8 +294,8 @@ TEST(CudaKernels, PeerAllReduceRunsAcrossStreams) {
   for (bool twoShot : {false, true}) {
     for (int nranks : {2, 4, 8}) {
       for (size_t count : {size_t{1}, size_t{1000}, size_t{100003}}) {
-        const std::string where = std::string(twoShot ? "two-shot" : "one-shot") + " ranks " +
-                                  std::to_string(nranks) + " count " + std::to_string(count);
+        const std::string where = std::string(twoShot ? "two-shot" : "one-shot") + " ranks " + std::to_string(nranks) +
+                                  " count " + std::to_string(count);
         const size_t slotBytes =
             ((twoShot ? 2 * peerChunkBytes(count, sizeof(float), nranks) : count * sizeof(float)) + 255) / 256 * 256;
         const FifoShape shape{2, slotBytes, 64};
@@ -332,11 +337,11 @@ TEST(CudaKernels, PeerAllReduceRunsAcrossStreams) {
             call.parity = static_cast<uint32_t>(c % 2);
             call.epoch = epoch;
             const uint64_t timeoutNs = uint64_t{20} * 1000 * 1000 * 1000;
-            ASSERT_EQ(twoShot ? device::enqueueTwoShot(call, loomFloat32, loomSum, nullptr, timeoutNs, statuses + r,
-                                                       streams[r])
-                              : device::enqueueOneShot(call, loomFloat32, loomSum, nullptr, timeoutNs, statuses + r,
-                                                       streams[r]),
-                      loomSuccess)
+            ASSERT_EQ(
+                twoShot
+                    ? device::enqueueTwoShot(call, loomFloat32, loomSum, nullptr, timeoutNs, statuses + r, streams[r])
+                    : device::enqueueOneShot(call, loomFloat32, loomSum, nullptr, timeoutNs, statuses + r, streams[r]),
+                loomSuccess)
                 << where;
           }
           epoch += twoShot ? 2 : 1;
@@ -372,13 +377,3 @@ TEST(CudaKernels, BadArgumentsAreErrors) {
 
 }  // namespace
 }  // namespace loom
-
-int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
-  testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}

@@ -14,17 +14,12 @@
 
 #include "parallel/kernels/cpu/kernels.h"
 #include "parallel/kernels/cuda/kernels.h"
+#include "tests/common/random_values.h"
 
 namespace loom::parallel {
 namespace {
 
-std::vector<float> randomValues(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 generator(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> values(n);
-  for (float& value : values) value = normal(generator);
-  return values;
-}
+using loomtest::randomValues;
 
 std::vector<float> zeros(size_t n) { return std::vector<float>(n, 0.0f); }
 
@@ -172,13 +167,3 @@ TEST(ParallelCudaKernels, CrossEntropyAdamWAndNormMatchTheCpu) {
 
 }  // namespace
 }  // namespace loom::parallel
-
-int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
-  testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}

@@ -11,17 +11,12 @@
 #include <vector>
 
 #include "parallel/kernels/cpu/kernels.h"
+#include "tests/common/random_values.h"
 
 namespace loom::parallel::cpu {
 namespace {
 
-std::vector<float> randomValues(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 generator(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> values(n);
-  for (float& value : values) value = normal(generator);
-  return values;
-}
+using loomtest::randomValues;
 
 double dot(const std::vector<float>& a, const std::vector<float>& r) {
   double sum = 0;
