@@ -75,32 +75,32 @@ size_t ParamRange::numel() const { return product(shape); }
 GptLayout GptLayout::of(const GptConfig& config) {
   GptLayout layout;
   const int64_t C = config.channels;
-  auto add = [&](std::string name, std::vector<int64_t> shape, int layer) {
-    layout.params.push_back(ParamRange{std::move(name), layout.total, std::move(shape), layer});
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    layout.params.push_back(ParamRange{std::move(name), layout.total, std::move(shape)});
     layout.total += layout.params.back().numel();
   };
   layout.unitBegin.push_back(0);
-  add("wte.weight", {config.vocab, C}, -1);
-  add("wpe.weight", {config.maxT, C}, -1);
+  add("wte.weight", {config.vocab, C});
+  add("wpe.weight", {config.maxT, C});
   for (int l = 0; l < config.layers; ++l) {
     layout.unitBegin.push_back(layout.total);
     const std::string prefix = "h." + std::to_string(l) + ".";
-    add(prefix + "ln_1.weight", {C}, l);
-    add(prefix + "ln_1.bias", {C}, l);
-    add(prefix + "attn.c_attn.weight", {3 * C, C}, l);
-    add(prefix + "attn.c_attn.bias", {3 * C}, l);
-    add(prefix + "attn.c_proj.weight", {C, C}, l);
-    add(prefix + "attn.c_proj.bias", {C}, l);
-    add(prefix + "ln_2.weight", {C}, l);
-    add(prefix + "ln_2.bias", {C}, l);
-    add(prefix + "mlp.c_fc.weight", {4 * C, C}, l);
-    add(prefix + "mlp.c_fc.bias", {4 * C}, l);
-    add(prefix + "mlp.c_proj.weight", {C, 4 * C}, l);
-    add(prefix + "mlp.c_proj.bias", {C}, l);
+    add(prefix + "ln_1.weight", {C});
+    add(prefix + "ln_1.bias", {C});
+    add(prefix + "attn.c_attn.weight", {3 * C, C});
+    add(prefix + "attn.c_attn.bias", {3 * C});
+    add(prefix + "attn.c_proj.weight", {C, C});
+    add(prefix + "attn.c_proj.bias", {C});
+    add(prefix + "ln_2.weight", {C});
+    add(prefix + "ln_2.bias", {C});
+    add(prefix + "mlp.c_fc.weight", {4 * C, C});
+    add(prefix + "mlp.c_fc.bias", {4 * C});
+    add(prefix + "mlp.c_proj.weight", {C, 4 * C});
+    add(prefix + "mlp.c_proj.bias", {C});
   }
   layout.unitBegin.push_back(layout.total);
-  add("ln_f.weight", {C}, config.layers);
-  add("ln_f.bias", {C}, config.layers);
+  add("ln_f.weight", {C});
+  add("ln_f.bias", {C});
   layout.unitBegin.push_back(layout.total);
   return layout;
 }
@@ -139,13 +139,6 @@ void Gpt::bindDefault() {
     unitParams_[u] = params_.f32() + layout_.unitBegin[u];
     unitGrads_[u] = grads_.f32() + layout_.unitBegin[u];
   }
-}
-
-float* Gpt::param(const std::string& name) {
-  for (const ParamRange& range : layout_.params)
-    if (range.name == name) return params_.f32() + range.offset;
-  std::fprintf(stderr, "gpt: no parameter named %s\n", name.c_str());
-  std::abort();
 }
 
 void Gpt::initialise(uint64_t seed) {

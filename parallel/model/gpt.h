@@ -37,7 +37,6 @@ struct ParamRange {
   std::string name;  // "h.0.attn.qkv.weight", in PyTorch's naming of the same model
   size_t offset;     // elements from the buffer's start
   std::vector<int64_t> shape;
-  int layer;  // -1: embeddings, layers: the final layernorm
   size_t numel() const;
 };
 
@@ -88,7 +87,6 @@ class Gpt {
   Tensor& params() { return params_; }
   const Tensor& params() const { return params_; }
   Tensor& grads() { return grads_; }
-  float* param(const std::string& name);
 
   // Runs the model on tokens [B, T] (B * T int32, T <= maxT); with targets, returns the mean cross-entropy, else 0.
   // Keeps the activations for backward().

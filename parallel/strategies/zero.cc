@@ -187,14 +187,12 @@ StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const st
 }
 
 std::vector<float> ZeroTrainer::gatherUnits(const std::function<void(size_t unit, float* slice)>& sliceOf) {
-  std::vector<float> whole(model_.layout().total), slice, padded(sharding_.largestUnit);
+  std::vector<float> whole(model_.layout().total), slice;
   for (size_t u = 0; u < sharding_.units.size(); ++u) {
     const UnitShard& shard = sharding_.units[u];
     slice.assign(shard.slice, 0.0f);
     sliceOf(u, slice.data());
-    zeroComm_.gather(static_cast<int>(u), slice.data(), padded.data());
-    zeroComm_.wait();
-    std::copy(padded.begin(), padded.begin() + (shard.unitEnd - shard.unitBegin), whole.begin() + shard.unitBegin);
+    zeroComm_.allGather(static_cast<int>(u), slice.data(), whole.data() + shard.unitBegin);
   }
   return whole;
 }

@@ -53,8 +53,8 @@ void ZeroComm::reduceScatter(int unit, const float* unitGrads, bool padded, floa
 
 void ZeroComm::allGather(int unit, const float* slice, float* unitParams) {
   const UnitShard& shard = sharding_.units[unit];
-  LOOM_PAR_CHECK(comm_, loomAllGather(slice, gathered_.data(), shard.slice, loomFloat32, comm_, stream_));
-  LOOM_PAR_CHECK(comm_, loomStreamSynchronize(stream_));
+  gather(unit, slice, gathered_.data());
+  wait();
   std::memcpy(unitParams, gathered_.data(), (shard.unitEnd - shard.unitBegin) * sizeof(float));
 }
 
