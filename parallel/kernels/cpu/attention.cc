@@ -13,7 +13,7 @@
 
 namespace loom::parallel::cpu {
 
-void attentionForward(float* out, float* att, const float* inp, int B, int T, int C, int NH) {
+LOOM_CPU_DISPATCH void attentionForward(float* out, float* att, const float* inp, int B, int T, int C, int NH) {
   const int headSize = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(headSize));
   const int rowStride = 3 * C;
@@ -29,8 +29,7 @@ void attentionForward(float* out, float* att, const float* inp, int B, int T, in
         float* row = probs + static_cast<size_t>(t) * T;
         const float maxScore = *std::max_element(row, row + t + 1);
         for (int s = 0; s <= t; ++s) row[s] = vectorExp(row[s] - maxScore);  // apart from the sum: it vectorizes
-        double sum = 0;
-        for (int s = 0; s <= t; ++s) sum += row[s];
+        const double sum = laneSum(t + 1, [row](size_t s) { return static_cast<double>(row[s]); });
         const float inverse = static_cast<float>(1.0 / sum);
         for (int s = 0; s <= t; ++s) row[s] *= inverse;
         std::fill(row + t + 1, row + T, 0.0f);
@@ -43,7 +42,7 @@ void attentionForward(float* out, float* att, const float* inp, int B, int T, in
 
 // dP = dY V^T; dS = P * (dP - rowsum(P * dP)) / sqrt(hs) (zero where P is, above the diagonal);
 // dQ += dS K; dK += dS^T Q; dV += P^T dY.
-void attentionBackward(float* dinp, const float* dout, const float* inp, const float* att, int B, int T, int C,
+LOOM_CPU_DISPATCH void attentionBackward(float* dinp, const float* dout, const float* inp, const float* att, int B, int T, int C,
                        int NH) {
   const int headSize = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(headSize));
@@ -65,8 +64,7 @@ void attentionBackward(float* dinp, const float* dout, const float* inp, const f
       for (int t = 0; t < T; ++t) {
         const float* p = probs + static_cast<size_t>(t) * T;
         float* row = d + static_cast<size_t>(t) * T;
-        double weighted = 0;
-        for (int s = 0; s <= t; ++s) weighted += static_cast<double>(p[s]) * row[s];
+        const double weighted = laneSum(t + 1, [p, row](size_t s) { return static_cast<double>(p[s]) * row[s]; });
         for (int s = 0; s <= t; ++s) row[s] = p[s] * (row[s] - static_cast<float>(weighted)) * scale;
         std::fill(row + t + 1, row + T, 0.0f);
       }

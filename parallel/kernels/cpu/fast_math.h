@@ -1,9 +1,21 @@
-// A vectorizable e^x for the CPU kernels' loops (GELU, softmax): glibc's expf is a call, which keeps a loop scalar.
-// Internal to parallel/kernels/cpu.
+// What the CPU kernels' loops are built from so that they vectorize: a dispatch attribute that compiles a hot loop for
+// the CPU it runs on, a vectorizable e^x (glibc's expf is a call, which keeps a loop scalar), and double sums kept in
+// vector lanes. Internal to parallel/kernels/cpu.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+// A function marked LOOM_CPU_DISPATCH is compiled three times, for baseline x86-64 (SSE2), x86-64-v3 (AVX2) and
+// x86-64-v4 (AVX-512), and the loader picks the one the CPU supports (GCC's target_clones, an ifunc), as PyTorch
+// dispatches its CPU kernels. The library is built with -ffp-contract=off, so every version rounds each operation
+// the same way and gives the same bits: only the width of the vectors differs.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LOOM_CPU_DISPATCH __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define LOOM_CPU_DISPATCH
+#endif
 
 namespace loom::parallel::cpu {
 
@@ -28,6 +40,22 @@ inline float vectorExp(float x) {
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
+}
+
+// The sum of term(i) for i < n in double, kept in eight partial sums (lane j takes the i with i % 8 == j) that are
+// added in a fixed order at the end: a plain running sum is a chain the vectorizer may not reorder, and this order
+// is the same on every CPU.
+template <typename Term>
+inline double laneSum(size_t n, Term term) {
+  constexpr size_t kLanes = 8;
+  double lanes[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (size_t j = 0; j < kLanes; ++j) lanes[j] += term(i + j);
+  for (; i < n; ++i) lanes[i % kLanes] += term(i);
+  double sum = 0;
+  for (double lane : lanes) sum += lane;
+  return sum;
 }
 
 }  // namespace loom::parallel::cpu

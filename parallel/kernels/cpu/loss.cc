@@ -7,15 +7,14 @@
 
 namespace loom::parallel::cpu {
 
-void crossEntropyForward(float* losses, float* probs, const float* logits, const int32_t* targets, int N, int V) {
+LOOM_CPU_DISPATCH void crossEntropyForward(float* losses, float* probs, const float* logits, const int32_t* targets, int N, int V) {
   for (int i = 0; i < N; ++i) {
     const float* row = logits + static_cast<size_t>(i) * V;
     float* p = probs + static_cast<size_t>(i) * V;
     float maxLogit = row[0];
     for (int v = 1; v < V; ++v) maxLogit = std::max(maxLogit, row[v]);
     for (int v = 0; v < V; ++v) p[v] = vectorExp(row[v] - maxLogit);  // apart from the sum, so it vectorizes
-    double sum = 0;
-    for (int v = 0; v < V; ++v) sum += p[v];
+    const double sum = laneSum(V, [p](size_t v) { return static_cast<double>(p[v]); });
     const float inverse = static_cast<float>(1.0 / sum);
     for (int v = 0; v < V; ++v) p[v] *= inverse;
     // -log softmax computed from the logits, not from the rounded probability.
@@ -23,7 +22,7 @@ void crossEntropyForward(float* losses, float* probs, const float* logits, const
   }
 }
 
-void crossEntropyBackward(float* dlogits, const float* dlosses, const float* probs, const int32_t* targets, int N,
+LOOM_CPU_DISPATCH void crossEntropyBackward(float* dlogits, const float* dlosses, const float* probs, const int32_t* targets, int N,
                           int V) {
   for (int i = 0; i < N; ++i) {
     const float* p = probs + static_cast<size_t>(i) * V;

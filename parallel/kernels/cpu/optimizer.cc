@@ -2,13 +2,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "parallel/kernels/cpu/fast_math.h"
 #include "parallel/kernels/cpu/kernels.h"
 
 namespace loom::parallel::cpu {
 
 // p -= lr * wd * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps).
-void adamwUpdate(float* params, const float* grads, float* m, float* v, size_t n, float learningRate, float beta1,
+LOOM_CPU_DISPATCH void adamwUpdate(float* params, const float* grads, float* m, float* v, size_t n, float learningRate, float beta1,
                  float beta2, float eps, float weightDecay, int step) {
   const float correction1 = 1.0f - std::pow(beta1, static_cast<float>(step));
   const float correction2 = 1.0f - std::pow(beta2, static_cast<float>(step));
@@ -23,10 +24,8 @@ void adamwUpdate(float* params, const float* grads, float* m, float* v, size_t n
   }
 }
 
-double sumOfSquares(const float* grads, size_t n) {
-  double sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += static_cast<double>(grads[i]) * grads[i];
-  return sum;
+LOOM_CPU_DISPATCH double sumOfSquares(const float* grads, size_t n) {
+  return laneSum(n, [grads](size_t i) { return static_cast<double>(grads[i]) * grads[i]; });
 }
 
 float clipFactor(double globalSumOfSquares, float maxNorm) {

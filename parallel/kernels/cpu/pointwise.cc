@@ -17,7 +17,7 @@ inline float fastTanh(float u) { return 1.0f - 2.0f / (1.0f + vectorExp(2.0f * u
 }  // namespace
 
 // gelu(x) = x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
-void geluForward(float* out, const float* inp, size_t n) {
+LOOM_CPU_DISPATCH void geluForward(float* out, const float* inp, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
@@ -26,7 +26,7 @@ void geluForward(float* out, const float* inp, size_t n) {
 }
 
 // gelu'(x) = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) du/dx, du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
-void geluBackward(float* dinp, const float* dout, const float* inp, size_t n) {
+LOOM_CPU_DISPATCH void geluBackward(float* dinp, const float* dout, const float* inp, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
@@ -36,18 +36,18 @@ void geluBackward(float* dinp, const float* dout, const float* inp, size_t n) {
   }
 }
 
-void residualForward(float* out, const float* a, const float* b, size_t n) {
+LOOM_CPU_DISPATCH void residualForward(float* out, const float* a, const float* b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-void residualBackward(float* da, float* db, const float* dout, size_t n) {
+LOOM_CPU_DISPATCH void residualBackward(float* da, float* db, const float* dout, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     da[i] += dout[i];
     db[i] += dout[i];
   }
 }
 
-void scale(float* values, size_t n, float factor) {
+LOOM_CPU_DISPATCH void scale(float* values, size_t n, float factor) {
   for (size_t i = 0; i < n; ++i) values[i] *= factor;
 }
 
