@@ -42,8 +42,8 @@ LOOM_CPU_DISPATCH void attentionForward(float* out, float* att, const float* inp
 
 // dP = dY V^T; dS = P * (dP - rowsum(P * dP)) / sqrt(hs) (zero where P is, above the diagonal);
 // dQ += dS K; dK += dS^T Q; dV += P^T dY.
-LOOM_CPU_DISPATCH void attentionBackward(float* dinp, const float* dout, const float* inp, const float* att, int B, int T, int C,
-                       int NH) {
+LOOM_CPU_DISPATCH void attentionBackward(float* dinp, const float* dout, const float* inp, const float* att, int B,
+                                         int T, int C, int NH) {
   const int headSize = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(headSize));
   const int rowStride = 3 * C;

@@ -4,7 +4,8 @@
 
 namespace loom::parallel::cpu {
 
-LOOM_CPU_DISPATCH void embeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+LOOM_CPU_DISPATCH void embeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                                        int T, int C) {
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       float* row = out + (static_cast<size_t>(b) * T + t) * C;
@@ -14,7 +15,8 @@ LOOM_CPU_DISPATCH void embeddingForward(float* out, const int32_t* tokens, const
     }
 }
 
-LOOM_CPU_DISPATCH void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
+LOOM_CPU_DISPATCH void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                                         int T, int C) {
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       const float* row = dout + (static_cast<size_t>(b) * T + t) * C;

@@ -7,7 +7,8 @@
 
 namespace loom::parallel::cpu {
 
-LOOM_CPU_DISPATCH void crossEntropyForward(float* losses, float* probs, const float* logits, const int32_t* targets, int N, int V) {
+LOOM_CPU_DISPATCH void crossEntropyForward(float* losses, float* probs, const float* logits, const int32_t* targets,
+                                           int N, int V) {
   for (int i = 0; i < N; ++i) {
     const float* row = logits + static_cast<size_t>(i) * V;
     float* p = probs + static_cast<size_t>(i) * V;
@@ -22,8 +23,8 @@ LOOM_CPU_DISPATCH void crossEntropyForward(float* losses, float* probs, const fl
   }
 }
 
-LOOM_CPU_DISPATCH void crossEntropyBackward(float* dlogits, const float* dlosses, const float* probs, const int32_t* targets, int N,
-                          int V) {
+LOOM_CPU_DISPATCH void crossEntropyBackward(float* dlogits, const float* dlosses, const float* probs,
+                                            const int32_t* targets, int N, int V) {
   for (int i = 0; i < N; ++i) {
     const float* p = probs + static_cast<size_t>(i) * V;
     float* d = dlogits + static_cast<size_t>(i) * V;
