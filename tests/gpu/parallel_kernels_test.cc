@@ -1,7 +1,9 @@
 // The parallel layer's CUDA kernels (parallel/kernels/cuda) against their CPU references (parallel/kernels/cpu) on
 // the same inputs: every forward and backward of the reference GPT's layers, AdamW, and the gradient norm. fp32 on
-// both sides; tolerances allow for the different order of sums (GEMMs, warp reductions, atomics). Exits 77
-// (skipped) when there is no CUDA device.
+// both sides, with tolerances for the different order of sums (GEMMs, warp reductions, atomics); then bf16 on the
+// device against fp32 on the CPU from the same bf16-rounded inputs, with tolerances for bf16's rounding of results
+// (2^-9 relative) and of the intermediates it keeps (attention's scores and probabilities). Exits 77 (skipped) when
+// there is no CUDA device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -163,6 +165,139 @@ TEST(ParallelCudaKernels, CrossEntropyAdamWAndNormMatchTheCpu) {
   cuda::sumOfSquares(dSum.get(), dParams.get(), n, nullptr);
   const double gpuSum = dSum.read()[0], cpuSum = cpu::sumOfSquares(params.data(), n);
   EXPECT_NEAR(gpuSum, cpuSum, 1e-4 * cpuSum) << "sum of squares";
+}
+
+// bf16 copies of host values on the device, and their values read back as floats.
+DeviceArray<Bf16> bf16Array(const std::vector<float>& values) {
+  std::vector<Bf16> rounded(values.size());
+  for (size_t i = 0; i < values.size(); ++i) rounded[i] = toBf16(values[i]);
+  return DeviceArray<Bf16>(rounded);
+}
+std::vector<float> readFloats(const DeviceArray<Bf16>& array) {
+  std::vector<float> values;
+  for (Bf16 value : array.read()) values.push_back(fromBf16(value));
+  return values;
+}
+// The values as bf16 would hold them: the CPU reference's inputs.
+std::vector<float> roundedToBf16(std::vector<float> values) {
+  for (float& value : values) value = fromBf16(toBf16(value));
+  return values;
+}
+
+TEST(ParallelCudaKernels, Bf16MatmulAttentionAndLayernormMatchTheCpu) {
+  const int OC = 3 * C;
+  std::vector<float> inp = roundedToBf16(randomValues(BT * C, 31)), weight = roundedToBf16(randomValues(OC * C, 32));
+  std::vector<float> bias = roundedToBf16(randomValues(OC, 33)), dout = roundedToBf16(randomValues(BT * OC, 34));
+  std::vector<float> out(BT * OC), dinp(BT * C), dweight(OC * C), dbias(OC);
+  cpu::matmulForward(out.data(), inp.data(), weight.data(), bias.data(), BT, C, OC);
+  cpu::matmulBackward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(), BT, C, OC);
+  DeviceArray<Bf16> dInp = bf16Array(inp), dWeight = bf16Array(weight), dBias = bf16Array(bias),
+                    dDout = bf16Array(dout), dOut = bf16Array(zeros(BT * OC)), dDinp = bf16Array(zeros(BT * C)),
+                    dDweight = bf16Array(zeros(OC * C)), dDbias = bf16Array(zeros(OC));
+  cuda::matmulForward(dOut.get(), dInp.get(), dWeight.get(), dBias.get(), BT, C, OC, nullptr);
+  cuda::matmulBackward(dDinp.get(), dDweight.get(), dDbias.get(), dDout.get(), dInp.get(), dWeight.get(), BT, C, OC,
+                       nullptr);
+  expectClose(readFloats(dOut), out, 1e-2, "bf16 matmul forward");
+  expectClose(readFloats(dDinp), dinp, 1e-2, "bf16 matmul dinp");
+  expectClose(readFloats(dDweight), dweight, 1e-2, "bf16 matmul dweight");
+  expectClose(readFloats(dDbias), dbias, 1e-2, "bf16 matmul dbias");
+
+  std::vector<float> qkv = roundedToBf16(randomValues(BT * 3 * C, 35)), dy = roundedToBf16(randomValues(BT * C, 36));
+  std::vector<float> y(BT * C), att(B * NH * T * T), dqkv(BT * 3 * C);
+  cpu::attentionForward(y.data(), att.data(), qkv.data(), B, T, C, NH);
+  cpu::attentionBackward(dqkv.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH);
+  DeviceArray<Bf16> dQkv = bf16Array(qkv), dDy = bf16Array(dy), dY = bf16Array(zeros(BT * C)),
+                    dAtt = bf16Array(zeros(att.size())), dScratch = bf16Array(zeros(att.size())),
+                    dDqkv = bf16Array(zeros(BT * 3 * C));
+  cuda::attentionForward(dY.get(), dAtt.get(), dQkv.get(), B, T, C, NH, nullptr);
+  cuda::attentionBackward(dDqkv.get(), dDy.get(), dQkv.get(), dAtt.get(), dScratch.get(), B, T, C, NH, nullptr);
+  expectClose(readFloats(dAtt), att, 1e-2, "bf16 attention probabilities");
+  expectClose(readFloats(dY), y, 2e-2, "bf16 attention forward");
+  expectClose(readFloats(dDqkv), dqkv, 4e-2, "bf16 attention backward");
+
+  std::vector<float> x = roundedToBf16(randomValues(BT * C, 37, 2.0f)), gain = roundedToBf16(randomValues(C, 38));
+  std::vector<float> shift = roundedToBf16(randomValues(C, 39)), dln = roundedToBf16(randomValues(BT * C, 40));
+  std::vector<float> ln(BT * C), mean(BT), rstd(BT), dx(BT * C), dgain(C), dshift(C);
+  cpu::layernormForward(ln.data(), mean.data(), rstd.data(), x.data(), gain.data(), shift.data(), BT, C);
+  cpu::layernormBackward(dx.data(), dgain.data(), dshift.data(), dln.data(), x.data(), gain.data(), mean.data(),
+                         rstd.data(), BT, C);
+  DeviceArray<Bf16> dX = bf16Array(x), dGain = bf16Array(gain), dShift = bf16Array(shift), dDln = bf16Array(dln),
+                    dLn = bf16Array(zeros(BT * C)), dDx = bf16Array(zeros(BT * C)), dDgain = bf16Array(zeros(C)),
+                    dDshift = bf16Array(zeros(C));
+  DeviceArray<float> dMean(zeros(BT)), dRstd(zeros(BT));
+  cuda::layernormForward(dLn.get(), dMean.get(), dRstd.get(), dX.get(), dGain.get(), dShift.get(), BT, C, nullptr);
+  cuda::layernormBackward(dDx.get(), dDgain.get(), dDshift.get(), dDln.get(), dX.get(), dGain.get(), dMean.get(),
+                          dRstd.get(), BT, C, nullptr);
+  expectClose(readFloats(dLn), ln, 1e-2, "bf16 layernorm forward");
+  expectClose(dRstd.read(), rstd, 1e-5, "bf16 layernorm rstd");
+  expectClose(readFloats(dDx), dx, 1e-2, "bf16 layernorm dinp");
+  expectClose(readFloats(dDgain), dgain, 1e-2, "bf16 layernorm dweight");
+  expectClose(readFloats(dDshift), dshift, 1e-2, "bf16 layernorm dbias");
+}
+
+TEST(ParallelCudaKernels, Bf16PointwiseLossAndMixedAdamWMatchTheCpu) {
+  std::vector<float> inp = roundedToBf16(randomValues(BT * C, 41, 2.0f)),
+                     dout = roundedToBf16(randomValues(BT * C, 42));
+  std::vector<float> gelu(BT * C), dgelu(BT * C);
+  cpu::geluForward(gelu.data(), inp.data(), gelu.size());
+  cpu::geluBackward(dgelu.data(), dout.data(), inp.data(), gelu.size());
+  DeviceArray<Bf16> dInp = bf16Array(inp), dDout = bf16Array(dout), dGelu = bf16Array(zeros(BT * C)),
+                    dDgelu = bf16Array(zeros(BT * C));
+  cuda::geluForward(dGelu.get(), dInp.get(), gelu.size(), nullptr);
+  cuda::geluBackward(dDgelu.get(), dDout.get(), dInp.get(), gelu.size(), nullptr);
+  expectClose(readFloats(dGelu), gelu, 1e-2, "bf16 gelu forward");
+  expectClose(readFloats(dDgelu), dgelu, 1e-2, "bf16 gelu backward");
+
+  std::vector<int32_t> tokens(BT), targets(BT);
+  for (int i = 0; i < BT; ++i) {
+    tokens[i] = (i * 7) % V;
+    targets[i] = (i * 13 + 5) % V;
+  }
+  std::vector<float> wte = roundedToBf16(randomValues(V * C, 43)), wpe = roundedToBf16(randomValues(T * C, 44));
+  std::vector<float> encoded(BT * C), dwte(V * C), dwpe(T * C);
+  cpu::embeddingForward(encoded.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  cpu::embeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  DeviceArray<int32_t> dTokens(tokens), dTargets(targets);
+  DeviceArray<Bf16> dWte = bf16Array(wte), dWpe = bf16Array(wpe), dEncoded = bf16Array(zeros(BT * C)),
+                    dDwte = bf16Array(zeros(V * C)), dDwpe = bf16Array(zeros(T * C));
+  cuda::embeddingForward(dEncoded.get(), dTokens.get(), dWte.get(), dWpe.get(), B, T, C, nullptr);
+  cuda::embeddingBackward(dDwte.get(), dDwpe.get(), dDout.get(), dTokens.get(), B, T, C, nullptr);
+  expectClose(readFloats(dEncoded), encoded, 1e-2, "bf16 embedding forward");
+  expectClose(readFloats(dDwte), dwte, 1e-2, "bf16 embedding dwte");
+  expectClose(readFloats(dDwpe), dwpe, 1e-2, "bf16 embedding dwpe");
+
+  std::vector<float> logits = roundedToBf16(randomValues(BT * V, 45, 3.0f)), dlosses = randomValues(BT, 46);
+  std::vector<float> probs(BT * V), losses(BT), dlogits(BT * V);
+  cpu::crossEntropyForward(losses.data(), probs.data(), logits.data(), targets.data(), BT, V);
+  cpu::crossEntropyBackward(dlogits.data(), dlosses.data(), probs.data(), targets.data(), BT, V);
+  DeviceArray<Bf16> dLogits = bf16Array(logits), dProbs = bf16Array(zeros(BT * V)), dDlogits = bf16Array(zeros(BT * V));
+  DeviceArray<float> dLosses(zeros(BT)), dDlosses(dlosses);
+  cuda::crossEntropyForward(dLosses.get(), dProbs.get(), dLogits.get(), dTargets.get(), BT, V, nullptr);
+  cuda::crossEntropyBackward(dDlogits.get(), dDlosses.get(), dProbs.get(), dTargets.get(), BT, V, nullptr);
+  expectClose(dLosses.read(), losses, 1e-5, "bf16 cross-entropy losses (fp32)");
+  expectClose(readFloats(dProbs), probs, 1e-2, "bf16 cross-entropy probabilities");
+  expectClose(readFloats(dDlogits), dlogits, 1e-2, "bf16 cross-entropy backward");
+
+  // Mixed AdamW: fp32 master weights and moments from bf16 gradients, the bf16 weights their rounding.
+  const size_t n = 4099;
+  std::vector<float> master = randomValues(n, 47), m(n), v(n);
+  DeviceArray<float> dMaster(master), dM(m), dV(v);
+  DeviceArray<Bf16> dParams = bf16Array(master);
+  for (int step = 1; step <= 3; ++step) {
+    const std::vector<float> grads = roundedToBf16(randomValues(n, 50 + step));
+    DeviceArray<Bf16> dGrads = bf16Array(grads);
+    cpu::adamwUpdate(master.data(), grads.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+    cuda::adamwUpdate(dParams.get(), dGrads.get(), dMaster.get(), dM.get(), dV.get(), n, 1e-2f, 0.9f, 0.95f, 1e-8f,
+                      0.1f, step, nullptr);
+  }
+  expectClose(dMaster.read(), master, 1e-5, "mixed adamw master weights");
+  const std::vector<float> gpuMaster = dMaster.read(), gpuParams = readFloats(dParams);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(gpuParams[i], fromBf16(toBf16(gpuMaster[i]))) << "weight " << i;
+  DeviceArray<double> dSum(std::vector<double>{0.0});
+  cuda::sumOfSquares(dSum.get(), dParams.get(), n, nullptr);
+  double cpuSum = 0;
+  for (float value : gpuParams) cpuSum += static_cast<double>(value) * value;
+  EXPECT_NEAR(dSum.read()[0], cpuSum, 1e-5 * cpuSum) << "bf16 sum of squares";
 }
 
 }  // namespace

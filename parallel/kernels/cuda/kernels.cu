@@ -1,19 +1,67 @@
-// The reference GPT's CUDA kernels (kernels.h). Element-wise kernels are grid-stride loops; row kernels (layernorm,
-// softmax, cross-entropy) give a row to a warp or a block and reduce with shuffles; the GEMMs, attention's included
-// (strided-batched over the heads of one sequence), are cuBLAS calls on the row-major layout read as column-major.
-// Parameter gradients that many rows add to (layernorm's, the embeddings') use atomicAdd, so their sums are not
-// bitwise reproducible from run to run; everything else is.
+// The reference GPT's CUDA kernels (kernels.h), each a template over the stored element type (float or
+// __nv_bfloat16) that computes in fp32. Element-wise kernels are grid-stride loops; row kernels (layernorm, softmax,
+// cross-entropy) give a row to a warp or a block and reduce with shuffles; the GEMMs, attention's included
+// (strided-batched over the heads of one sequence), are cuBLAS GemmEx calls with fp32 accumulation on the row-major
+// layout read as column-major. Only the token embedding's gradient adds with atomics; every other result is
+// bitwise reproducible from run to run.
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 #include "parallel/kernels/cuda/kernels.h"
 
 namespace loom::parallel::cuda {
 namespace {
+
+static_assert(sizeof(Bf16) == sizeof(__nv_bfloat16));
+
+// The device type of a kernels.h element type, and the pointer casts between them.
+template <typename E>
+struct DeviceType {
+  using type = float;
+};
+template <>
+struct DeviceType<Bf16> {
+  using type = __nv_bfloat16;
+};
+template <typename E>
+using Dev = typename DeviceType<E>::type;
+template <typename E>
+Dev<E>* dev(E* p) {
+  return reinterpret_cast<Dev<E>*>(p);
+}
+template <typename E>
+const Dev<E>* dev(const E* p) {
+  return reinterpret_cast<const Dev<E>*>(p);
+}
+
+// Loads widen to fp32; stores round to the element type (to nearest even).
+__device__ __forceinline__ float load(float x) { return x; }
+__device__ __forceinline__ float load(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename D>
+__device__ __forceinline__ D store(float x);
+template <>
+__device__ __forceinline__ float store<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 store<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <typename D>
+__device__ __forceinline__ void addTo(D* p, float x) {
+  *p = store<D>(load(*p) + x);
+}
+
+template <typename D>
+constexpr cudaDataType_t blasType() {
+  return std::is_same_v<D, float> ? CUDA_R_32F : CUDA_R_16BF;
+}
 
 constexpr int kThreads = 256;
 
@@ -69,346 +117,485 @@ void check(cublasStatus_t status, const char* what) {
   std::exit(1);
 }
 
-__global__ void embeddingForwardKernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int T,
-                                       int C, size_t n) {
+template <typename D>
+__global__ void embeddingForwardKernel(D* out, const int32_t* tokens, const D* wte, const D* wpe, int T, int C,
+                                       size_t n) {
   for (size_t i = firstIndex(); i < n; i += gridStride()) {
     const size_t row = i / C, c = i % C;
-    out[i] = wte[static_cast<size_t>(tokens[row]) * C + c] + wpe[(row % T) * C + c];
+    out[i] = store<D>(load(wte[static_cast<size_t>(tokens[row]) * C + c]) + load(wpe[(row % T) * C + c]));
   }
 }
 
-__global__ void embeddingBackwardKernel(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int T,
-                                        int C, size_t n) {
+template <typename D>
+__global__ void tokenEmbeddingBackwardKernel(D* dwte, const D* dout, const int32_t* tokens, int C, size_t n) {
   for (size_t i = firstIndex(); i < n; i += gridStride()) {
     const size_t row = i / C, c = i % C;
     atomicAdd(&dwte[static_cast<size_t>(tokens[row]) * C + c], dout[i]);
-    atomicAdd(&dwpe[(row % T) * C + c], dout[i]);
+  }
+}
+
+// A thread per (t, c) of the position embedding, over the B sequences in order.
+template <typename D>
+__global__ void positionEmbeddingBackwardKernel(D* dwpe, const D* dout, int B, int T, int C) {
+  const size_t positions = static_cast<size_t>(T) * C;
+  for (size_t i = firstIndex(); i < positions; i += gridStride()) {
+    float sum = 0;
+    for (int b = 0; b < B; ++b) sum += load(dout[b * positions + i]);
+    addTo(&dwpe[i], sum);
   }
 }
 
 // One warp per row.
-__global__ void layernormForwardKernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                                       const float* bias, int N, int C) {
+template <typename D>
+__global__ void layernormForwardKernel(D* out, float* mean, float* rstd, const D* inp, const D* weight, const D* bias,
+                                       int N, int C) {
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= N) return;
-  const float* x = inp + static_cast<size_t>(row) * C;
+  const D* x = inp + static_cast<size_t>(row) * C;
   float sum = 0;
-  for (int c = lane; c < C; c += 32) sum += x[c];
+  for (int c = lane; c < C; c += 32) sum += load(x[c]);
   const float mu = warpSum(sum) / C;
   float squares = 0;
-  for (int c = lane; c < C; c += 32) squares += (x[c] - mu) * (x[c] - mu);
+  for (int c = lane; c < C; c += 32) squares += (load(x[c]) - mu) * (load(x[c]) - mu);
   const float r = rsqrtf(warpSum(squares) / C + 1e-5f);
-  float* y = out + static_cast<size_t>(row) * C;
-  for (int c = lane; c < C; c += 32) y[c] = (x[c] - mu) * r * weight[c] + bias[c];
+  D* y = out + static_cast<size_t>(row) * C;
+  for (int c = lane; c < C; c += 32) y[c] = store<D>((load(x[c]) - mu) * r * load(weight[c]) + load(bias[c]));
   if (lane == 0) {
     mean[row] = mu;
     rstd[row] = r;
   }
 }
 
-__global__ void layernormBackwardKernel(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+// dinp only, one warp per row; the parameter gradients are column sums (below).
+template <typename D>
+__global__ void layernormBackwardKernel(D* dinp, const D* dout, const D* inp, const D* weight, const float* mean,
+                                        const float* rstd, int N, int C) {
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= N) return;
-  const float* x = inp + static_cast<size_t>(row) * C;
-  const float* dy = dout + static_cast<size_t>(row) * C;
+  const D* x = inp + static_cast<size_t>(row) * C;
+  const D* dy = dout + static_cast<size_t>(row) * C;
   const float mu = mean[row], r = rstd[row];
   float sumG = 0, sumGXhat = 0;
   for (int c = lane; c < C; c += 32) {
-    const float g = dy[c] * weight[c];
+    const float g = load(dy[c]) * load(weight[c]);
     sumG += g;
-    sumGXhat += g * (x[c] - mu) * r;
+    sumGXhat += g * (load(x[c]) - mu) * r;
   }
   const float meanG = warpSum(sumG) / C, meanGXhat = warpSum(sumGXhat) / C;
-  float* dx = dinp + static_cast<size_t>(row) * C;
+  D* dx = dinp + static_cast<size_t>(row) * C;
   for (int c = lane; c < C; c += 32) {
-    const float xhat = (x[c] - mu) * r;
-    dx[c] += r * (dy[c] * weight[c] - meanG - xhat * meanGXhat);
-    atomicAdd(&dweight[c], dy[c] * xhat);
-    atomicAdd(&dbias[c], dy[c]);
+    const float xhat = (load(x[c]) - mu) * r;
+    addTo(&dx[c], r * (load(dy[c]) * load(weight[c]) - meanG - xhat * meanGXhat));
   }
 }
 
-__global__ void addBiasKernel(float* out, const float* bias, int OC, size_t n) {
-  for (size_t i = firstIndex(); i < n; i += gridStride()) out[i] += bias[i % OC];
+constexpr int kChunkRows = 128;
+
+// Partial column sums of dout * xhat and dout over one chunk of kChunkRows rows: block (32 columns, 8 row
+// groups), the groups combined in shared memory in order. partial is [chunks, 2, C].
+template <typename D>
+__global__ void layernormParamPartialKernel(float* partial, const D* dout, const D* inp, const float* mean,
+                                            const float* rstd, int N, int C) {
+  __shared__ float weights[8][32], biases[8][32];
+  const int c = blockIdx.x * 32 + threadIdx.x, chunk = blockIdx.y;
+  float sumW = 0, sumB = 0;
+  if (c < C) {
+    const int last = min(N, (chunk + 1) * kChunkRows);
+    for (int row = chunk * kChunkRows + threadIdx.y; row < last; row += 8) {
+      const size_t at = static_cast<size_t>(row) * C + c;
+      const float dy = load(dout[at]);
+      sumW += dy * (load(inp[at]) - mean[row]) * rstd[row];
+      sumB += dy;
+    }
+  }
+  weights[threadIdx.y][threadIdx.x] = sumW;
+  biases[threadIdx.y][threadIdx.x] = sumB;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  for (int y = 1; y < 8; ++y) {
+    sumW += weights[y][threadIdx.x];
+    sumB += biases[y][threadIdx.x];
+  }
+  partial[(static_cast<size_t>(chunk) * 2) * C + c] = sumW;
+  partial[(static_cast<size_t>(chunk) * 2 + 1) * C + c] = sumB;
+}
+
+// Adds the chunks' partial sums, in chunk order, to dweight and dbias.
+template <typename D>
+__global__ void layernormParamSumKernel(D* dweight, D* dbias, const float* partial, int chunks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float sumW = 0, sumB = 0;
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    sumW += partial[(static_cast<size_t>(chunk) * 2) * C + c];
+    sumB += partial[(static_cast<size_t>(chunk) * 2 + 1) * C + c];
+  }
+  addTo(&dweight[c], sumW);
+  addTo(&dbias[c], sumB);
+}
+
+template <typename D>
+__global__ void addBiasKernel(D* out, const D* bias, int OC, size_t n) {
+  for (size_t i = firstIndex(); i < n; i += gridStride()) addTo(&out[i], load(bias[i % OC]));
 }
 
 // dbias[o] += sum over rows of dout[row, o]: a thread per column, rows in order.
-__global__ void biasGradientKernel(float* dbias, const float* dout, int N, int OC) {
+template <typename D>
+__global__ void biasGradientKernel(D* dbias, const D* dout, int N, int OC) {
   const int o = blockIdx.x * blockDim.x + threadIdx.x;
   if (o >= OC) return;
   float sum = 0;
-  for (int i = 0; i < N; ++i) sum += dout[static_cast<size_t>(i) * OC + o];
-  dbias[o] += sum;
+  for (int i = 0; i < N; ++i) sum += load(dout[static_cast<size_t>(i) * OC + o]);
+  addTo(&dbias[o], sum);
 }
 
 // Causal softmax of each row t of a T x T block, in place; zero above the diagonal. One warp per row.
-__global__ void causalSoftmaxKernel(float* att, int T, size_t rows) {
+template <typename D>
+__global__ void causalSoftmaxKernel(D* att, int T, size_t rows) {
   const size_t row = static_cast<size_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   const int t = static_cast<int>(row % T);
-  float* p = att + row * T;
+  D* p = att + row * T;
   float maxScore = -INFINITY;
-  for (int s = lane; s <= t; s += 32) maxScore = fmaxf(maxScore, p[s]);
+  for (int s = lane; s <= t; s += 32) maxScore = fmaxf(maxScore, load(p[s]));
   maxScore = warpMax(maxScore);
   float sum = 0;
-  for (int s = lane; s <= t; s += 32) {
-    p[s] = expf(p[s] - maxScore);
-    sum += p[s];
-  }
+  for (int s = lane; s <= t; s += 32) sum += expf(load(p[s]) - maxScore);
   const float inverse = 1.0f / warpSum(sum);
-  for (int s = lane; s < T; s += 32) p[s] = s <= t ? p[s] * inverse : 0.0f;
+  for (int s = lane; s < T; s += 32) p[s] = store<D>(s <= t ? expf(load(p[s]) - maxScore) * inverse : 0.0f);
 }
 
 // dS = P * (dP - rowsum(P * dP)) * scale, in place over dP; one warp per row.
-__global__ void softmaxBackwardKernel(float* d, const float* att, int T, float scale, size_t rows) {
+template <typename D>
+__global__ void softmaxBackwardKernel(D* d, const D* att, int T, float scale, size_t rows) {
   const size_t row = static_cast<size_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   const int t = static_cast<int>(row % T);
-  const float* p = att + row * T;
-  float* g = d + row * T;
+  const D* p = att + row * T;
+  D* g = d + row * T;
   float weighted = 0;
-  for (int s = lane; s <= t; s += 32) weighted += p[s] * g[s];
+  for (int s = lane; s <= t; s += 32) weighted += load(p[s]) * load(g[s]);
   weighted = warpSum(weighted);
-  for (int s = lane; s < T; s += 32) g[s] = s <= t ? p[s] * (g[s] - weighted) * scale : 0.0f;
+  for (int s = lane; s < T; s += 32) g[s] = store<D>(s <= t ? load(p[s]) * (load(g[s]) - weighted) * scale : 0.0f);
 }
 
 __device__ float geluTanh(float x) { return tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)); }
 
-__global__ void geluForwardKernel(float* out, const float* inp, size_t n) {
-  for (size_t i = firstIndex(); i < n; i += gridStride()) out[i] = 0.5f * inp[i] * (1.0f + geluTanh(inp[i]));
-}
-
-__global__ void geluBackwardKernel(float* dinp, const float* dout, const float* inp, size_t n) {
+template <typename D>
+__global__ void geluForwardKernel(D* out, const D* inp, size_t n) {
   for (size_t i = firstIndex(); i < n; i += gridStride()) {
-    const float x = inp[i], th = geluTanh(x);
-    const float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] += dout[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du);
+    const float x = load(inp[i]);
+    out[i] = store<D>(0.5f * x * (1.0f + geluTanh(x)));
   }
 }
 
-__global__ void residualForwardKernel(float* out, const float* a, const float* b, size_t n) {
-  for (size_t i = firstIndex(); i < n; i += gridStride()) out[i] = a[i] + b[i];
+template <typename D>
+__global__ void geluBackwardKernel(D* dinp, const D* dout, const D* inp, size_t n) {
+  for (size_t i = firstIndex(); i < n; i += gridStride()) {
+    const float x = load(inp[i]), th = geluTanh(x);
+    const float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+    addTo(&dinp[i], load(dout[i]) * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du));
+  }
 }
 
-__global__ void residualBackwardKernel(float* da, float* db, const float* dout, size_t n) {
+template <typename D>
+__global__ void residualForwardKernel(D* out, const D* a, const D* b, size_t n) {
+  for (size_t i = firstIndex(); i < n; i += gridStride()) out[i] = store<D>(load(a[i]) + load(b[i]));
+}
+
+template <typename D>
+__global__ void residualBackwardKernel(D* da, D* db, const D* dout, size_t n) {
   for (size_t i = firstIndex(); i < n; i += gridStride()) {
-    da[i] += dout[i];
-    db[i] += dout[i];
+    addTo(&da[i], load(dout[i]));
+    addTo(&db[i], load(dout[i]));
   }
 }
 
 // One block per row.
-__global__ void crossEntropyForwardKernel(float* losses, float* probs, const float* logits, const int32_t* targets,
-                                          int V) {
+template <typename D>
+__global__ void crossEntropyForwardKernel(float* losses, D* probs, const D* logits, const int32_t* targets, int V) {
   const size_t row = blockIdx.x;
-  const float* z = logits + row * V;
-  float* p = probs + row * V;
+  const D* z = logits + row * V;
+  D* p = probs + row * V;
   float maxLogit = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) maxLogit = fmaxf(maxLogit, z[v]);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) maxLogit = fmaxf(maxLogit, load(z[v]));
   maxLogit = blockReduce<true>(maxLogit);
   float sum = 0;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    p[v] = expf(z[v] - maxLogit);
-    sum += p[v];
-  }
+  for (int v = threadIdx.x; v < V; v += blockDim.x) sum += expf(load(z[v]) - maxLogit);
   sum = blockReduce<false>(sum);
   const float inverse = 1.0f / sum;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) p[v] *= inverse;
-  if (threadIdx.x == 0) losses[row] = logf(sum) - (z[targets[row]] - maxLogit);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) p[v] = store<D>(expf(load(z[v]) - maxLogit) * inverse);
+  if (threadIdx.x == 0) losses[row] = logf(sum) - (load(z[targets[row]]) - maxLogit);
 }
 
-__global__ void crossEntropyBackwardKernel(float* dlogits, const float* dlosses, const float* probs,
-                                           const int32_t* targets, int V, size_t n) {
+template <typename D>
+__global__ void crossEntropyBackwardKernel(D* dlogits, const float* dlosses, const D* probs, const int32_t* targets,
+                                           int V, size_t n) {
   for (size_t i = firstIndex(); i < n; i += gridStride()) {
     const size_t row = i / V;
     const int v = static_cast<int>(i % V);
-    dlogits[i] += (probs[i] - (v == targets[row] ? 1.0f : 0.0f)) * dlosses[row];
+    addTo(&dlogits[i], (load(probs[i]) - (v == targets[row] ? 1.0f : 0.0f)) * dlosses[row]);
   }
 }
 
-__global__ void adamwKernel(float* params, const float* grads, float* m, float* v, size_t n, float learningRate,
-                            float beta1, float beta2, float eps, float weightDecay, float correction1,
-                            float correction2) {
-  for (size_t i = firstIndex(); i < n; i += gridStride()) {
-    const float g = grads[i];
-    float p = params[i];
+struct AdamW {
+  float learningRate, beta1, beta2, eps, weightDecay, correction1, correction2;
+  // The new value of weight p with gradient g, updating the moments m and v.
+  __device__ float step(float p, float g, float* m, float* v) const {
     p -= learningRate * weightDecay * p;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    params[i] = p - learningRate * (mi / correction1) / (sqrtf(vi / correction2) + eps);
+    const float mi = beta1 * *m + (1.0f - beta1) * g;
+    const float vi = beta2 * *v + (1.0f - beta2) * g * g;
+    *m = mi;
+    *v = vi;
+    return p - learningRate * (mi / correction1) / (sqrtf(vi / correction2) + eps);
+  }
+};
+
+__global__ void adamwKernel(float* params, const float* grads, float* m, float* v, size_t n, AdamW adamw) {
+  for (size_t i = firstIndex(); i < n; i += gridStride()) params[i] = adamw.step(params[i], grads[i], &m[i], &v[i]);
+}
+
+__global__ void adamwMixedKernel(__nv_bfloat16* params, const __nv_bfloat16* grads, float* master, float* m, float* v,
+                                 size_t n, AdamW adamw) {
+  for (size_t i = firstIndex(); i < n; i += gridStride()) {
+    master[i] = adamw.step(master[i], load(grads[i]), &m[i], &v[i]);
+    params[i] = store<__nv_bfloat16>(master[i]);
   }
 }
 
-__global__ void sumOfSquaresKernel(double* sum, const float* grads, size_t n) {
+__global__ void roundKernel(__nv_bfloat16* dst, const float* src, size_t n) {
+  for (size_t i = firstIndex(); i < n; i += gridStride()) dst[i] = store<__nv_bfloat16>(src[i]);
+}
+
+template <typename D>
+__global__ void sumOfSquaresKernel(double* sum, const D* grads, size_t n) {
   float local = 0;
-  for (size_t i = firstIndex(); i < n; i += gridStride()) local += grads[i] * grads[i];
+  for (size_t i = firstIndex(); i < n; i += gridStride()) local += load(grads[i]) * load(grads[i]);
   local = blockReduce<false>(local);
   if (threadIdx.x == 0) atomicAdd(sum, static_cast<double>(local));
 }
 
-__global__ void scaleKernel(float* values, size_t n, float factor) {
-  for (size_t i = firstIndex(); i < n; i += gridStride()) values[i] *= factor;
+template <typename D>
+__global__ void scaleKernel(D* values, size_t n, float factor) {
+  for (size_t i = firstIndex(); i < n; i += gridStride()) values[i] = store<D>(load(values[i]) * factor);
+}
+
+// C (m x n) = alpha op(A) op(B) + beta C in cuBLAS's column-major terms, D elements, fp32 accumulation.
+template <typename D>
+void gemm(cublasHandle_t handle, cublasOperation_t opA, cublasOperation_t opB, int m, int n, int k, float alpha,
+          const D* a, int lda, const D* b, int ldb, float beta, D* c, int ldc, const char* what) {
+  check(cublasGemmEx(handle, opA, opB, m, n, k, &alpha, a, blasType<D>(), lda, b, blasType<D>(), ldb, &beta, c,
+                     blasType<D>(), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        what);
+}
+
+template <typename D>
+void gemmBatched(cublasHandle_t handle, cublasOperation_t opA, cublasOperation_t opB, int m, int n, int k, float alpha,
+                 const D* a, int lda, long long strideA, const D* b, int ldb, long long strideB, float beta, D* c,
+                 int ldc, long long strideC, int batches, const char* what) {
+  check(cublasGemmStridedBatchedEx(handle, opA, opB, m, n, k, &alpha, a, blasType<D>(), lda, strideA, b, blasType<D>(),
+                                   ldb, strideB, &beta, c, blasType<D>(), ldc, strideC, batches, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT),
+        what);
+}
+
+unsigned warpRowBlocks(size_t rows) {
+  constexpr size_t kRowsPerBlock = kThreads / 32;
+  return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
 }  // namespace
 
-void embeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+template <typename E>
+void embeddingForward(E* out, const int32_t* tokens, const E* wte, const E* wpe, int B, int T, int C, void* stream) {
+  const size_t n = static_cast<size_t>(B) * T * C;
+  embeddingForwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(out), tokens, dev(wte), dev(wpe), T, C,
+                                                                          n);
+}
+
+template <typename E>
+void embeddingBackward(E* dwte, E* dwpe, const E* dout, const int32_t* tokens, int B, int T, int C, void* stream) {
+  const size_t n = static_cast<size_t>(B) * T * C;
+  tokenEmbeddingBackwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(dwte), dev(dout), tokens, C, n);
+  positionEmbeddingBackwardKernel<<<blocksFor(static_cast<size_t>(T) * C), kThreads, 0, asStream(stream)>>>(
+      dev(dwpe), dev(dout), B, T, C);
+}
+
+template <typename E>
+void layernormForward(E* out, float* mean, float* rstd, const E* inp, const E* weight, const E* bias, int N, int C,
                       void* stream) {
-  const size_t n = static_cast<size_t>(B) * T * C;
-  embeddingForwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(out, tokens, wte, wpe, T, C, n);
+  layernormForwardKernel<<<warpRowBlocks(N), kThreads, 0, asStream(stream)>>>(dev(out), mean, rstd, dev(inp),
+                                                                              dev(weight), dev(bias), N, C);
 }
 
-void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
-                       void* stream) {
-  const size_t n = static_cast<size_t>(B) * T * C;
-  embeddingBackwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dwte, dwpe, dout, tokens, T, C, n);
-}
-
-void layernormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                      int N, int C, void* stream) {
-  const int rowsPerBlock = kThreads / 32;
-  layernormForwardKernel<<<(N + rowsPerBlock - 1) / rowsPerBlock, kThreads, 0, asStream(stream)>>>(
-      out, mean, rstd, inp, weight, bias, N, C);
-}
-
-void layernormBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, const float* mean, const float* rstd, int N, int C, void* stream) {
-  const int rowsPerBlock = kThreads / 32;
-  layernormBackwardKernel<<<(N + rowsPerBlock - 1) / rowsPerBlock, kThreads, 0, asStream(stream)>>>(
-      dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+template <typename E>
+void layernormBackward(E* dinp, E* dweight, E* dbias, const E* dout, const E* inp, const E* weight, const float* mean,
+                       const float* rstd, int N, int C, void* stream) {
+  cudaStream_t s = asStream(stream);
+  layernormBackwardKernel<<<warpRowBlocks(N), kThreads, 0, s>>>(dev(dinp), dev(dout), dev(inp), dev(weight), mean, rstd,
+                                                                N, C);
+  const int chunks = (N + kChunkRows - 1) / kChunkRows;
+  float* partial = nullptr;
+  if (cudaMallocAsync(reinterpret_cast<void**>(&partial), sizeof(float) * 2 * chunks * C, s) != cudaSuccess) {
+    std::fprintf(stderr, "parallel/kernels/cuda: no device memory for layernorm's %d x %d partial sums\n", chunks, C);
+    std::exit(1);
+  }
+  layernormParamPartialKernel<<<dim3((C + 31) / 32, chunks), dim3(32, 8), 0, s>>>(partial, dev(dout), dev(inp), mean,
+                                                                                  rstd, N, C);
+  layernormParamSumKernel<<<(C + kThreads - 1) / kThreads, kThreads, 0, s>>>(dev(dweight), dev(dbias), partial, chunks,
+                                                                             C);
+  cudaFreeAsync(partial, s);
 }
 
 // Row-major X[rows, cols] is column-major X^T: out = inp x W^T is out^T = W x inp^T in cuBLAS's terms.
-void matmulForward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+template <typename E>
+void matmulForward(E* out, const E* inp, const E* weight, std::type_identity_t<const E*> bias, int N, int C, int OC,
                    void* stream) {
-  const float one = 1.0f, zero = 0.0f;
-  check(cublasSgemm(blas(stream), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp, C, &zero, out, OC),
-        "matmul forward");
+  gemm(blas(stream), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, dev(weight), C, dev(inp), C, 0.0f, dev(out), OC,
+       "matmul forward");
   if (bias != nullptr) {
     const size_t n = static_cast<size_t>(N) * OC;
-    addBiasKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(out, bias, OC, n);
+    addBiasKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(out), dev(bias), OC, n);
   }
 }
 
-void matmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
+template <typename E>
+void matmulBackward(E* dinp, E* dweight, std::type_identity_t<E*> dbias, const E* dout, const E* inp, const E* weight,
                     int N, int C, int OC, void* stream) {
-  const float one = 1.0f;
   cublasHandle_t handle = blas(stream);
-  check(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C, dout, OC, &one, dinp, C),
-        "matmul backward (input)");
-  check(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dweight, C),
-        "matmul backward (weight)");
-  if (dbias != nullptr) biasGradientKernel<<<(OC + kThreads - 1) / kThreads, kThreads, 0, asStream(stream)>>>(
-      dbias, dout, N, OC);
+  gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, dev(weight), C, dev(dout), OC, 1.0f, dev(dinp), C,
+       "matmul backward (input)");
+  gemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, dev(inp), C, dev(dout), OC, 1.0f, dev(dweight), C,
+       "matmul backward (weight)");
+  if (dbias != nullptr)
+    biasGradientKernel<<<(OC + kThreads - 1) / kThreads, kThreads, 0, asStream(stream)>>>(dev(dbias), dev(dout), N, OC);
 }
 
 // Per sequence b, over its NH heads at once (strided-batched, head h's columns hs apart): S = scale Q K^T into att,
 // the causal softmax, then Y = P V.
-void attentionForward(float* out, float* att, const float* inp, int B, int T, int C, int NH, void* stream) {
+template <typename E>
+void attentionForward(E* out, E* att, const E* inp, int B, int T, int C, int NH, void* stream) {
   const int hs = C / NH, ld = 3 * C;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs)), one = 1.0f, zero = 0.0f;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const long long block = static_cast<long long>(T) * T;
   cublasHandle_t handle = blas(stream);
   for (int b = 0; b < B; ++b) {
-    const float* q = inp + static_cast<size_t>(b) * T * ld;
-    float* s = att + static_cast<size_t>(b) * NH * block;
-    check(cublasSgemmStridedBatched(handle, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &scale, q + C, ld, hs, q, ld, hs,
-                                    &zero, s, T, block, NH),
-          "attention scores");
+    const Dev<E>* q = dev(inp) + static_cast<size_t>(b) * T * ld;
+    Dev<E>* s = dev(att) + static_cast<size_t>(b) * NH * block;
+    gemmBatched(handle, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, q + C, ld, hs, q, ld, hs, 0.0f, s, T, block, NH,
+                "attention scores");
   }
   const size_t rows = static_cast<size_t>(B) * NH * T;
-  causalSoftmaxKernel<<<static_cast<unsigned>((rows + kThreads / 32 - 1) / (kThreads / 32)), kThreads, 0,
-                        asStream(stream)>>>(att, T, rows);
+  causalSoftmaxKernel<<<warpRowBlocks(rows), kThreads, 0, asStream(stream)>>>(dev(att), T, rows);
   for (int b = 0; b < B; ++b) {
-    const float* v = inp + static_cast<size_t>(b) * T * ld + 2 * C;
-    const float* p = att + static_cast<size_t>(b) * NH * block;
-    float* y = out + static_cast<size_t>(b) * T * C;
-    check(cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, v, ld, hs, p, T, block, &zero,
-                                    y, C, hs, NH),
-          "attention output");
+    const Dev<E>* v = dev(inp) + static_cast<size_t>(b) * T * ld + 2 * C;
+    const Dev<E>* p = dev(att) + static_cast<size_t>(b) * NH * block;
+    Dev<E>* y = dev(out) + static_cast<size_t>(b) * T * C;
+    gemmBatched(handle, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, ld, hs, p, T, block, 0.0f, y, C, hs, NH,
+                "attention output");
   }
 }
 
 // dP = dY V^T, dS = softmax backward (in scratch), dQ += dS K, dK += dS^T Q, dV += P^T dY.
-void attentionBackward(float* dinp, const float* dout, const float* inp, const float* att, float* scratch, int B, int T,
-                       int C, int NH, void* stream) {
+template <typename E>
+void attentionBackward(E* dinp, const E* dout, const E* inp, const E* att, E* scratch, int B, int T, int C, int NH,
+                       void* stream) {
   const int hs = C / NH, ld = 3 * C;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs)), one = 1.0f, zero = 0.0f;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const long long block = static_cast<long long>(T) * T;
   cublasHandle_t handle = blas(stream);
   for (int b = 0; b < B; ++b) {
-    const float* v = inp + static_cast<size_t>(b) * T * ld + 2 * C;
-    const float* dy = dout + static_cast<size_t>(b) * T * C;
-    float* d = scratch + static_cast<size_t>(b) * NH * block;
-    check(cublasSgemmStridedBatched(handle, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, v, ld, hs, dy, C, hs, &zero, d,
-                                    T, block, NH),
-          "attention backward (dP)");
+    const Dev<E>* v = dev(inp) + static_cast<size_t>(b) * T * ld + 2 * C;
+    const Dev<E>* dy = dev(dout) + static_cast<size_t>(b) * T * C;
+    Dev<E>* d = dev(scratch) + static_cast<size_t>(b) * NH * block;
+    gemmBatched(handle, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, ld, hs, dy, C, hs, 0.0f, d, T, block, NH,
+                "attention backward (dP)");
   }
   const size_t rows = static_cast<size_t>(B) * NH * T;
-  softmaxBackwardKernel<<<static_cast<unsigned>((rows + kThreads / 32 - 1) / (kThreads / 32)), kThreads, 0,
-                          asStream(stream)>>>(scratch, att, T, scale, rows);
+  softmaxBackwardKernel<<<warpRowBlocks(rows), kThreads, 0, asStream(stream)>>>(dev(scratch), dev(att), T, scale, rows);
   for (int b = 0; b < B; ++b) {
     const size_t first = static_cast<size_t>(b) * T * ld;
-    const float* q = inp + first;
-    const float* k = q + C;
-    const float* p = att + static_cast<size_t>(b) * NH * block;
-    const float* ds = scratch + static_cast<size_t>(b) * NH * block;
-    const float* dy = dout + static_cast<size_t>(b) * T * C;
-    float* dq = dinp + first;
-    check(cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, k, ld, hs, ds, T, block, &one,
-                                    dq, ld, hs, NH),
-          "attention backward (dQ)");
-    check(cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, q, ld, hs, ds, T, block, &one,
-                                    dq + C, ld, hs, NH),
-          "attention backward (dK)");
-    check(cublasSgemmStridedBatched(handle, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, dy, C, hs, p, T, block, &one,
-                                    dq + 2 * C, ld, hs, NH),
-          "attention backward (dV)");
+    const Dev<E>* q = dev(inp) + first;
+    const Dev<E>* k = q + C;
+    const Dev<E>* p = dev(att) + static_cast<size_t>(b) * NH * block;
+    const Dev<E>* ds = dev(scratch) + static_cast<size_t>(b) * NH * block;
+    const Dev<E>* dy = dev(dout) + static_cast<size_t>(b) * T * C;
+    Dev<E>* dq = dev(dinp) + first;
+    gemmBatched(handle, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k, ld, hs, ds, T, block, 1.0f, dq, ld, hs, NH,
+                "attention backward (dQ)");
+    gemmBatched(handle, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, ld, hs, ds, T, block, 1.0f, dq + C, ld, hs, NH,
+                "attention backward (dK)");
+    gemmBatched(handle, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dy, C, hs, p, T, block, 1.0f, dq + 2 * C, ld, hs, NH,
+                "attention backward (dV)");
   }
 }
 
-void geluForward(float* out, const float* inp, size_t n, void* stream) {
-  geluForwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(out, inp, n);
+template <typename E>
+void geluForward(E* out, const E* inp, size_t n, void* stream) {
+  geluForwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(out), dev(inp), n);
 }
-void geluBackward(float* dinp, const float* dout, const float* inp, size_t n, void* stream) {
-  geluBackwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dinp, dout, inp, n);
+template <typename E>
+void geluBackward(E* dinp, const E* dout, const E* inp, size_t n, void* stream) {
+  geluBackwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(dinp), dev(dout), dev(inp), n);
 }
-void residualForward(float* out, const float* a, const float* b, size_t n, void* stream) {
-  residualForwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(out, a, b, n);
+template <typename E>
+void residualForward(E* out, const E* a, const E* b, size_t n, void* stream) {
+  residualForwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(out), dev(a), dev(b), n);
 }
-void residualBackward(float* da, float* db, const float* dout, size_t n, void* stream) {
-  residualBackwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(da, db, dout, n);
+template <typename E>
+void residualBackward(E* da, E* db, const E* dout, size_t n, void* stream) {
+  residualBackwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(da), dev(db), dev(dout), n);
 }
 
-void crossEntropyForward(float* losses, float* probs, const float* logits, const int32_t* targets, int N, int V,
-                         void* stream) {
-  crossEntropyForwardKernel<<<N, kThreads, 0, asStream(stream)>>>(losses, probs, logits, targets, V);
+template <typename E>
+void crossEntropyForward(float* losses, E* probs, const E* logits, const int32_t* targets, int N, int V, void* stream) {
+  crossEntropyForwardKernel<<<N, kThreads, 0, asStream(stream)>>>(losses, dev(probs), dev(logits), targets, V);
 }
-void crossEntropyBackward(float* dlogits, const float* dlosses, const float* probs, const int32_t* targets, int N,
-                          int V, void* stream) {
+template <typename E>
+void crossEntropyBackward(E* dlogits, const float* dlosses, const E* probs, const int32_t* targets, int N, int V,
+                          void* stream) {
   const size_t n = static_cast<size_t>(N) * V;
-  crossEntropyBackwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dlogits, dlosses, probs, targets, V, n);
+  crossEntropyBackwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(dlogits), dlosses, dev(probs),
+                                                                              targets, V, n);
 }
+
+template <typename E>
+void sumOfSquares(double* sum, const E* grads, size_t n, void* stream) {
+  sumOfSquaresKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(sum, dev(grads), n);
+}
+template <typename E>
+void scale(E* values, size_t n, float factor, void* stream) {
+  scaleKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(values), n, factor);
+}
+
+namespace {
+AdamW adamwOf(float learningRate, float beta1, float beta2, float eps, float weightDecay, int step) {
+  return AdamW{learningRate,
+               beta1,
+               beta2,
+               eps,
+               weightDecay,
+               1.0f - std::pow(beta1, static_cast<float>(step)),
+               1.0f - std::pow(beta2, static_cast<float>(step))};
+}
+}  // namespace
 
 void adamwUpdate(float* params, const float* grads, float* m, float* v, size_t n, float learningRate, float beta1,
                  float beta2, float eps, float weightDecay, int step, void* stream) {
-  const float correction1 = 1.0f - std::pow(beta1, static_cast<float>(step));
-  const float correction2 = 1.0f - std::pow(beta2, static_cast<float>(step));
-  adamwKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(params, grads, m, v, n, learningRate, beta1, beta2, eps,
-                                                               weightDecay, correction1, correction2);
+  adamwKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(
+      params, grads, m, v, n, adamwOf(learningRate, beta1, beta2, eps, weightDecay, step));
 }
 
-void sumOfSquares(double* sum, const float* grads, size_t n, void* stream) {
-  sumOfSquaresKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(sum, grads, n);
+void adamwUpdate(Bf16* params, const Bf16* grads, float* master, float* m, float* v, size_t n, float learningRate,
+                 float beta1, float beta2, float eps, float weightDecay, int step, void* stream) {
+  adamwMixedKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(
+      dev(params), dev(grads), master, m, v, n, adamwOf(learningRate, beta1, beta2, eps, weightDecay, step));
 }
 
-void scale(float* values, size_t n, float factor, void* stream) {
-  scaleKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(values, n, factor);
+void roundToBf16(Bf16* dst, const float* src, size_t n, void* stream) {
+  roundKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(dst), src, n);
 }
 
 bool launchFailed(const char** message) {
@@ -416,5 +603,28 @@ bool launchFailed(const char** message) {
   *message = error == cudaSuccess ? "" : cudaGetErrorString(error);
   return error != cudaSuccess;
 }
+
+// The two element types of kernels.h.
+#define LOOM_INSTANTIATE(E)                                                                                       \
+  template void embeddingForward(E*, const int32_t*, const E*, const E*, int, int, int, void*);                   \
+  template void embeddingBackward(E*, E*, const E*, const int32_t*, int, int, int, void*);                        \
+  template void layernormForward(E*, float*, float*, const E*, const E*, const E*, int, int, void*);              \
+  template void layernormBackward(E*, E*, E*, const E*, const E*, const E*, const float*, const float*, int, int, \
+                                  void*);                                                                         \
+  template void matmulForward<E>(E*, const E*, const E*, const E*, int, int, int, void*);                         \
+  template void matmulBackward<E>(E*, E*, E*, const E*, const E*, const E*, int, int, int, void*);                \
+  template void attentionForward(E*, E*, const E*, int, int, int, int, void*);                                    \
+  template void attentionBackward(E*, const E*, const E*, const E*, E*, int, int, int, int, void*);               \
+  template void geluForward(E*, const E*, size_t, void*);                                                         \
+  template void geluBackward(E*, const E*, const E*, size_t, void*);                                              \
+  template void residualForward(E*, const E*, const E*, size_t, void*);                                           \
+  template void residualBackward(E*, E*, const E*, size_t, void*);                                                \
+  template void crossEntropyForward(float*, E*, const E*, const int32_t*, int, int, void*);                       \
+  template void crossEntropyBackward(E*, const float*, const E*, const int32_t*, int, int, void*);                \
+  template void sumOfSquares(double*, const E*, size_t, void*);                                                   \
+  template void scale(E*, size_t, float, void*);
+LOOM_INSTANTIATE(float)
+LOOM_INSTANTIATE(Bf16)
+#undef LOOM_INSTANTIATE
 
 }  // namespace loom::parallel::cuda

@@ -1,50 +1,89 @@
-// The CUDA kernels of the reference GPT: the names, arguments and semantics of parallel/kernels/cpu/kernels.h, fp32,
-// each with a last argument for the cudaStream_t (as void*, so that callers need no CUDA headers). Every pointer is
-// device memory; backwards add into their gradients as the CPU ones do. GEMMs go through cuBLAS (one handle per
-// thread and device). tests/gpu/parallel_kernels_test.cc holds each to its CPU reference on a device. Built where
-// the build has CUDA (LOOM_PARALLEL_CUDA).
+// The CUDA kernels of the reference GPT: the names, arguments and semantics of parallel/kernels/cpu/kernels.h, each
+// with a last argument for the cudaStream_t (as void*, so that callers need no CUDA headers), in fp32 and in bf16
+// (parallel/bf16.h). Every pointer is device memory; backwards add into their gradients as the CPU ones do.
+//
+// In bf16, activations, parameters and gradients are stored in bf16 and every kernel computes in fp32 (loads
+// widen, stores round to nearest even); layernorm's statistics and the per-position losses stay fp32, and GEMMs
+// run in cuBLAS with bf16 inputs and fp32 accumulation. AdamW then keeps fp32 master weights and moments and writes
+// the rounded weights back: the mixed precision of the ZeRO paper, 2 + 2 + 12 bytes per parameter.
+//
+// GEMMs go through cuBLAS (one handle per thread and device). tests/gpu/parallel_kernels_test.cc holds each to its
+// CPU reference on a device. Built where the build has CUDA (LOOM_PARALLEL_CUDA).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+
+#include "parallel/bf16.h"
 
 namespace loom::parallel::cuda {
 
-void embeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+// Every template below is instantiated for E = float and E = Bf16 (in kernels.cu), the element type of activations,
+// parameters and gradients. Layernorm's statistics (mean and rstd [N]) and the per-position losses and their
+// gradients [N] are fp32 in both.
+
+template <typename E>
+void embeddingForward(E* out, const int32_t* tokens, const E* wte, const E* wpe, int B, int T, int C, void* stream);
+// Adds into the token rows with atomicAdd (so the token embedding's gradient is not bitwise reproducible run to
+// run) and sums each position's rows in order.
+template <typename E>
+void embeddingBackward(E* dwte, E* dwpe, const E* dout, const int32_t* tokens, int B, int T, int C, void* stream);
+
+template <typename E>
+void layernormForward(E* out, float* mean, float* rstd, const E* inp, const E* weight, const E* bias, int N, int C,
                       void* stream);
-void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
-                       void* stream);
+// The weight and bias gradients are column sums over the rows in a fixed order (partial sums over chunks of rows,
+// then the chunks in order), so they are bitwise reproducible.
+template <typename E>
+void layernormBackward(E* dinp, E* dweight, E* dbias, const E* dout, const E* inp, const E* weight, const float* mean,
+                       const float* rstd, int N, int C, void* stream);
 
-void layernormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                      int N, int C, void* stream);
-void layernormBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, const float* mean, const float* rstd, int N, int C, void* stream);
-
-void matmulForward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+// bias and dbias may be null.
+template <typename E>
+void matmulForward(E* out, const E* inp, const E* weight, std::type_identity_t<const E*> bias, int N, int C, int OC,
                    void* stream);
-void matmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
+template <typename E>
+void matmulBackward(E* dinp, E* dweight, std::type_identity_t<E*> dbias, const E* dout, const E* inp, const E* weight,
                     int N, int C, int OC, void* stream);
 
-// `att` [B, NH, T, T] as on the CPU; the backward also needs `scratch`, B x NH x T x T floats.
-void attentionForward(float* out, float* att, const float* inp, int B, int T, int C, int NH, void* stream);
-void attentionBackward(float* dinp, const float* dout, const float* inp, const float* att, float* scratch, int B, int T,
-                       int C, int NH, void* stream);
+// `att` [B, NH, T, T] as on the CPU; the backward also needs `scratch`, B x NH x T x T elements.
+template <typename E>
+void attentionForward(E* out, E* att, const E* inp, int B, int T, int C, int NH, void* stream);
+template <typename E>
+void attentionBackward(E* dinp, const E* dout, const E* inp, const E* att, E* scratch, int B, int T, int C, int NH,
+                       void* stream);
 
-void geluForward(float* out, const float* inp, size_t n, void* stream);
-void geluBackward(float* dinp, const float* dout, const float* inp, size_t n, void* stream);
-void residualForward(float* out, const float* a, const float* b, size_t n, void* stream);
-void residualBackward(float* da, float* db, const float* dout, size_t n, void* stream);
+template <typename E>
+void geluForward(E* out, const E* inp, size_t n, void* stream);
+template <typename E>
+void geluBackward(E* dinp, const E* dout, const E* inp, size_t n, void* stream);
+template <typename E>
+void residualForward(E* out, const E* a, const E* b, size_t n, void* stream);
+template <typename E>
+void residualBackward(E* da, E* db, const E* dout, size_t n, void* stream);
 
-void crossEntropyForward(float* losses, float* probs, const float* logits, const int32_t* targets, int N, int V,
-                         void* stream);
-void crossEntropyBackward(float* dlogits, const float* dlosses, const float* probs, const int32_t* targets, int N,
-                          int V, void* stream);
+template <typename E>
+void crossEntropyForward(float* losses, E* probs, const E* logits, const int32_t* targets, int N, int V, void* stream);
+template <typename E>
+void crossEntropyBackward(E* dlogits, const float* dlosses, const E* probs, const int32_t* targets, int N, int V,
+                          void* stream);
 
+// Adds the sum of squares of n gradients to *sum (device memory, a double), for the global norm.
+template <typename E>
+void sumOfSquares(double* sum, const E* grads, size_t n, void* stream);
+template <typename E>
+void scale(E* values, size_t n, float factor, void* stream);
+
+// One AdamW step (torch.optim.AdamW's), fp32 throughout.
 void adamwUpdate(float* params, const float* grads, float* m, float* v, size_t n, float learningRate, float beta1,
                  float beta2, float eps, float weightDecay, int step, void* stream);
-// Adds the sum of squares of n gradients to *sum (device memory, a double), for the global norm.
-void sumOfSquares(double* sum, const float* grads, size_t n, void* stream);
-void scale(float* values, size_t n, float factor, void* stream);
+// The same step on fp32 master weights from bf16 gradients; `params`, the bf16 weights the model computes with,
+// get the new master weights rounded.
+void adamwUpdate(Bf16* params, const Bf16* grads, float* master, float* m, float* v, size_t n, float learningRate,
+                 float beta1, float beta2, float eps, float weightDecay, int step, void* stream);
+// dst[i] = src[i] rounded to bf16 (the master weights into the model's).
+void roundToBf16(Bf16* dst, const float* src, size_t n, void* stream);
 
 // Whether the last kernel launch on this thread failed; *message says how (empty when none did).
 bool launchFailed(const char** message);
