@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "parallel/kernels/ops.h"
+
 namespace loom::parallel {
 namespace {
 
@@ -51,12 +53,18 @@ const char* dtypeName(DType dtype) {
   return "?";
 }
 
-Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype) {
+Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype, Ops* ops) {
   Tensor tensor;
   tensor.numel_ = countOf(shape);
   tensor.shape_ = std::move(shape);
   tensor.dtype_ = dtype;
-  tensor.storage_ = std::shared_ptr<std::byte[]>(new std::byte[std::max<size_t>(tensor.bytes(), 1)]());
+  tensor.ops_ = ops;
+  const size_t bytes = std::max<size_t>(tensor.bytes(), 1);
+  if (ops == nullptr)
+    tensor.storage_ =
+        std::shared_ptr<void>(new std::byte[bytes](), [](void* p) { delete[] static_cast<std::byte*>(p); });
+  else
+    tensor.storage_ = std::shared_ptr<void>(ops->allocate(bytes), [ops](void* p) { ops->deallocate(p); });
   return tensor;
 }
 
@@ -71,6 +79,7 @@ Tensor Tensor::view(const Tensor& base, size_t offset, std::vector<int64_t> shap
   tensor.shape_ = std::move(shape);
   tensor.dtype_ = base.dtype_;
   tensor.storage_ = base.storage_;
+  tensor.ops_ = base.ops_;
   tensor.offsetBytes_ = base.offsetBytes_ + offset * dtypeBytes(base.dtype_);
   return tensor;
 }
@@ -99,7 +108,11 @@ const int32_t* Tensor::i32() const {
 }
 
 void Tensor::zero() {
-  if (storage_) std::memset(data(), 0, bytes());
+  if (!storage_) return;
+  if (ops_ != nullptr)
+    ops_->zero(data(), bytes());
+  else
+    std::memset(data(), 0, bytes());
 }
 
 }  // namespace loom::parallel

@@ -5,8 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "parallel/kernels/cpu/kernels.h"
-
 namespace loom::parallel {
 namespace {
 
@@ -105,7 +103,7 @@ GptLayout GptLayout::of(const GptConfig& config) {
   return layout;
 }
 
-Gpt::Gpt(const GptConfig& config, bool ownsStorage) : config_(config), layout_(GptLayout::of(config)) {
+Gpt::Gpt(const GptConfig& config, Ops& ops) : config_(config), layout_(GptLayout::of(config)), ops_(ops) {
   const std::string problem = config.check();
   if (!problem.empty()) {
     std::fprintf(stderr, "gpt: %s\n", problem.c_str());
@@ -114,13 +112,12 @@ Gpt::Gpt(const GptConfig& config, bool ownsStorage) : config_(config), layout_(G
   const size_t units = layout_.unitBegin.size() - 1;
   unitParams_.assign(units, nullptr);
   unitGrads_.assign(units, nullptr);
-  if (!ownsStorage) return;
-  params_ = Tensor::zeros({static_cast<int64_t>(layout_.total)});
-  grads_ = Tensor::zeros({static_cast<int64_t>(layout_.total)});
+  params_ = zeros({static_cast<int64_t>(layout_.total)});
+  grads_ = zeros({static_cast<int64_t>(layout_.total)});
   bindDefault();
 }
 
-void Gpt::bindUnit(int unit, float* params, float* grads) {
+void Gpt::bindUnit(int unit, void* params, void* grads) {
   if (params != nullptr) unitParams_[unit] = params;
   if (grads != nullptr) unitGrads_[unit] = grads;
 }
@@ -136,47 +133,53 @@ void Gpt::dropStorage(bool params, bool grads) {
 
 void Gpt::bindDefault() {
   for (size_t u = 0; u < unitParams_.size(); ++u) {
-    unitParams_[u] = params_.f32() + layout_.unitBegin[u];
-    unitGrads_[u] = grads_.f32() + layout_.unitBegin[u];
+    unitParams_[u] = at(params_, layout_.unitBegin[u]);
+    unitGrads_[u] = at(grads_, layout_.unitBegin[u]);
   }
 }
 
-void Gpt::initialise(uint64_t seed) {
+std::vector<float> Gpt::initialValues(const GptLayout& layout, int layers, uint64_t seed) {
+  std::vector<float> values(layout.total);
   NormalSource normal(seed);
-  const double residualScale = 1.0 / std::sqrt(2.0 * config_.layers);
-  float* base = params_.f32();
-  for (const ParamRange& range : layout_.params) {
-    float* values = base + range.offset;
+  const double residualScale = 1.0 / std::sqrt(2.0 * layers);
+  for (const ParamRange& range : layout.params) {
+    float* range0 = values.data() + range.offset;
     const bool gain = range.name.find("ln_") != std::string::npos && range.name.ends_with(".weight");
     const bool bias = range.name.ends_with(".bias");
     const bool residual = range.name.ends_with("c_proj.weight");
     for (size_t i = 0; i < range.numel(); ++i) {
       if (gain) {
-        values[i] = 1.0f;
+        range0[i] = 1.0f;
       } else if (bias) {
-        values[i] = 0.0f;
+        range0[i] = 0.0f;
       } else {
-        values[i] = static_cast<float>(0.02 * normal.next() * (residual ? residualScale : 1.0));
+        range0[i] = static_cast<float>(0.02 * normal.next() * (residual ? residualScale : 1.0));
       }
     }
   }
+  return values;
 }
 
-Gpt::Block Gpt::block(float* p) const {
+void Gpt::initialise(uint64_t seed) {
+  const std::vector<float> values = initialValues(layout_, config_.layers, seed);
+  ops_.uploadFloats(params_.data(), values.data(), values.size());
+}
+
+Gpt::Block Gpt::block(void* p) const {
   const size_t C = config_.channels;
   Block b{};
   b.ln1w = p;
-  b.ln1b = b.ln1w + C;
-  b.qkvw = b.ln1b + C;
-  b.qkvb = b.qkvw + 3 * C * C;
-  b.projw = b.qkvb + 3 * C;
-  b.projb = b.projw + C * C;
-  b.ln2w = b.projb + C;
-  b.ln2b = b.ln2w + C;
-  b.fcw = b.ln2b + C;
-  b.fcb = b.fcw + 4 * C * C;
-  b.fcProjw = b.fcb + 4 * C;
-  b.fcProjb = b.fcProjw + 4 * C * C;
+  b.ln1b = at(b.ln1w, C);
+  b.qkvw = at(b.ln1b, C);
+  b.qkvb = at(b.qkvw, 3 * C * C);
+  b.projw = at(b.qkvb, 3 * C);
+  b.projb = at(b.projw, C * C);
+  b.ln2w = at(b.projb, C);
+  b.ln2b = at(b.ln2w, C);
+  b.fcw = at(b.ln2b, C);
+  b.fcb = at(b.fcw, 4 * C * C);
+  b.fcProjw = at(b.fcb, 4 * C);
+  b.fcProjb = at(b.fcProjw, 4 * C * C);
   return b;
 }
 
@@ -184,29 +187,33 @@ void Gpt::reserve(int B, int T) {
   if (B == B_ && T == T_) return;
   const int64_t L = config_.layers, NH = config_.heads, C = config_.channels, V = config_.vocab, BT = int64_t{B} * T;
   for (Activations* a : {&acts_, &grads2_}) {
-    a->encoded = Tensor::zeros({BT, C});
-    a->ln1 = Tensor::zeros({L, BT, C});
-    a->ln1Mean = Tensor::zeros({L, BT});
-    a->ln1Rstd = Tensor::zeros({L, BT});
-    a->qkv = Tensor::zeros({L, BT, 3 * C});
-    a->attY = Tensor::zeros({L, BT, C});
-    a->att = a == &acts_ ? Tensor::zeros({L, B, NH, T, T}) : Tensor();  // its gradient is never kept
-    a->attProj = Tensor::zeros({L, BT, C});
-    a->residual2 = Tensor::zeros({L, BT, C});
-    a->ln2 = Tensor::zeros({L, BT, C});
-    a->ln2Mean = Tensor::zeros({L, BT});
-    a->ln2Rstd = Tensor::zeros({L, BT});
-    a->fc = Tensor::zeros({L, BT, 4 * C});
-    a->fcGelu = Tensor::zeros({L, BT, 4 * C});
-    a->fcProj = Tensor::zeros({L, BT, C});
-    a->residual3 = Tensor::zeros({L, BT, C});
-    a->lnf = Tensor::zeros({BT, C});
-    a->lnfMean = Tensor::zeros({BT});
-    a->lnfRstd = Tensor::zeros({BT});
-    a->logits = Tensor::zeros({BT, V});
-    a->probs = a == &acts_ ? Tensor::zeros({BT, V}) : Tensor();
-    a->losses = Tensor::zeros({BT});
+    const bool values = a == &acts_;  // what only the forward keeps: statistics, probabilities
+    a->encoded = zeros({BT, C});
+    a->ln1 = zeros({L, BT, C});
+    a->ln1Mean = values ? floats({L, BT}) : Tensor();
+    a->ln1Rstd = values ? floats({L, BT}) : Tensor();
+    a->qkv = zeros({L, BT, 3 * C});
+    a->attY = zeros({L, BT, C});
+    a->att = values ? zeros({L, B, NH, T, T}) : Tensor();
+    a->attProj = zeros({L, BT, C});
+    a->residual2 = zeros({L, BT, C});
+    a->ln2 = zeros({L, BT, C});
+    a->ln2Mean = values ? floats({L, BT}) : Tensor();
+    a->ln2Rstd = values ? floats({L, BT}) : Tensor();
+    a->fc = zeros({L, BT, 4 * C});
+    a->fcGelu = zeros({L, BT, 4 * C});
+    a->fcProj = zeros({L, BT, C});
+    a->residual3 = zeros({L, BT, C});
+    a->lnf = zeros({BT, C});
+    a->lnfMean = values ? floats({BT}) : Tensor();
+    a->lnfRstd = values ? floats({BT}) : Tensor();
+    a->logits = zeros({BT, V});
+    a->probs = values ? zeros({BT, V}) : Tensor();
+    a->losses = floats({BT});
   }
+  tokens_ = Tensor::zeros({BT}, DType::kInt32, &ops_);
+  targets_ = Tensor::zeros({BT}, DType::kInt32, &ops_);
+  losses_.assign(BT, 0.0f);
   B_ = B;
   T_ = T;
 }
@@ -218,63 +225,62 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
   }
   reserve(B, T);
   const int L = config_.layers, NH = config_.heads, C = config_.channels, V = config_.vocab, BT = B * T;
-  tokens_.assign(tokens, tokens + BT);
-  if (targets != nullptr)
-    targets_.assign(targets, targets + BT);
-  else
-    targets_.clear();
+  ops_.upload(tokens_.data(), tokens, sizeof(int32_t) * BT);
+  haveTargets_ = targets != nullptr;
+  if (haveTargets_) ops_.upload(targets_.data(), targets, sizeof(int32_t) * BT);
   const int lnfUnit = L + 1;
   acquire(0, false);
   // Unit 0: wte [V, C], then wpe; the final layernorm's unit: its weight, then its bias.
-  const float* wte = unitParams_[0];
-  const float* wpe = unitParams_[0] + static_cast<size_t>(V) * C;
+  void* wte = unitParams_[0];
+  void* wpe = at(unitParams_[0], static_cast<size_t>(V) * C);
   Activations& a = acts_;
-  cpu::embeddingForward(a.encoded.f32(), tokens, wte, wpe, B, T, C);
+  ops_.embeddingForward(a.encoded.data(), tokens_.i32(), wte, wpe, B, T, C);
   const size_t rows = static_cast<size_t>(BT) * C;
   for (int l = 0; l < L; ++l) {
     acquire(l + 1, false);
     const Block w = block(unitParams_[l + 1]);
-    const float* x = l == 0 ? a.encoded.f32() : a.residual3.f32() + (l - 1) * rows;
-    float* ln1 = a.ln1.f32() + l * rows;
-    float* qkv = a.qkv.f32() + l * 3 * rows;
-    float* attY = a.attY.f32() + l * rows;
-    float* att = a.att.f32() + static_cast<size_t>(l) * B * NH * T * T;
-    float* attProj = a.attProj.f32() + l * rows;
-    float* residual2 = a.residual2.f32() + l * rows;
-    float* ln2 = a.ln2.f32() + l * rows;
-    float* fc = a.fc.f32() + l * 4 * rows;
-    float* fcGelu = a.fcGelu.f32() + l * 4 * rows;
-    float* fcProj = a.fcProj.f32() + l * rows;
-    float* residual3 = a.residual3.f32() + l * rows;
-    cpu::layernormForward(ln1, a.ln1Mean.f32() + l * BT, a.ln1Rstd.f32() + l * BT, x, w.ln1w, w.ln1b, BT, C);
-    cpu::matmulForward(qkv, ln1, w.qkvw, w.qkvb, BT, C, 3 * C);
-    cpu::attentionForward(attY, att, qkv, B, T, C, NH);
-    cpu::matmulForward(attProj, attY, w.projw, w.projb, BT, C, C);
-    cpu::residualForward(residual2, x, attProj, rows);
-    cpu::layernormForward(ln2, a.ln2Mean.f32() + l * BT, a.ln2Rstd.f32() + l * BT, residual2, w.ln2w, w.ln2b, BT, C);
-    cpu::matmulForward(fc, ln2, w.fcw, w.fcb, BT, C, 4 * C);
-    cpu::geluForward(fcGelu, fc, 4 * rows);
-    cpu::matmulForward(fcProj, fcGelu, w.fcProjw, w.fcProjb, BT, 4 * C, C);
-    cpu::residualForward(residual3, residual2, fcProj, rows);
+    void* x = l == 0 ? a.encoded.data() : at(a.residual3, (l - 1) * rows);
+    void* ln1 = at(a.ln1, l * rows);
+    void* qkv = at(a.qkv, l * 3 * rows);
+    void* attY = at(a.attY, l * rows);
+    void* att = at(a.att, static_cast<size_t>(l) * B * NH * T * T);
+    void* attProj = at(a.attProj, l * rows);
+    void* residual2 = at(a.residual2, l * rows);
+    void* ln2 = at(a.ln2, l * rows);
+    void* fc = at(a.fc, l * 4 * rows);
+    void* fcGelu = at(a.fcGelu, l * 4 * rows);
+    void* fcProj = at(a.fcProj, l * rows);
+    void* residual3 = at(a.residual3, l * rows);
+    ops_.layernormForward(ln1, a.ln1Mean.f32() + l * BT, a.ln1Rstd.f32() + l * BT, x, w.ln1w, w.ln1b, BT, C);
+    ops_.matmulForward(qkv, ln1, w.qkvw, w.qkvb, BT, C, 3 * C);
+    ops_.attentionForward(attY, att, qkv, B, T, C, NH);
+    ops_.matmulForward(attProj, attY, w.projw, w.projb, BT, C, C);
+    ops_.residualForward(residual2, x, attProj, rows);
+    ops_.layernormForward(ln2, a.ln2Mean.f32() + l * BT, a.ln2Rstd.f32() + l * BT, residual2, w.ln2w, w.ln2b, BT, C);
+    ops_.matmulForward(fc, ln2, w.fcw, w.fcb, BT, C, 4 * C);
+    ops_.geluForward(fcGelu, fc, 4 * rows);
+    ops_.matmulForward(fcProj, fcGelu, w.fcProjw, w.fcProjb, BT, 4 * C, C);
+    ops_.residualForward(residual3, residual2, fcProj, rows);
     release(l + 1, false);
   }
-  const float* last = a.residual3.f32() + (L - 1) * rows;
+  void* last = at(a.residual3, (L - 1) * rows);
   acquire(lnfUnit, false);
-  const float* lnfw = unitParams_[lnfUnit];
-  const float* lnfb = lnfw + C;
-  cpu::layernormForward(a.lnf.f32(), a.lnfMean.f32(), a.lnfRstd.f32(), last, lnfw, lnfb, BT, C);
+  void* lnfw = unitParams_[lnfUnit];
+  void* lnfb = at(lnfw, C);
+  ops_.layernormForward(a.lnf.data(), a.lnfMean.f32(), a.lnfRstd.f32(), last, lnfw, lnfb, BT, C);
   release(lnfUnit, false);
-  cpu::matmulForward(a.logits.f32(), a.lnf.f32(), wte, nullptr, BT, C, V);
+  ops_.matmulForward(a.logits.data(), a.lnf.data(), wte, nullptr, BT, C, V);
   release(0, false);
-  if (targets == nullptr) return 0.0f;
-  cpu::crossEntropyForward(a.losses.f32(), a.probs.f32(), a.logits.f32(), targets, BT, V);
+  if (!haveTargets_) return 0.0f;
+  ops_.crossEntropyForward(a.losses.f32(), a.probs.data(), a.logits.data(), targets_.i32(), BT, V);
+  ops_.downloadFloats(losses_.data(), a.losses.data(), BT);
   double sum = 0;
-  for (int i = 0; i < BT; ++i) sum += a.losses.f32()[i];
+  for (float loss : losses_) sum += loss;
   return static_cast<float>(sum / BT);
 }
 
 void Gpt::backward(float lossScale) {
-  if (targets_.empty()) {
+  if (!haveTargets_) {
     std::fprintf(stderr, "gpt: backward() needs a forward() with targets\n");
     std::abort();
   }
@@ -288,43 +294,42 @@ void Gpt::backward(float lossScale) {
   const int lnfUnit = L + 1;
   acquire(0, true);
   acquire(lnfUnit, true);
-  const float* wte = unitParams_[0];
-  float* dwte = unitGrads_[0];
-  float* dwpe = unitGrads_[0] + static_cast<size_t>(V) * C;
+  void* wte = unitParams_[0];
+  void* dwte = unitGrads_[0];
+  void* dwpe = at(unitGrads_[0], static_cast<size_t>(V) * C);
   // The mean over B * T positions.
-  for (int i = 0; i < BT; ++i) d.losses.f32()[i] = lossScale / BT;
-  cpu::crossEntropyBackward(d.logits.f32(), d.losses.f32(), a.probs.f32(), targets_.data(), BT, V);
-  cpu::matmulBackward(d.lnf.f32(), dwte, nullptr, d.logits.f32(), a.lnf.f32(), wte, BT, C, V);
-  cpu::layernormBackward(d.residual3.f32() + (L - 1) * rows, unitGrads_[lnfUnit], unitGrads_[lnfUnit] + C, d.lnf.f32(),
-                         a.residual3.f32() + (L - 1) * rows, unitParams_[lnfUnit], a.lnfMean.f32(), a.lnfRstd.f32(), BT,
+  const std::vector<float> dlosses(BT, lossScale / BT);
+  ops_.uploadFloats(d.losses.data(), dlosses.data(), BT);
+  ops_.crossEntropyBackward(d.logits.data(), d.losses.f32(), a.probs.data(), targets_.i32(), BT, V);
+  ops_.matmulBackward(d.lnf.data(), dwte, nullptr, d.logits.data(), a.lnf.data(), wte, BT, C, V);
+  ops_.layernormBackward(at(d.residual3, (L - 1) * rows), unitGrads_[lnfUnit], at(unitGrads_[lnfUnit], C), d.lnf.data(),
+                         at(a.residual3, (L - 1) * rows), unitParams_[lnfUnit], a.lnfMean.f32(), a.lnfRstd.f32(), BT,
                          C);
   release(lnfUnit, true);
   for (int l = L - 1; l >= 0; --l) {
     acquire(l + 1, true);
     const Block w = block(unitParams_[l + 1]);
     const Block dw = block(unitGrads_[l + 1]);
-    const float* x = l == 0 ? a.encoded.f32() : a.residual3.f32() + (l - 1) * rows;
-    float* dx = l == 0 ? d.encoded.f32() : d.residual3.f32() + (l - 1) * rows;
-    const size_t at = l * rows;
-    cpu::residualBackward(d.residual2.f32() + at, d.fcProj.f32() + at, d.residual3.f32() + at, rows);
-    cpu::matmulBackward(d.fcGelu.f32() + 4 * at, dw.fcProjw, dw.fcProjb, d.fcProj.f32() + at, a.fcGelu.f32() + 4 * at,
-                        w.fcProjw, BT, 4 * C, C);
-    cpu::geluBackward(d.fc.f32() + 4 * at, d.fcGelu.f32() + 4 * at, a.fc.f32() + 4 * at, 4 * rows);
-    cpu::matmulBackward(d.ln2.f32() + at, dw.fcw, dw.fcb, d.fc.f32() + 4 * at, a.ln2.f32() + at, w.fcw, BT, C, 4 * C);
-    cpu::layernormBackward(d.residual2.f32() + at, dw.ln2w, dw.ln2b, d.ln2.f32() + at, a.residual2.f32() + at, w.ln2w,
+    void* x = l == 0 ? a.encoded.data() : at(a.residual3, (l - 1) * rows);
+    void* dx = l == 0 ? d.encoded.data() : at(d.residual3, (l - 1) * rows);
+    const size_t r = l * rows;
+    ops_.residualBackward(at(d.residual2, r), at(d.fcProj, r), at(d.residual3, r), rows);
+    ops_.matmulBackward(at(d.fcGelu, 4 * r), dw.fcProjw, dw.fcProjb, at(d.fcProj, r), at(a.fcGelu, 4 * r), w.fcProjw,
+                        BT, 4 * C, C);
+    ops_.geluBackward(at(d.fc, 4 * r), at(d.fcGelu, 4 * r), at(a.fc, 4 * r), 4 * rows);
+    ops_.matmulBackward(at(d.ln2, r), dw.fcw, dw.fcb, at(d.fc, 4 * r), at(a.ln2, r), w.fcw, BT, C, 4 * C);
+    ops_.layernormBackward(at(d.residual2, r), dw.ln2w, dw.ln2b, at(d.ln2, r), at(a.residual2, r), w.ln2w,
                            a.ln2Mean.f32() + l * BT, a.ln2Rstd.f32() + l * BT, BT, C);
-    cpu::residualBackward(dx, d.attProj.f32() + at, d.residual2.f32() + at, rows);
-    cpu::matmulBackward(d.attY.f32() + at, dw.projw, dw.projb, d.attProj.f32() + at, a.attY.f32() + at, w.projw, BT, C,
-                        C);
-    cpu::attentionBackward(d.qkv.f32() + 3 * at, d.attY.f32() + at, a.qkv.f32() + 3 * at,
-                           a.att.f32() + static_cast<size_t>(l) * B * NH * T * T, B, T, C, NH);
-    cpu::matmulBackward(d.ln1.f32() + at, dw.qkvw, dw.qkvb, d.qkv.f32() + 3 * at, a.ln1.f32() + at, w.qkvw, BT, C,
-                        3 * C);
-    cpu::layernormBackward(dx, dw.ln1w, dw.ln1b, d.ln1.f32() + at, x, w.ln1w, a.ln1Mean.f32() + l * BT,
+    ops_.residualBackward(dx, at(d.attProj, r), at(d.residual2, r), rows);
+    ops_.matmulBackward(at(d.attY, r), dw.projw, dw.projb, at(d.attProj, r), at(a.attY, r), w.projw, BT, C, C);
+    ops_.attentionBackward(at(d.qkv, 3 * r), at(d.attY, r), at(a.qkv, 3 * r),
+                           at(a.att, static_cast<size_t>(l) * B * NH * T * T), B, T, C, NH);
+    ops_.matmulBackward(at(d.ln1, r), dw.qkvw, dw.qkvb, at(d.qkv, 3 * r), at(a.ln1, r), w.qkvw, BT, C, 3 * C);
+    ops_.layernormBackward(dx, dw.ln1w, dw.ln1b, at(d.ln1, r), x, w.ln1w, a.ln1Mean.f32() + l * BT,
                            a.ln1Rstd.f32() + l * BT, BT, C);
     release(l + 1, true);
   }
-  cpu::embeddingBackward(dwte, dwpe, d.encoded.f32(), tokens_.data(), B, T, C);
+  ops_.embeddingBackward(dwte, dwpe, d.encoded.data(), tokens_.i32(), B, T, C);
   release(0, true);
 }
 

@@ -1,6 +1,7 @@
 // The reference GPT (GPT-2's architecture): token and position embeddings, L pre-norm blocks of causal multi-head
 // attention and a 4x GELU MLP, each added to the residual stream, a final layernorm and an output head tied to the
-// token embedding. Explicit forward and backward on the CPU kernels (parallel/kernels/cpu), fp32.
+// token embedding. Explicit forward and backward on the kernels of an Ops (parallel/kernels/ops.h): the CPU's in
+// fp32, or a CUDA device's in fp32 or bf16, parameters, gradients and activations all in the Ops' element type.
 //
 // Parameters live in one flat buffer, layer by layer (the embeddings, then each block's tensors, then the final
 // layernorm), so that a layer is one contiguous range, a unit: what ZeRO-3 gathers and frees, and the order in
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/kernels/ops.h"
 #include "parallel/tensor.h"
 
 namespace loom::parallel {
@@ -63,19 +65,21 @@ struct UnitHooks {
 
 class Gpt {
  public:
-  // ownsStorage false: the model allocates no parameter or gradient buffer; every unit must be bound
-  // (bindUnit) before it is used, as ZeRO-3 does in its acquire hook.
-  explicit Gpt(const GptConfig& config, bool ownsStorage = true);
+  // Parameters, gradients and activations in `ops`' memory and element type.
+  explicit Gpt(const GptConfig& config, Ops& ops = cpuOps());
   const GptConfig& config() const { return config_; }
   const GptLayout& layout() const { return layout_; }
+  Ops& ops() const { return ops_; }
 
   // GPT-2's initialisation from `seed`: weights N(0, 0.02), the two residual projections of each block scaled by
-  // 1/sqrt(2L), biases 0, layernorm gains 1.
+  // 1/sqrt(2L), biases 0, layernorm gains 1. initialValues() is the same in fp32 on the host.
   void initialise(uint64_t seed);
+  static std::vector<float> initialValues(const GptLayout& layout, int layers, uint64_t seed);
 
-  // Unit u's parameters and gradients at `params` and `grads` from now on (element unitBegin[u] + j at [j]); null
-  // leaves that one as it was. bindDefault() points every unit back into params() and grads().
-  void bindUnit(int unit, float* params, float* grads);
+  // Unit u's parameters and gradients at `params` and `grads` (ops() memory and element type) from now on (element
+  // unitBegin[u] + j at [j]); null leaves that one as it was. bindDefault() points every unit back into params()
+  // and grads().
+  void bindUnit(int unit, void* params, void* grads);
   void bindDefault();
   // Frees the model's own parameter and/or gradient buffer, for a strategy that keeps them elsewhere (ZeRO-2 the
   // gradients, ZeRO-3 both); the units that pointed into it must be bound again before use.
@@ -83,7 +87,8 @@ class Gpt {
   void setUnitHooks(UnitHooks hooks) { hooks_ = std::move(hooks); }
   bool ownsStorage() const { return params_.defined(); }
 
-  // The flat parameters and gradients (layout() says what is where); undefined without storage of its own.
+  // The flat parameters and gradients (layout() says what is where) in ops() memory; undefined without storage of
+  // its own.
   Tensor& params() { return params_; }
   const Tensor& params() const { return params_; }
   Tensor& grads() { return grads_; }
@@ -91,8 +96,8 @@ class Gpt {
   // Runs the model on tokens [B, T] (B * T int32, T <= maxT); with targets, returns the mean cross-entropy, else 0.
   // Keeps the activations for backward().
   float forward(const int32_t* tokens, const int32_t* targets, int B, int T);
-  // The logits [B, T, V] of the last forward().
-  const float* logits() const { return acts_.logits.f32(); }
+  // The logits [B, T, V] of the last forward() (ops() memory and element type).
+  const Tensor& logits() const { return acts_.logits; }
   // Adds the gradients of lossScale times the last forward's mean loss to the units' gradients (zeroGrads() first
   // for a fresh step; lossScale 1/k for one of k accumulated micro-batches).
   void backward(float lossScale = 1.0f);
@@ -104,10 +109,15 @@ class Gpt {
         fcProj, residual3, lnf, lnfMean, lnfRstd, logits, probs, losses;
   };
   struct Block {
-    float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcProjw, *fcProjb;
+    void *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcProjw, *fcProjb;
   };
   // A block's tensors in a unit's storage.
-  Block block(float* unit) const;
+  Block block(void* unit) const;
+  // Element `at` of a tensor (or of a unit's storage) in the model's element type.
+  void* at(Tensor& tensor, size_t elements) { return elementAt(ops_, tensor.data(), elements); }
+  void* at(void* unit, size_t elements) const { return elementAt(ops_, unit, elements); }
+  Tensor zeros(std::vector<int64_t> shape) { return Tensor::zeros(std::move(shape), ops_.dtype(), &ops_); }
+  Tensor floats(std::vector<int64_t> shape) { return Tensor::zeros(std::move(shape), DType::kFloat32, &ops_); }
   void reserve(int B, int T);
   void acquire(int unit, bool backward) {
     if (hooks_.acquire) hooks_.acquire(unit, backward);
@@ -118,11 +128,14 @@ class Gpt {
 
   GptConfig config_;
   GptLayout layout_;
+  Ops& ops_;
   Tensor params_, grads_;
-  std::vector<float*> unitParams_, unitGrads_;  // by unit: where element unitBegin[u] lies
+  std::vector<void*> unitParams_, unitGrads_;  // by unit: where element unitBegin[u] lies
   UnitHooks hooks_;
   Activations acts_, grads2_;  // grads2_: the activations' gradients, same shapes
-  std::vector<int32_t> tokens_, targets_;
+  Tensor tokens_, targets_;    // int32 [B, T] in ops() memory
+  std::vector<float> losses_;  // the last forward's per-position losses, on the host
+  bool haveTargets_ = false;
   int B_ = 0, T_ = 0;
 };
 

@@ -12,13 +12,16 @@ namespace loom::parallel {
 DdpTrainer::DdpTrainer(Gpt& model, loomComm_t comm, DdpOptions options)
     : model_(model),
       comm_(comm),
-      buckets_(comm, model.layout(), options.bucketBytes),
-      optimizer_(model.layout(), options.adamw, 0, model.layout().total) {
-  LOOM_PAR_CHECK(comm_, loomStreamCreate(&lossStream_));
+      buckets_(comm, model.ops(), model.layout(), options.bucketBytes),
+      optimizer_(model.layout(), options.adamw, 0, model.layout().total, model.ops()),
+      scalars_(comm, model.ops()) {
+  if (optimizer_.mixed()) optimizer_.setMasterWeights(downloadParams().data());
 }
 
-DdpTrainer::~DdpTrainer() {
-  if (lossStream_ != nullptr) loomStreamDestroy(lossStream_);
+std::vector<float> DdpTrainer::downloadParams() const {
+  std::vector<float> params(model_.layout().total);
+  model_.ops().downloadFloats(params.data(), model_.params().data(), params.size());
+  return params;
 }
 
 StepReport DdpTrainer::step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets,
@@ -27,7 +30,7 @@ StepReport DdpTrainer::step(const std::vector<const int32_t*>& inputs, const std
   const size_t micro = inputs.size();
   const float lossScale = 1.0f / static_cast<float>(micro);
   model_.zeroGrads();
-  float* grads = model_.grads().f32();
+  void* grads = model_.grads().data();
   double localLoss = 0;
   StepReport report{};
   for (size_t k = 0; k < micro; ++k) {
@@ -46,36 +49,33 @@ StepReport DdpTrainer::step(const std::vector<const int32_t*>& inputs, const std
     model_.setUnitHooks({});
     report.exposedSeconds = buckets_.finish();
   }
-  float loss = static_cast<float>(localLoss / micro);
-  LOOM_PAR_CHECK(comm_, loomAllReduce(&loss, &loss, 1, loomFloat32, loomAvg, comm_, lossStream_));
+  report.loss = scalars_.average(static_cast<float>(localLoss / micro));
   // Every rank has the same averaged gradients, so the same clipping factor and the same step.
   const size_t n = model_.layout().total;
   const float clip = optimizer_.options().clipNorm > 0
-                         ? cpu::clipFactor(cpu::sumOfSquares(grads, n), optimizer_.options().clipNorm)
+                         ? cpu::clipFactor(model_.ops().sumOfSquares(grads, n), optimizer_.options().clipNorm)
                          : 1.0f;
-  optimizer_.step(model_.params().f32(), 0, grads, 0, clip);
-  LOOM_PAR_CHECK(comm_, loomStreamSynchronize(lossStream_));
-  report.loss = loss;
+  optimizer_.step(model_.params().data(), 0, grads, 0, clip);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }
 
 void DdpTrainer::exportState(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v) {
-  const float* whole = model_.params().f32();
-  params->assign(whole, whole + model_.layout().total);
+  *params = optimizer_.mixed() ? optimizer_.masterWeights() : downloadParams();
   *m = optimizer_.firstMoments();
   *v = optimizer_.secondMoments();
 }
 
 void DdpTrainer::importState(const std::vector<float>& params, const std::vector<float>& m, const std::vector<float>& v,
                              int steps) {
-  std::copy(params.begin(), params.end(), model_.params().f32());
+  model_.ops().uploadFloats(model_.params().data(), params.data(), params.size());
+  optimizer_.setMasterWeights(params.data());
   optimizer_.restore(m.data(), v.data(), steps);
 }
 
 MemoryReport DdpTrainer::memory() const {
   MemoryReport report;
-  report.paramBytes = model_.layout().total * sizeof(float);
+  report.paramBytes = model_.layout().total * model_.ops().elementBytes();
   report.gradBytes = report.paramBytes;
   report.optimizerBytes = optimizer_.stateBytes();
   return report;

@@ -13,6 +13,7 @@
 #include "parallel/model/gpt.h"
 #include "parallel/strategies/ddp_comm.h"
 #include "parallel/strategies/optimizer.h"
+#include "parallel/strategies/scalars.h"
 #include "parallel/strategies/trainer.h"
 
 namespace loom::parallel {
@@ -25,10 +26,9 @@ struct DdpOptions {
 class DdpTrainer : public Trainer {
  public:
   DdpTrainer(Gpt& model, loomComm_t comm, DdpOptions options);
-  ~DdpTrainer() override;
   StepReport step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets, int B,
                   int T) override;
-  // Everything whole on every rank.
+  // Everything whole on every rank. The model's Ops and the communicator must be of one kind (host or CUDA).
   MemoryReport memory() const override;
   void exportState(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v) override;
   void importState(const std::vector<float>& params, const std::vector<float>& m, const std::vector<float>& v,
@@ -38,11 +38,14 @@ class DdpTrainer : public Trainer {
   const AdamW& optimizer() const { return optimizer_; }
 
  private:
+  // The model's parameters as host floats.
+  std::vector<float> downloadParams() const;
+
   Gpt& model_;
   loomComm_t comm_;
   BucketedAllReduce buckets_;
   AdamW optimizer_;
-  loomStream_t lossStream_ = nullptr;
+  Scalars scalars_;
 };
 
 }  // namespace loom::parallel

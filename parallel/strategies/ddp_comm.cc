@@ -8,9 +8,9 @@
 
 namespace loom::parallel {
 
-BucketedAllReduce::BucketedAllReduce(loomComm_t comm, const GptLayout& layout, size_t bucketBytes)
-    : comm_(comm), unitBegin_(layout.unitBegin) {
-  const size_t perBucket = std::max<size_t>(1, bucketBytes / sizeof(float));
+BucketedAllReduce::BucketedAllReduce(loomComm_t comm, Ops& ops, const GptLayout& layout, size_t bucketBytes)
+    : comm_(comm), ops_(ops), unitBegin_(layout.unitBegin) {
+  const size_t perBucket = std::max<size_t>(1, bucketBytes / ops.elementBytes());
   // From the last unit to the first: a unit's elements join the open bucket while it has room; a unit larger
   // than a bucket is cut into bucket-sized pieces.
   size_t end = layout.total, open = layout.total;
@@ -26,14 +26,12 @@ BucketedAllReduce::BucketedAllReduce(loomComm_t comm, const GptLayout& layout, s
     }
   }
   if (open > 0) buckets_.push_back({0, open});
-  LOOM_PAR_CHECK(comm_, loomStreamCreate(&stream_));
+  stream_ = ops_.createStream();
 }
 
-BucketedAllReduce::~BucketedAllReduce() {
-  if (stream_ != nullptr) loomStreamDestroy(stream_);
-}
+BucketedAllReduce::~BucketedAllReduce() { ops_.destroyStream(stream_); }
 
-void BucketedAllReduce::start(float* grads) {
+void BucketedAllReduce::start(void* grads) {
   grads_ = grads;
   launched_ = 0;
   finalFrom_ = unitBegin_.back();
@@ -45,10 +43,13 @@ void BucketedAllReduce::unitDone(int unit) {
 }
 
 void BucketedAllReduce::launchReady() {
+  if (launched_ == buckets_.size() || buckets_[launched_].first < finalFrom_) return;
+  ops_.commAfterCompute(stream_);
   while (launched_ < buckets_.size() && buckets_[launched_].first >= finalFrom_) {
     const auto [begin, end] = buckets_[launched_++];
+    void* bucket = elementAt(ops_, grads_, begin);
     LOOM_PAR_CHECK(comm_,
-                   loomAllReduce(grads_ + begin, grads_ + begin, end - begin, loomFloat32, loomAvg, comm_, stream_));
+                   loomAllReduce(bucket, bucket, end - begin, loomTypeOf(ops_.dtype()), loomAvg, comm_, stream_));
   }
 }
 
@@ -56,7 +57,7 @@ double BucketedAllReduce::finish() {
   finalFrom_ = 0;
   launchReady();
   const auto start = std::chrono::steady_clock::now();
-  LOOM_PAR_CHECK(comm_, loomStreamSynchronize(stream_));
+  LOOM_PAR_CHECK(comm_, ops_.synchronize(stream_));
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 

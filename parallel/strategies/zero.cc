@@ -22,11 +22,11 @@ Sharding shardingOf(const GptLayout& layout, loomComm_t comm) {
 
 ZeroTrainer::ZeroTrainer(Gpt& model, loomComm_t comm, ZeroOptions options)
     : model_(model),
+      ops_(model.ops()),
       comm_(comm),
       options_(options),
       sharding_(shardingOf(model.layout(), comm)),
-      zeroComm_(comm, sharding_),
-      gradSlices_(sharding_.shardElements) {
+      zeroComm_(comm, model.ops(), sharding_) {
   if (options.stage < 1 || options.stage > 3) {
     std::fprintf(stderr, "zero: stage %d (1, 2 or 3)\n", options.stage);
     std::exit(1);
@@ -36,9 +36,13 @@ ZeroTrainer::ZeroTrainer(Gpt& model, loomComm_t comm, ZeroOptions options)
     std::exit(1);
   }
   loomCommCount(comm, &nranks_);
+  gradSlices_ = Tensor::zeros({static_cast<int64_t>(sharding_.shardElements)}, ops_.dtype(), &ops_);
+  std::vector<float> initial(model.layout().total);
+  ops_.downloadFloats(initial.data(), model.params().data(), initial.size());
   size_t largestSlice = 0;
   for (const UnitShard& shard : sharding_.units) {
-    optimizers_.emplace_back(model.layout(), options.adamw, shard.begin, shard.end);
+    optimizers_.emplace_back(model.layout(), options.adamw, shard.begin, shard.end, ops_);
+    optimizers_.back().setMasterWeights(initial.data() + shard.begin);
     largestSlice = std::max(largestSlice, shard.slice);
   }
   const size_t units = sharding_.units.size();
@@ -46,12 +50,12 @@ ZeroTrainer::ZeroTrainer(Gpt& model, loomComm_t comm, ZeroOptions options)
   unitParams_.resize(units);
   gathering_.assign(units, false);
   if (options.stage == 3) {
-    paramSlices_.assign(sharding_.shardElements, 0.0f);
-    const float* params = model.params().f32();
+    paramSlices_ = Tensor::zeros({static_cast<int64_t>(sharding_.shardElements)}, ops_.dtype(), &ops_);
     for (const UnitShard& shard : sharding_.units)
-      std::copy(params + shard.begin, params + shard.end, paramSlices_.begin() + shard.shardOffset);
+      ops_.copy(at(paramSlices_, shard.shardOffset), elementAt(ops_, model.params().data(), shard.begin),
+                (shard.end - shard.begin) * ops_.elementBytes());
   } else {
-    paramSlice_.resize(largestSlice);
+    paramSlice_ = Tensor::zeros({static_cast<int64_t>(largestSlice)}, ops_.dtype(), &ops_);
   }
   if (options.stage >= 2) {
     model.dropStorage(options.stage == 3, true);
@@ -66,23 +70,23 @@ ZeroTrainer::~ZeroTrainer() {
   if (options_.stage >= 2) model_.setUnitHooks({});
 }
 
-float* ZeroTrainer::allocate(std::vector<float>& buffer, size_t elements) {
-  buffer.assign(elements, 0.0f);
-  liveBytes_ += elements * sizeof(float);
+void* ZeroTrainer::allocate(Tensor& buffer, size_t elements) {
+  buffer = Tensor::zeros({static_cast<int64_t>(elements)}, ops_.dtype(), &ops_);
+  liveBytes_ += buffer.bytes();
   peakBytes_ = std::max(peakBytes_, liveBytes_);
   return buffer.data();
 }
 
-void ZeroTrainer::free(std::vector<float>& buffer) {
-  liveBytes_ -= buffer.size() * sizeof(float);
-  std::vector<float>().swap(buffer);
+void ZeroTrainer::free(Tensor& buffer) {
+  liveBytes_ -= buffer.bytes();
+  buffer = Tensor();
 }
 
 void ZeroTrainer::startGather(int unit) {
   if (gathering_[unit]) return;
   const UnitShard& shard = sharding_.units[unit];
-  float* padded = allocate(unitParams_[unit], shard.slice * nranks_);
-  zeroComm_.gather(unit, paramSlices_.data() + shard.shardOffset, padded);
+  void* padded = allocate(unitParams_[unit], shard.slice * nranks_);
+  zeroComm_.gather(unit, at(paramSlices_, shard.shardOffset), padded);
   gathering_[unit] = true;
 }
 
@@ -115,7 +119,7 @@ void ZeroTrainer::release(int unit, bool backward) {
   // reduce-scatter runs while the model goes on to the next unit.
   collectGradients();
   const UnitShard& shard = sharding_.units[unit];
-  float* target = (firstMicro_ ? gradSlices_.data() : incoming_.data()) + shard.shardOffset;
+  void* target = at(firstMicro_ ? gradSlices_ : incoming_, shard.shardOffset);
   zeroComm_.reduceScatter(unit, unitGrads_[unit].data(), true, target);
   reducing_.push_back({unit, !firstMicro_});
 }
@@ -126,7 +130,7 @@ void ZeroTrainer::collectGradients() {
   for (const auto& [unit, accumulate] : reducing_) {
     if (accumulate) {
       const UnitShard& shard = sharding_.units[unit];
-      for (size_t i = 0; i < shard.slice; ++i) gradSlices_[shard.shardOffset + i] += incoming_[shard.shardOffset + i];
+      ops_.add(at(gradSlices_, shard.shardOffset), at(incoming_, shard.shardOffset), shard.slice);
     }
     free(unitGrads_[unit]);
   }
@@ -138,7 +142,8 @@ StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const st
   const auto start = std::chrono::steady_clock::now();
   const size_t micro = inputs.size();
   if (options_.stage == 1) model_.zeroGrads();
-  if (options_.stage >= 2 && micro > 1 && incoming_.size() != gradSlices_.size()) incoming_.resize(gradSlices_.size());
+  if (options_.stage >= 2 && micro > 1 && !incoming_.defined())
+    incoming_ = Tensor::zeros({static_cast<int64_t>(sharding_.shardElements)}, ops_.dtype(), &ops_);
   double localLoss = 0;
   for (size_t k = 0; k < micro; ++k) {
     firstMicro_ = k == 0;
@@ -148,35 +153,36 @@ StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const st
     if (options_.stage >= 2) collectGradients();
   }
   const auto communicating = std::chrono::steady_clock::now();
-  float* params = options_.stage == 3 ? paramSlices_.data() : model_.params().f32();
+  void* params = options_.stage == 3 ? paramSlices_.data() : model_.params().data();
   if (options_.stage == 1) {
-    const float* grads = model_.grads().f32();
+    void* grads = model_.grads().data();
     for (size_t u = 0; u < sharding_.units.size(); ++u) {
       const UnitShard& shard = sharding_.units[u];
-      zeroComm_.reduceScatter(static_cast<int>(u), grads + shard.unitBegin, false,
-                              gradSlices_.data() + shard.shardOffset);
+      zeroComm_.reduceScatter(static_cast<int>(u), elementAt(ops_, grads, shard.unitBegin), false,
+                              at(gradSlices_, shard.shardOffset));
     }
     zeroComm_.wait();
   }
   // The global gradient norm: every rank's owned elements (padding excluded), summed across ranks.
   double squares = 0;
   for (const UnitShard& shard : sharding_.units)
-    squares += cpu::sumOfSquares(gradSlices_.data() + shard.shardOffset, shard.end - shard.begin);
+    squares += ops_.sumOfSquares(at(gradSlices_, shard.shardOffset), shard.end - shard.begin);
   const float clip =
       options_.adamw.clipNorm > 0 ? cpu::clipFactor(zeroComm_.sum(squares), options_.adamw.clipNorm) : 1.0f;
   for (size_t u = 0; u < sharding_.units.size(); ++u) {
     const UnitShard& shard = sharding_.units[u];
-    const float* grads = gradSlices_.data() + shard.shardOffset;
+    const void* grads = at(gradSlices_, shard.shardOffset);
     if (options_.stage == 3) {
       if (shard.end > shard.begin)
-        optimizers_[u].step(params + shard.shardOffset, shard.begin, grads, shard.begin, clip);
+        optimizers_[u].step(elementAt(ops_, params, shard.shardOffset), shard.begin, grads, shard.begin, clip);
       continue;
     }
     if (shard.end > shard.begin) optimizers_[u].step(params, 0, grads, shard.begin, clip);
     // The rank's updated slice, padded with zeros past the unit's end, then every rank's into the unit.
-    std::fill(paramSlice_.begin(), paramSlice_.end(), 0.0f);
-    std::copy(params + shard.begin, params + shard.end, paramSlice_.begin());
-    zeroComm_.allGather(static_cast<int>(u), paramSlice_.data(), params + shard.unitBegin);
+    paramSlice_.zero();
+    ops_.copy(paramSlice_.data(), elementAt(ops_, params, shard.begin),
+              (shard.end - shard.begin) * ops_.elementBytes());
+    zeroComm_.allGather(static_cast<int>(u), paramSlice_.data(), elementAt(ops_, params, shard.unitBegin));
   }
   StepReport report{};
   report.loss = zeroComm_.average(static_cast<float>(localLoss / micro));
@@ -192,29 +198,36 @@ std::vector<float> ZeroTrainer::gatherUnits(const std::function<void(size_t unit
     const UnitShard& shard = sharding_.units[u];
     slice.assign(shard.slice, 0.0f);
     sliceOf(u, slice.data());
-    zeroComm_.allGather(static_cast<int>(u), slice.data(), whole.data() + shard.unitBegin);
+    zeroComm_.allGatherHost(static_cast<int>(u), slice.data(), whole.data() + shard.unitBegin);
   }
   return whole;
 }
 
 std::vector<float> ZeroTrainer::gatherParams() {
-  if (options_.stage != 3) {
-    const float* params = model_.params().f32();
-    return std::vector<float>(params, params + model_.layout().total);
-  }
-  return gatherUnits([&](size_t u, float* slice) {
-    const UnitShard& shard = sharding_.units[u];
-    std::copy(paramSlices_.begin() + shard.shardOffset, paramSlices_.begin() + shard.shardOffset + shard.slice, slice);
-  });
+  if (optimizers_.front().mixed())
+    return gatherUnits([&](size_t u, float* slice) {
+      const std::vector<float> master = optimizers_[u].masterWeights();
+      std::copy(master.begin(), master.end(), slice);
+    });
+  if (options_.stage == 3)
+    return gatherUnits([&](size_t u, float* slice) {
+      const UnitShard& shard = sharding_.units[u];
+      ops_.downloadFloats(slice, at(paramSlices_, shard.shardOffset), shard.slice);
+    });
+  std::vector<float> params(model_.layout().total);
+  ops_.downloadFloats(params.data(), model_.params().data(), params.size());
+  return params;
 }
 
 void ZeroTrainer::exportState(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v) {
   *params = gatherParams();
   *m = gatherUnits([&](size_t u, float* slice) {
-    std::copy(optimizers_[u].firstMoments().begin(), optimizers_[u].firstMoments().end(), slice);
+    const std::vector<float> moments = optimizers_[u].firstMoments();
+    std::copy(moments.begin(), moments.end(), slice);
   });
   *v = gatherUnits([&](size_t u, float* slice) {
-    std::copy(optimizers_[u].secondMoments().begin(), optimizers_[u].secondMoments().end(), slice);
+    const std::vector<float> moments = optimizers_[u].secondMoments();
+    std::copy(moments.begin(), moments.end(), slice);
   });
 }
 
@@ -223,19 +236,22 @@ void ZeroTrainer::importState(const std::vector<float>& params, const std::vecto
   for (size_t u = 0; u < sharding_.units.size(); ++u) {
     const UnitShard& shard = sharding_.units[u];
     optimizers_[u].restore(m.data() + shard.begin, v.data() + shard.begin, steps);
+    optimizers_[u].setMasterWeights(params.data() + shard.begin);
     if (options_.stage == 3) {
-      std::fill(paramSlices_.begin() + shard.shardOffset, paramSlices_.begin() + shard.shardOffset + shard.slice, 0.0f);
-      std::copy(params.begin() + shard.begin, params.begin() + shard.end, paramSlices_.begin() + shard.shardOffset);
+      std::vector<float> slice(shard.slice, 0.0f);
+      std::copy(params.begin() + shard.begin, params.begin() + shard.end, slice.begin());
+      ops_.uploadFloats(at(paramSlices_, shard.shardOffset), slice.data(), slice.size());
     }
   }
-  if (options_.stage != 3) std::copy(params.begin(), params.end(), model_.params().f32());
+  if (options_.stage != 3) ops_.uploadFloats(model_.params().data(), params.data(), params.size());
 }
 
 MemoryReport ZeroTrainer::memory() const {
   MemoryReport report;
-  const size_t whole = model_.layout().total * sizeof(float), slices = sharding_.shardElements * sizeof(float);
+  const size_t element = ops_.elementBytes();
+  const size_t whole = model_.layout().total * element, slices = sharding_.shardElements * element;
   report.paramBytes = options_.stage == 3 ? slices : whole;
-  report.gradBytes = (options_.stage == 1 ? whole : 0) + slices + incoming_.size() * sizeof(float);
+  report.gradBytes = (options_.stage == 1 ? whole : 0) + slices + incoming_.bytes();
   for (const AdamW& optimizer : optimizers_) report.optimizerBytes += optimizer.stateBytes();
   report.peakTransientBytes = peakBytes_;
   return report;

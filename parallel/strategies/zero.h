@@ -17,10 +17,12 @@
 #include <vector>
 
 #include "loom/loom.h"
+#include "parallel/kernels/ops.h"
 #include "parallel/model/gpt.h"
 #include "parallel/strategies/optimizer.h"
 #include "parallel/strategies/trainer.h"
 #include "parallel/strategies/zero_comm.h"
+#include "parallel/tensor.h"
 
 namespace loom::parallel {
 
@@ -39,7 +41,8 @@ class ZeroTrainer : public Trainer {
                   int T) override;
   MemoryReport memory() const override;
   const Sharding& sharding() const { return sharding_; }
-  // The whole parameters, gathered from every rank's slices (for checks and checkpoints); every rank must call it.
+  // The whole parameters as host floats (the master weights in bf16), gathered from every rank's slices (for checks
+  // and checkpoints); every rank must call it.
   std::vector<float> gatherParams();
   void exportState(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v) override;
   void importState(const std::vector<float>& params, const std::vector<float>& m, const std::vector<float>& v,
@@ -53,25 +56,28 @@ class ZeroTrainer : public Trainer {
   void startGather(int unit);
   // Waits for the queued reduce-scatters, adds each into the gradient slices and frees its gradient buffer.
   void collectGradients();
-  float* allocate(std::vector<float>& buffer, size_t elements);
-  void free(std::vector<float>& buffer);
+  void* allocate(Tensor& buffer, size_t elements);
+  void free(Tensor& buffer);
+  void* at(Tensor& buffer, size_t elements) { return elementAt(ops_, buffer.data(), elements); }
   // The whole of an array sharded as the units are: `sliceOf(u, padded)` fills unit u's padded slice.
   std::vector<float> gatherUnits(const std::function<void(size_t unit, float* slice)>& sliceOf);
 
   Gpt& model_;
+  Ops& ops_;
   loomComm_t comm_;
   ZeroOptions options_;
   int nranks_ = 1;
   Sharding sharding_;
   ZeroComm zeroComm_;
-  std::vector<AdamW> optimizers_;   // one per unit, over the elements this rank owns
-  std::vector<float> gradSlices_;   // this rank's slice of every unit's averaged gradients
-  std::vector<float> incoming_;     // reduce-scatters land here when micro-batches accumulate (stage 2, 3)
-  std::vector<float> paramSlices_;  // stage 3: the parameters this rank owns, padded slices
-  std::vector<float> paramSlice_;   // stages 1, 2: one unit's slice, padded, for the all-gather
+  // Buffers in the model's memory and element type.
+  std::vector<AdamW> optimizers_;  // one per unit, over the elements this rank owns
+  Tensor gradSlices_;              // this rank's slice of every unit's averaged gradients
+  Tensor incoming_;                // reduce-scatters land here when micro-batches accumulate (stage 2, 3)
+  Tensor paramSlices_;             // stage 3: the parameters this rank owns, padded slices
+  Tensor paramSlice_;              // stages 1, 2: one unit's slice, padded, for the all-gather
   // Stages 2 and 3: per unit, its gradient buffer (padded) while backward or a reduce-scatter uses it, and (stage
   // 3) its gathered parameters while forward or backward does.
-  std::vector<std::vector<float>> unitGrads_, unitParams_;
+  std::vector<Tensor> unitGrads_, unitParams_;
   std::vector<bool> gathering_;  // stage 3: a gather of the unit is queued or done
   // Units whose reduce-scatter is queued, and whether it lands in incoming_ (to be added to the slices).
   std::vector<std::pair<int, bool>> reducing_;

@@ -2,7 +2,6 @@
 #include "parallel/strategies/zero_comm.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "parallel/check.h"
 
@@ -26,54 +25,56 @@ Sharding Sharding::of(const GptLayout& layout, int nranks, int rank) {
   return sharding;
 }
 
-ZeroComm::ZeroComm(loomComm_t comm, const Sharding& sharding)
-    : comm_(comm), sharding_(sharding), padded_(sharding.units.size()), gathered_(sharding.largestUnit) {
-  LOOM_PAR_CHECK(comm_, loomStreamCreate(&stream_));
+ZeroComm::ZeroComm(loomComm_t comm, Ops& ops, const Sharding& sharding)
+    : comm_(comm), ops_(ops), sharding_(sharding), scalars_(comm, ops), padded_(sharding.units.size()) {
+  loomCommCount(comm_, &nranks_);
+  stream_ = ops_.createStream();
+  gathered_ = Tensor::zeros({static_cast<int64_t>(sharding.largestUnit)}, ops.dtype(), &ops);
 }
 
-ZeroComm::~ZeroComm() {
-  if (stream_ != nullptr) loomStreamDestroy(stream_);
-}
+ZeroComm::~ZeroComm() { ops_.destroyStream(stream_); }
 
-void ZeroComm::reduceScatter(int unit, const float* unitGrads, bool padded, float* slice) {
+void ZeroComm::reduceScatter(int unit, const void* unitGrads, bool padded, void* slice) {
   const UnitShard& shard = sharding_.units[unit];
   const size_t n = shard.unitEnd - shard.unitBegin;
-  int nranks = 1;
-  loomCommCount(comm_, &nranks);
-  const float* send = unitGrads;
-  if (!padded && shard.slice * nranks != n) {
+  const void* send = unitGrads;
+  if (!padded && shard.slice * nranks_ != n) {
     // The padding: a zeroed copy, since reading past the unit would read past the buffer for the last one.
-    std::vector<float>& copy = padded_[unit];
-    copy.assign(shard.slice * nranks, 0.0f);
-    std::memcpy(copy.data(), unitGrads, n * sizeof(float));
+    Tensor& copy = padded_[unit];
+    if (!copy.defined()) copy = Tensor::zeros({static_cast<int64_t>(shard.slice * nranks_)}, ops_.dtype(), &ops_);
+    ops_.copy(copy.data(), unitGrads, n * ops_.elementBytes());
     send = copy.data();
   }
-  LOOM_PAR_CHECK(comm_, loomReduceScatter(send, slice, shard.slice, loomFloat32, loomAvg, comm_, stream_));
+  ops_.commAfterCompute(stream_);
+  LOOM_PAR_CHECK(comm_, loomReduceScatter(send, slice, shard.slice, loomTypeOf(ops_.dtype()), loomAvg, comm_, stream_));
 }
 
-void ZeroComm::allGather(int unit, const float* slice, float* unitParams) {
+void ZeroComm::allGather(int unit, const void* slice, void* unitParams) {
   const UnitShard& shard = sharding_.units[unit];
   gather(unit, slice, gathered_.data());
   wait();
-  std::memcpy(unitParams, gathered_.data(), (shard.unitEnd - shard.unitBegin) * sizeof(float));
+  ops_.copy(unitParams, gathered_.data(), (shard.unitEnd - shard.unitBegin) * ops_.elementBytes());
 }
 
-void ZeroComm::gather(int unit, const float* slice, float* padded) {
-  LOOM_PAR_CHECK(comm_, loomAllGather(slice, padded, sharding_.units[unit].slice, loomFloat32, comm_, stream_));
+void ZeroComm::gather(int unit, const void* slice, void* padded) {
+  ops_.commAfterCompute(stream_);
+  LOOM_PAR_CHECK(comm_,
+                 loomAllGather(slice, padded, sharding_.units[unit].slice, loomTypeOf(ops_.dtype()), comm_, stream_));
 }
 
-double ZeroComm::sum(double value) {
-  LOOM_PAR_CHECK(comm_, loomAllReduce(&value, &value, 1, loomFloat64, loomSum, comm_, stream_));
-  LOOM_PAR_CHECK(comm_, loomStreamSynchronize(stream_));
-  return value;
+void ZeroComm::allGatherHost(int unit, const float* slice, float* whole) {
+  const UnitShard& shard = sharding_.units[unit];
+  if (!hostUnit_.defined()) {
+    hostSlice_ = Tensor::zeros({static_cast<int64_t>(sharding_.largestUnit / nranks_)}, DType::kFloat32, &ops_);
+    hostUnit_ = Tensor::zeros({static_cast<int64_t>(sharding_.largestUnit)}, DType::kFloat32, &ops_);
+  }
+  ops_.upload(hostSlice_.data(), slice, shard.slice * sizeof(float));
+  ops_.commAfterCompute(stream_);
+  LOOM_PAR_CHECK(comm_, loomAllGather(hostSlice_.data(), hostUnit_.data(), shard.slice, loomFloat32, comm_, stream_));
+  wait();
+  ops_.download(whole, hostUnit_.data(), (shard.unitEnd - shard.unitBegin) * sizeof(float));
 }
 
-float ZeroComm::average(float value) {
-  LOOM_PAR_CHECK(comm_, loomAllReduce(&value, &value, 1, loomFloat32, loomAvg, comm_, stream_));
-  LOOM_PAR_CHECK(comm_, loomStreamSynchronize(stream_));
-  return value;
-}
-
-void ZeroComm::wait() { LOOM_PAR_CHECK(comm_, loomStreamSynchronize(stream_)); }
+void ZeroComm::wait() { LOOM_PAR_CHECK(comm_, ops_.synchronize(stream_)); }
 
 }  // namespace loom::parallel

@@ -8,7 +8,10 @@
 #include <vector>
 
 #include "loom/loom.h"
+#include "parallel/kernels/ops.h"
 #include "parallel/model/gpt.h"
+#include "parallel/strategies/scalars.h"
+#include "parallel/tensor.h"
 
 namespace loom::parallel {
 
@@ -26,9 +29,11 @@ struct Sharding {
   static Sharding of(const GptLayout& layout, int nranks, int rank);
 };
 
+// Every buffer is in `ops`' memory and element type unless it says otherwise; each call is queued on the
+// communication stream after the computation queued before it.
 class ZeroComm {
  public:
-  ZeroComm(loomComm_t comm, const Sharding& sharding);
+  ZeroComm(loomComm_t comm, Ops& ops, const Sharding& sharding);
   ~ZeroComm();
   ZeroComm(const ZeroComm&) = delete;
   ZeroComm& operator=(const ZeroComm&) = delete;
@@ -36,24 +41,31 @@ class ZeroComm {
   // Queues the average across ranks of unit u's gradients into this rank's slice (`slice`). `unitGrads` holds the
   // unit, padded to slice x nranks elements when `padded`, else unpadded (then copied); it must stay unchanged
   // until wait().
-  void reduceScatter(int unit, const float* unitGrads, bool padded, float* slice);
+  void reduceScatter(int unit, const void* unitGrads, bool padded, void* slice);
   // Rebuilds unit u's parameters (`unitParams`: the whole unit) from every rank's slice (`slice`); returns when done.
-  void allGather(int unit, const float* slice, float* unitParams);
+  void allGather(int unit, const void* slice, void* unitParams);
   // Queues the gathering of unit u from every rank's slice into `padded` (slice x nranks elements).
-  void gather(int unit, const float* slice, float* padded);
+  void gather(int unit, const void* slice, void* padded);
+  // The same as allGather for fp32 values on the host (optimizer state, master weights): `slice` holds the unit's
+  // padded slice, `whole` receives the whole unit.
+  void allGatherHost(int unit, const float* slice, float* whole);
   // The sum over ranks of `value` (a sum of squares for the gradient norm); returns when done.
-  double sum(double value);
+  double sum(double value) { return scalars_.sum(value); }
   // The average over ranks of `value` (the loss).
-  float average(float value);
+  float average(float value) { return scalars_.average(value); }
   // Waits for everything queued.
   void wait();
 
  private:
   loomComm_t comm_;
+  Ops& ops_;
   const Sharding& sharding_;
+  int nranks_ = 1;
   loomStream_t stream_ = nullptr;
-  std::vector<std::vector<float>> padded_;  // per unit whose padding reaches past its end: a zero-padded copy
-  std::vector<float> gathered_;             // a padded unit, for all-gather
+  Scalars scalars_;
+  std::vector<Tensor> padded_;   // per unit whose padding reaches past its end: a zero-padded copy
+  Tensor gathered_;              // a padded unit, for allGather
+  Tensor hostSlice_, hostUnit_;  // fp32 staging for allGatherHost, in ops' memory
 };
 
 }  // namespace loom::parallel

@@ -214,7 +214,7 @@ TEST(Ddp, BucketsCoverTheBufferFromTheEnd) {
   loomComm_t comm = nullptr;
   ASSERT_EQ(loomCommInitRank(&comm, 1, id, 0), loomSuccess);
   for (size_t bytes : {size_t{4}, size_t{4000}, size_t{1} << 20, size_t{1} << 30}) {
-    BucketedAllReduce buckets(comm, layout, bytes);
+    BucketedAllReduce buckets(comm, cpuOps(), layout, bytes);
     size_t end = layout.total;
     for (const auto& [begin, bucketEnd] : buckets.buckets()) {
       EXPECT_EQ(bucketEnd, end) << bytes;

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   model.zeroGrads();
   const float loss = model.forward(batch.inputs.data(), batch.targets.data(), B, T);
   model.backward();
-  ok = ok && writeBinary(dir + "/logits.bin", model.logits(), sizeof(float) * B * T * config.vocab) &&
+  ok = ok && writeBinary(dir + "/logits.bin", model.logits().f32(), sizeof(float) * B * T * config.vocab) &&
        writeBinary(dir + "/grads.bin", model.grads().f32(), n * sizeof(float));
   FILE* lossFile = std::fopen((dir + "/loss.txt").c_str(), "w");
   ok = ok && lossFile != nullptr;
