@@ -1,4 +1,5 @@
-// loom-train: trains the reference GPT with data parallelism (DDP, or ZeRO stage 1, 2 or 3) on loom, on the CPU.
+// loom-train: trains the reference GPT with data parallelism (DDP, or ZeRO stage 1, 2 or 3) on loom, on the CPU
+// (fp32) or on CUDA devices (--device cuda: bf16 with fp32 master weights, or fp32).
 //
 //   loomrun -n 2 build/tools/loom-train --model gpt-tiny --dp 2 --zero 2 --steps 300 --data synthetic
 //
@@ -7,7 +8,8 @@
 // rank 0 writes the metrics (--metrics FILE.csv or FILE.json), a PNG of the loss curve (--plot FILE.png, through
 // gnuplot) and checkpoints (--save FILE, every --save-every steps and at the end, atomically). --resume FILE
 // continues a run from its checkpoint: the same batches follow, so the losses are bit for bit those of a run that
-// never stopped. Each rank computes on one thread (OPENBLAS_NUM_THREADS, when set, gives its GEMMs more).
+// never stopped. On the CPU each rank computes on one thread (OPENBLAS_NUM_THREADS, when set, gives its GEMMs more);
+// on CUDA, local rank r uses device r modulo the devices it sees, over a CUDA communicator.
 #include <cblas.h>
 #include <getopt.h>
 #include <unistd.h>
@@ -23,11 +25,15 @@
 
 #include "loom/loom.h"
 #include "parallel/check.h"
+#include "parallel/kernels/ops.h"
 #include "parallel/model/checkpoint.h"
 #include "parallel/model/gpt.h"
 #include "parallel/strategies/ddp.h"
 #include "parallel/strategies/zero.h"
 #include "parallel/train/data.h"
+#ifdef LOOM_PARALLEL_CUDA
+#include "parallel/kernels/cuda/ops.h"
+#endif
 
 namespace {
 
@@ -35,7 +41,9 @@ using namespace loom::parallel;
 
 struct Options {
   std::string model = "gpt-tiny";
-  int dp = 0;  // 0: the world size
+  std::string device = "cpu";
+  std::string dtype;  // "": fp32 on the CPU, bf16 on CUDA
+  int dp = 0;         // 0: the world size
   int zero = 0;
   int steps = 100;
   int batch = 4;  // sequences per rank per micro-batch
@@ -55,7 +63,8 @@ struct Options {
 [[noreturn]] void usage(const char* problem) {
   if (problem != nullptr) std::fprintf(stderr, "loom-train: %s\n", problem);
   std::fprintf(stderr,
-               "usage: loom-train [--model gpt-tiny|gpt2-124m] [--dp N] [--zero 0|1|2|3] [--steps N] [--batch B]\n"
+               "usage: loom-train [--model gpt-tiny|gpt2-124m] [--device cpu|cuda] [--dtype fp32|bf16]\n"
+               "                  [--dp N] [--zero 0|1|2|3] [--steps N] [--batch B]\n"
                "                  [--seq T] [--accumulation K] [--lr X] [--seed S] [--data synthetic|FILE]\n"
                "                  [--tokenizer byte|char] [--log-every N] [--metrics FILE.csv|FILE.json]\n"
                "                  [--plot FILE.png] [--save FILE] [--save-every N] [--resume FILE]\n"
@@ -77,6 +86,8 @@ int intArg(const char* text, const char* name, int min, int max) {
 Options parse(int argc, char** argv) {
   Options o;
   static const option longOptions[] = {{"model", required_argument, nullptr, 'm'},
+                                       {"device", required_argument, nullptr, 'G'},
+                                       {"dtype", required_argument, nullptr, 'y'},
                                        {"dp", required_argument, nullptr, 'd'},
                                        {"zero", required_argument, nullptr, 'z'},
                                        {"steps", required_argument, nullptr, 's'},
@@ -101,6 +112,12 @@ Options parse(int argc, char** argv) {
     switch (c) {
       case 'm':
         o.model = optarg;
+        break;
+      case 'G':
+        o.device = optarg;
+        break;
+      case 'y':
+        o.dtype = optarg;
         break;
       case 'd':
         o.dp = intArg(optarg, "dp", 1, 1 << 16);
@@ -167,6 +184,11 @@ Options parse(int argc, char** argv) {
   }
   if (optind < argc) usage((std::string("unexpected argument ") + argv[optind]).c_str());
   if (o.tokenizer != "byte" && o.tokenizer != "char") usage("--tokenizer: byte or char");
+  if (o.device != "cpu" && o.device != "cuda") usage("--device: cpu or cuda");
+  if (o.dtype.empty()) o.dtype = o.device == "cuda" ? "bf16" : "fp32";
+  if (o.dtype != "fp32" && o.dtype != "bf16") usage("--dtype: fp32 or bf16");
+  if (o.device == "cpu" && o.dtype != "fp32")
+    usage("--dtype bf16: the CPU kernels compute in fp32 (bf16 is for --device cuda)");
   if (!o.metrics.empty() && !o.metrics.ends_with(".csv") && !o.metrics.ends_with(".json"))
     usage("--metrics: a file name ending in .csv or .json");
   return o;
@@ -322,7 +344,35 @@ int main(int argc, char** argv) {
   if (T > config.maxT)
     usage(("--seq " + std::to_string(T) + " is longer than the model's " + std::to_string(config.maxT)).c_str());
 
-  Gpt model(config);
+  // Where the model runs: the CPU's Ops and the world communicator, or a CUDA device's and a CUDA communicator over
+  // the same ranks.
+  Ops* ops = &cpuOps();
+  std::unique_ptr<Ops> deviceOps;
+  loomComm_t trainComm = comm;
+  if (o.device == "cuda") {
+#ifdef LOOM_PARALLEL_CUDA
+    const char* localRank = std::getenv("LOOM_LOCAL_RANK");
+    const int devices = loom::parallel::cuda::deviceCount();
+    const int device = devices > 0 ? (localRank != nullptr ? std::atoi(localRank) : rank) % devices : 0;
+    std::string error;
+    deviceOps = loom::parallel::cuda::makeOps(device, o.dtype == "bf16" ? DType::kBfloat16 : DType::kFloat32, &error);
+    if (!deviceOps) {
+      std::fprintf(stderr, "loom-train: rank %d: --device cuda: %s\n", rank, error.c_str());
+      return 2;
+    }
+    ops = deviceOps.get();
+    loomConfig_t cudaConfig = LOOM_CONFIG_INITIALIZER;
+    cudaConfig.device = loomDeviceCuda;
+    cudaConfig.cudaDevice = device;
+    LOOM_PAR_CHECK(comm, loomCommSplit(comm, 0, rank, &trainComm, &cudaConfig));
+#else
+    if (rank == 0)
+      std::fprintf(stderr, "loom-train: --device cuda: this build has no CUDA kernels (nvcc and cuBLAS)\n");
+    return 2;
+#endif
+  }
+
+  Gpt model(config, *ops);
   model.initialise(o.seed);
   AdamWOptions adamw;
   adamw.learningRate = o.learningRate;
@@ -330,12 +380,12 @@ int main(int argc, char** argv) {
   if (o.zero == 0) {
     DdpOptions options;
     options.adamw = adamw;
-    trainer = std::make_unique<DdpTrainer>(model, comm, options);
+    trainer = std::make_unique<DdpTrainer>(model, trainComm, options);
   } else {
     ZeroOptions options;
     options.stage = o.zero;
     options.adamw = adamw;
-    trainer = std::make_unique<ZeroTrainer>(model, comm, options);
+    trainer = std::make_unique<ZeroTrainer>(model, trainComm, options);
   }
 
   int firstStep = 0;
@@ -375,9 +425,12 @@ int main(int argc, char** argv) {
     std::printf("# layout: dp=%d, %s; %d x %d sequences of %d tokens per rank and step (%zu tokens per step)\n", nranks,
                 o.zero == 0 ? "DDP" : ("ZeRO-" + std::to_string(o.zero)).c_str(), o.accumulation, o.batch, T,
                 tokensPerStep);
-    std::printf("# memory per rank: parameters %s, gradients %s, optimizer %s, total %s\n",
+    std::printf("# device: %s%s\n", ops->describe().c_str(),
+                ops->dtype() == DType::kBfloat16 ? " (AdamW on fp32 master weights)" : "");
+    std::printf("# memory per rank: parameters %s, gradients %s, optimizer %s, total %s (%.2f bytes per parameter)\n",
                 humanBytes(memory.paramBytes).c_str(), humanBytes(memory.gradBytes).c_str(),
-                humanBytes(memory.optimizerBytes).c_str(), humanBytes(memory.total()).c_str());
+                humanBytes(memory.optimizerBytes).c_str(), humanBytes(memory.total()).c_str(),
+                static_cast<double>(memory.total()) / model.layout().total);
     std::printf("# data: %s\n", dataLine.c_str());
     if (firstStep > 0) std::printf("# resumed from %s at step %d\n", o.resume.c_str(), firstStep);
     std::fflush(stdout);
@@ -446,6 +499,7 @@ int main(int argc, char** argv) {
   }
   loomStreamDestroy(evalStream);
   trainer.reset();
+  if (trainComm != comm) loomCommDestroy(trainComm);
   loomCommDestroy(comm);
   return 0;
 }

@@ -13,9 +13,12 @@
 # 5. runs all_reduce_perf, all_gather_perf and alltoall_perf with CUDA buffers at 2 and 8 ranks, each beside the
 #    same run on host buffers, and all_reduce_perf on the GPU executor with 2 and 8 ranks as threads of one process
 #    (whose kernels share the GPU at once, as processes' do not) up to 1 GiB;
-# 6. prints a short summary table last.
+# 6. trains the reference GPT on the GPU: the parallel layer's training tests (bf16 accounting, one rank against the
+#    CPU, 2 ranks sharing the GPU against one), then loom-train with gpt2-124m in bf16 on 1 and 2 ranks (DDP) and 2
+#    ranks (ZeRO-3), for tokens/s and the memory header;
+# 7. prints a short summary table last.
 # Warnings are errors in CI, which compiles the same code; here a newer compiler's new warning must not cost the
-# run. Sized to finish within 8 minutes on one H200. Writes its logs to BUILD_DIR/gpu-run/.
+# run. Sized to finish within 10 minutes on one H200. Writes its logs to BUILD_DIR/gpu-run/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-gpu}
@@ -80,6 +83,17 @@ for n in 2 8; do
   perf_rows+=("$(awk -v name="all_reduce_perf -t $n device" '$1 ~ /^[0-9]+$/ && ($1 == 8 || $1 == 32768 ||
     $1 == 2097152 || $1 == 1073741824) { cells = cells sprintf("  %10s B %9s us %7s GB/s", $1, $6, $8) }
     END { print name ":" cells }' "$log")")
+done
+step "parallel training tests" meson test -C "$build" --print-errorlogs parallel_cuda_train
+for layout in "1 0" "2 0" "2 3"; do
+  read -r n zero <<<"$layout"
+  log=$logs/loom_train_${n}_zero${zero}.txt
+  step "loom-train gpt2-124m bf16 $n ranks zero $zero" timeout 240 "$build/tools/loomrun" -n "$n" \
+    "$build/tools/loom-train" --device cuda --model gpt2-124m --zero "$zero" --batch 4 --seq 1024 --steps 20 \
+    --log-every 5 >"$log" 2>&1
+  cat "$log"
+  perf_rows+=("$(awk -v name="loom-train gpt2-124m bf16 n=$n zero=$zero" '/^# memory/ { memory = $0 }
+    /^step/ { last = $0 } END { print name ": " last "\n    " memory }' "$log")")
 done
 echo "## summary"
 printf '%s\n' "${summary[@]}"

@@ -5,136 +5,29 @@
 // and 3 also with two micro-batches. And what each rank holds at 4 ranks: a quarter of what its stage shards.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <memory>
 #include <string>
-#include <thread>
-#include <vector>
 
-#include "parallel/check.h"
-#include "parallel/strategies/ddp.h"
-#include "parallel/strategies/zero.h"
+#include "tests/parallel/training.h"
 
 namespace loom::parallel {
 namespace {
 
-constexpr int kSteps = 20;
-constexpr int kGlobalBatch = 8;  // sequences per step, over all ranks and micro-batches
-constexpr int kT = 16;
+using runs::smallConfig;
+using runs::Strategy;
+using runs::Training;
 
-GptConfig smallConfig() {
-  GptConfig config;
-  GptConfig::preset("gpt-tiny", &config);
-  config.maxT = kT;
-  return config;
-}
-
-// Sequence `index` of step `step`: kT + 1 tokens of a learnable source (each token a fixed function of the one
-// before, from a random start), so that the loss falls.
-std::vector<int32_t> sequenceOf(int step, int index, int vocab) {
-  std::vector<int32_t> tokens(kT + 1);
-  uint32_t state = 2654435761u * static_cast<uint32_t>(step * 1000 + index + 1);
-  state ^= state >> 15;
-  tokens[0] = static_cast<int32_t>(state % static_cast<uint32_t>(vocab));
-  for (int i = 1; i <= kT; ++i) tokens[i] = (tokens[i - 1] * 5 + 3) % vocab;
-  return tokens;
-}
-
-struct Training {
-  std::vector<float> losses;
-  std::vector<float> params;
-  size_t buckets = 0;
-  MemoryReport memory;
-};
-
-enum class Strategy { kDdp, kZero1, kZero2, kZero3 };
-
-// Trains on `nranks` threads, each taking kGlobalBatch / nranks sequences per step in `micro` micro-batches.
+// CPU ranks: `nranks` threads, `micro` micro-batches per step.
 Training train(int nranks, int micro, size_t bucketBytes, Strategy strategy = Strategy::kDdp) {
-  loomUniqueId id;
-  EXPECT_EQ(loomGetUniqueId(&id), loomSuccess);
-  std::vector<Training> runs(nranks);
-  auto rankMain = [&](int rank) {
-    loomComm_t comm = nullptr;
-    LOOM_PAR_CHECK(comm, loomCommInitRank(&comm, nranks, id, rank));
-    Gpt model(smallConfig());
-    model.initialise(42);
-    AdamWOptions adamw;
-    adamw.learningRate = 3e-3f;
-    // The attention's key bias has an exact gradient of zero (softmax ignores a shift shared by a query's scores),
-    // so in fp32 it is rounding noise, which differs with the order of summation; with eps 1e-8 AdamW turns that
-    // noise into steps of up to the learning rate. eps 1e-6 keeps such steps a thousandth of that, and is still far
-    // below every real gradient's root mean square.
-    adamw.eps = 1e-6f;
-    std::unique_ptr<Trainer> trainer;
-    DdpTrainer* ddp = nullptr;
-    ZeroTrainer* zero = nullptr;
-    if (strategy == Strategy::kDdp) {
-      DdpOptions options;
-      options.bucketBytes = bucketBytes;
-      options.adamw = adamw;
-      trainer = std::make_unique<DdpTrainer>(model, comm, options);
-      ddp = static_cast<DdpTrainer*>(trainer.get());
-    } else {
-      ZeroOptions options;
-      options.stage = strategy == Strategy::kZero1 ? 1 : strategy == Strategy::kZero2 ? 2 : 3;
-      options.adamw = adamw;
-      trainer = std::make_unique<ZeroTrainer>(model, comm, options);
-      zero = static_cast<ZeroTrainer*>(trainer.get());
-    }
-    const int perRank = kGlobalBatch / nranks, perMicro = perRank / micro;
-    for (int step = 0; step < kSteps; ++step) {
-      // Micro-batch k: perMicro sequences of B x (T + 1) tokens, laid out so inputs and targets are B x T each.
-      std::vector<std::vector<int32_t>> inputs(micro), targets(micro);
-      for (int k = 0; k < micro; ++k)
-        for (int s = 0; s < perMicro; ++s) {
-          std::vector<int32_t> tokens = sequenceOf(step, rank * perRank + k * perMicro + s, model.config().vocab);
-          inputs[k].insert(inputs[k].end(), tokens.begin(), tokens.end() - 1);
-          targets[k].insert(targets[k].end(), tokens.begin() + 1, tokens.end());
-        }
-      std::vector<const int32_t*> in, out;
-      for (int k = 0; k < micro; ++k) {
-        in.push_back(inputs[k].data());
-        out.push_back(targets[k].data());
-      }
-      runs[rank].losses.push_back(trainer->step(in, out, perMicro, kT).loss);
-    }
-    runs[rank].params = zero != nullptr
-                            ? zero->gatherParams()
-                            : std::vector<float>(model.params().f32(), model.params().f32() + model.layout().total);
-    if (ddp != nullptr) runs[rank].buckets = ddp->buckets().buckets().size();
-    runs[rank].memory = trainer->memory();
-    trainer.reset();
-    loomCommDestroy(comm);
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < nranks; ++r) threads.emplace_back(rankMain, r);
-  for (auto& thread : threads) thread.join();
-  for (int r = 1; r < nranks; ++r) {
-    EXPECT_EQ(runs[r].losses, runs[0].losses) << "rank " << r << " reports another loss than rank 0";
-    EXPECT_EQ(runs[r].params, runs[0].params) << "rank " << r << " ends with other parameters than rank 0";
-  }
-  return runs[0];
-}
-
-// max |a - b| / max |b|
-double relativeError(const std::vector<float>& a, const std::vector<float>& b) {
-  double worst = 0, scale = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return worst / scale;
+  runs::Run run;
+  run.nranks = nranks;
+  run.micro = micro;
+  run.bucketBytes = bucketBytes;
+  run.strategy = strategy;
+  return runs::train(run);
 }
 
 void expectSameTraining(const Training& run, const Training& single, const std::string& what) {
-  ASSERT_EQ(run.losses.size(), single.losses.size());
-  for (size_t step = 0; step < single.losses.size(); ++step)
-    EXPECT_NEAR(run.losses[step], single.losses[step], 1e-5 * std::fabs(single.losses[step]))
-        << what << " step " << step;
-  EXPECT_LE(relativeError(run.params, single.params), 1e-5) << what << ": final parameters";
-  EXPECT_LT(single.losses.back(), single.losses.front()) << "the run did not learn";
+  runs::expectSameTraining(run, single, 1e-5, what);
 }
 
 TEST(Ddp, MatchesOneRankWithTwoAndFourRanks) {

@@ -1,0 +1,155 @@
+// Data-parallel training runs for the tests: the same model, seed and global batch trained with a strategy (DDP,
+// ZeRO-1, 2 or 3) on ranks that are threads of this process, each with its own Ops (the CPU's, or a CUDA device's).
+// Used by tests/parallel/data_parallel_test.cc and tests/gpu/parallel_train_test.cc.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "parallel/check.h"
+#include "parallel/kernels/ops.h"
+#include "parallel/strategies/ddp.h"
+#include "parallel/strategies/zero.h"
+
+namespace loom::parallel::runs {
+
+constexpr int kGlobalBatch = 8;  // sequences per step, over all ranks and micro-batches
+constexpr int kT = 16;
+
+inline GptConfig smallConfig() {
+  GptConfig config;
+  GptConfig::preset("gpt-tiny", &config);
+  config.maxT = kT;
+  return config;
+}
+
+// Sequence `index` of step `step`: kT + 1 tokens of a learnable source (each token a fixed function of the one
+// before, from a random start), so that the loss falls.
+inline std::vector<int32_t> sequenceOf(int step, int index, int vocab) {
+  std::vector<int32_t> tokens(kT + 1);
+  uint32_t state = 2654435761u * static_cast<uint32_t>(step * 1000 + index + 1);
+  state ^= state >> 15;
+  tokens[0] = static_cast<int32_t>(state % static_cast<uint32_t>(vocab));
+  for (int i = 1; i <= kT; ++i) tokens[i] = (tokens[i - 1] * 5 + 3) % vocab;
+  return tokens;
+}
+
+struct Training {
+  std::vector<float> losses;
+  std::vector<float> params;  // fp32 (the master weights where the model computes in bf16)
+  size_t buckets = 0;
+  MemoryReport memory;
+};
+
+enum class Strategy { kDdp, kZero1, kZero2, kZero3 };
+
+struct Run {
+  int nranks = 1;
+  int micro = 1;  // micro-batches per step
+  size_t bucketBytes = size_t{25} << 20;
+  Strategy strategy = Strategy::kDdp;
+  int steps = 20;
+  GptConfig config = smallConfig();
+  // Rank r's Ops (null: the CPU's), and the kind of communicator they need.
+  std::function<std::unique_ptr<Ops>(int rank)> makeOps;
+  int loomDevice = loomDeviceHost;
+};
+
+// Trains on `run.nranks` threads, each taking kGlobalBatch / nranks sequences per step in `run.micro` micro-batches.
+inline Training train(const Run& run) {
+  loomUniqueId id;
+  EXPECT_EQ(loomGetUniqueId(&id), loomSuccess);
+  const int nranks = run.nranks, micro = run.micro;
+  std::vector<Training> runs(nranks);
+  auto rankMain = [&](int rank) {
+    std::unique_ptr<Ops> ownOps = run.makeOps ? run.makeOps(rank) : nullptr;
+    Ops& ops = ownOps ? *ownOps : cpuOps();
+    loomConfig_t config = LOOM_CONFIG_INITIALIZER;
+    config.device = run.loomDevice;
+    loomComm_t comm = nullptr;
+    LOOM_PAR_CHECK(comm, loomCommInitRankConfig(&comm, nranks, id, rank, &config));
+    Gpt model(run.config, ops);
+    model.initialise(42);
+    AdamWOptions adamw;
+    adamw.learningRate = 3e-3f;
+    // The attention's key bias has an exact gradient of zero (softmax ignores a shift shared by a query's scores),
+    // so in fp32 it is rounding noise, which differs with the order of summation; with eps 1e-8 AdamW turns that
+    // noise into steps of up to the learning rate. eps 1e-6 keeps such steps a thousandth of that, and is still far
+    // below every real gradient's root mean square.
+    adamw.eps = 1e-6f;
+    std::unique_ptr<Trainer> trainer;
+    DdpTrainer* ddp = nullptr;
+    if (run.strategy == Strategy::kDdp) {
+      DdpOptions options;
+      options.bucketBytes = run.bucketBytes;
+      options.adamw = adamw;
+      trainer = std::make_unique<DdpTrainer>(model, comm, options);
+      ddp = static_cast<DdpTrainer*>(trainer.get());
+    } else {
+      ZeroOptions options;
+      options.stage = run.strategy == Strategy::kZero1 ? 1 : run.strategy == Strategy::kZero2 ? 2 : 3;
+      options.adamw = adamw;
+      trainer = std::make_unique<ZeroTrainer>(model, comm, options);
+    }
+    const int perRank = kGlobalBatch / nranks, perMicro = perRank / micro;
+    for (int step = 0; step < run.steps; ++step) {
+      // Micro-batch k: perMicro sequences of B x (T + 1) tokens, laid out so inputs and targets are B x T each.
+      std::vector<std::vector<int32_t>> inputs(micro), targets(micro);
+      for (int k = 0; k < micro; ++k)
+        for (int s = 0; s < perMicro; ++s) {
+          std::vector<int32_t> tokens = sequenceOf(step, rank * perRank + k * perMicro + s, model.config().vocab);
+          inputs[k].insert(inputs[k].end(), tokens.begin(), tokens.end() - 1);
+          targets[k].insert(targets[k].end(), tokens.begin() + 1, tokens.end());
+        }
+      std::vector<const int32_t*> in, out;
+      for (int k = 0; k < micro; ++k) {
+        in.push_back(inputs[k].data());
+        out.push_back(targets[k].data());
+      }
+      runs[rank].losses.push_back(trainer->step(in, out, perMicro, kT).loss);
+    }
+    std::vector<float> m, v;
+    trainer->exportState(&runs[rank].params, &m, &v);
+    if (ddp != nullptr) runs[rank].buckets = ddp->buckets().buckets().size();
+    runs[rank].memory = trainer->memory();
+    trainer.reset();
+    loomCommDestroy(comm);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nranks; ++r) threads.emplace_back(rankMain, r);
+  for (auto& thread : threads) thread.join();
+  for (int r = 1; r < nranks; ++r) {
+    EXPECT_EQ(runs[r].losses, runs[0].losses) << "rank " << r << " reports another loss than rank 0";
+    EXPECT_EQ(runs[r].params, runs[0].params) << "rank " << r << " ends with other parameters than rank 0";
+  }
+  return runs[0];
+}
+
+// max |a - b| / max |b|
+inline double relativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return worst / scale;
+}
+
+// The loss at every step within `tolerance` relative, and the final parameters within `tolerance` of the largest.
+inline void expectSameTraining(const Training& run, const Training& single, double tolerance, const std::string& what) {
+  ASSERT_EQ(run.losses.size(), single.losses.size());
+  for (size_t step = 0; step < single.losses.size(); ++step)
+    EXPECT_NEAR(run.losses[step], single.losses[step], tolerance * std::fabs(single.losses[step]))
+        << what << " step " << step;
+  EXPECT_LE(relativeError(run.params, single.params), tolerance) << what << ": final parameters";
+  EXPECT_LT(single.losses.back(), single.losses.front()) << "the run did not learn";
+}
+
+}  // namespace loom::parallel::runs
