@@ -14,6 +14,7 @@
 #include <getopt.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -489,11 +490,30 @@ int main(int argc, char** argv) {
     }
     if (!o.save.empty() && ((o.saveEvery > 0 && (step + 1) % o.saveEvery == 0) || last)) save(step + 1);
   }
+  // The step's communication run alone, for the breakdown: what of it backward hid.
+  const int stepsRun = o.steps - firstStep;
+  double alone = 0;
+  if (nranks > 1 && stepsRun > 0) {
+    trainer->communicationAlone();  // warm-up
+    constexpr int kRepeats = 5;
+    for (int i = 0; i < kRepeats; ++i) alone += trainer->communicationAlone() / kRepeats;
+  }
   if (rank == 0) {
     const double total = computeSeconds + exposedSeconds;
     if (total > 0)
       std::printf("# time: %.2f s computing, %.2f s waiting for communication (%.1f%% exposed)\n", computeSeconds,
                   exposedSeconds, 100.0 * exposedSeconds / total);
+    // The wait also holds the time spent for the slowest rank to arrive; what exceeds the communication's own time
+    // can only be that.
+    const double exposedPerStep = stepsRun > 0 ? exposedSeconds / stepsRun : 0;
+    if (alone > 0 && exposedPerStep < alone)
+      std::printf("# communication alone: %.2f ms per step; at least %.0f%% of it hidden under computation\n",
+                  alone * 1e3, 100.0 * (1.0 - exposedPerStep / alone));
+    else if (alone > 0)
+      std::printf(
+          "# communication alone: %.2f ms per step; of the %.2f ms per step waited, at least %.2f ms is for "
+          "the slowest rank to arrive\n",
+          alone * 1e3, exposedPerStep * 1e3, (exposedPerStep - alone) * 1e3);
     if (!o.metrics.empty()) writeMetrics(o.metrics, metrics);
     if (!o.plot.empty()) plotLoss(o.plot, metrics, synthetic ? synthetic->entropyRate() : 0.0);
   }

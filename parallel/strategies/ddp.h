@@ -34,6 +34,7 @@ class DdpTrainer : public Trainer {
   void importState(const std::vector<float>& params, const std::vector<float>& m, const std::vector<float>& v,
                    int steps) override;
   int steps() const override { return optimizer_.steps(); }
+  double communicationAlone() override;
   const BucketedAllReduce& buckets() const { return buckets_; }
   const AdamW& optimizer() const { return optimizer_; }
 

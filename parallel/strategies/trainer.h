@@ -40,6 +40,9 @@ class Trainer {
   virtual void importState(const std::vector<float>& params, const std::vector<float>& m, const std::vector<float>& v,
                            int steps) = 0;
   virtual int steps() const = 0;
+  // For the time breakdown: the seconds one step's communication takes with no computation to hide it, measured by
+  // running it alone (every rank at once). It changes only what the next step overwrites (gradients).
+  virtual double communicationAlone() = 0;
 };
 
 }  // namespace loom::parallel

@@ -192,6 +192,34 @@ StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const st
   return report;
 }
 
+double ZeroTrainer::communicationAlone() {
+  const auto start = std::chrono::steady_clock::now();
+  Tensor gathered = Tensor::zeros({static_cast<int64_t>(sharding_.largestUnit)}, ops_.dtype(), &ops_);
+  Tensor grads = Tensor::zeros({static_cast<int64_t>(sharding_.largestUnit)}, ops_.dtype(), &ops_);
+  for (size_t u = 0; u < sharding_.units.size(); ++u) {
+    const UnitShard& shard = sharding_.units[u];
+    const int unit = static_cast<int>(u);
+    if (options_.stage == 3) {
+      zeroComm_.gather(unit, at(paramSlices_, shard.shardOffset), gathered.data());
+      zeroComm_.gather(unit, at(paramSlices_, shard.shardOffset), gathered.data());
+    }
+    zeroComm_.reduceScatter(unit, grads.data(), true, at(gradSlices_, shard.shardOffset));
+  }
+  zeroComm_.wait();
+  if (options_.stage != 3) {
+    // The all-gathers give every rank back the parameters it has: the state stays as it was.
+    void* params = model_.params().data();
+    for (size_t u = 0; u < sharding_.units.size(); ++u) {
+      const UnitShard& shard = sharding_.units[u];
+      paramSlice_.zero();
+      ops_.copy(paramSlice_.data(), elementAt(ops_, params, shard.begin),
+                (shard.end - shard.begin) * ops_.elementBytes());
+      zeroComm_.allGather(static_cast<int>(u), paramSlice_.data(), elementAt(ops_, params, shard.unitBegin));
+    }
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 std::vector<float> ZeroTrainer::gatherUnits(const std::function<void(size_t unit, float* slice)>& sliceOf) {
   std::vector<float> whole(model_.layout().total), slice;
   for (size_t u = 0; u < sharding_.units.size(); ++u) {

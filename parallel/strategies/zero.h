@@ -48,6 +48,9 @@ class ZeroTrainer : public Trainer {
   void importState(const std::vector<float>& params, const std::vector<float>& m, const std::vector<float>& v,
                    int steps) override;
   int steps() const override { return optimizers_.empty() ? 0 : optimizers_.front().steps(); }
+  // Each unit's reduce-scatter, and its all-gather after the step (stages 1, 2) or two gathers (stage 3, before
+  // forward and before backward).
+  double communicationAlone() override;
 
  private:
   void acquire(int unit, bool backward);

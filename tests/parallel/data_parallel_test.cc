@@ -100,6 +100,21 @@ TEST(Zero, EachStageHoldsAQuarterOfWhatItShardsAtFourRanks) {
   EXPECT_LT(zero3.memory.peakTransientBytes, 2 * whole) << "ZeRO-3 held every unit at once";
 }
 
+// Timing a step's communication alone (loom-train's breakdown) between steps leaves the training as it was.
+TEST(DataParallel, TimingTheCommunicationAloneChangesNothing) {
+  for (Strategy strategy : {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3}) {
+    runs::Run run;
+    run.nranks = 2;
+    run.steps = 4;
+    run.strategy = strategy;
+    const Training plain = runs::train(run);
+    run.timeCommunication = true;
+    const Training timed = runs::train(run);
+    EXPECT_EQ(timed.losses, plain.losses) << "strategy " << static_cast<int>(strategy);
+    EXPECT_EQ(timed.params, plain.params) << "strategy " << static_cast<int>(strategy);
+  }
+}
+
 TEST(Ddp, BucketsCoverTheBufferFromTheEnd) {
   const GptLayout layout = GptLayout::of(smallConfig());
   loomUniqueId id;

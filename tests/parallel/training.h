@@ -56,6 +56,7 @@ struct Run {
   size_t bucketBytes = size_t{25} << 20;
   Strategy strategy = Strategy::kDdp;
   int steps = 20;
+  bool timeCommunication = false;  // run Trainer::communicationAlone() after every step
   GptConfig config = smallConfig();
   // Rank r's Ops (null: the CPU's), and the kind of communicator they need.
   std::function<std::unique_ptr<Ops>(int rank)> makeOps;
@@ -114,6 +115,9 @@ inline Training train(const Run& run) {
         out.push_back(targets[k].data());
       }
       runs[rank].losses.push_back(trainer->step(in, out, perMicro, kT).loss);
+      if (run.timeCommunication) {
+        EXPECT_GT(trainer->communicationAlone(), 0.0);
+      }
     }
     std::vector<float> m, v;
     trainer->exportState(&runs[rank].params, &m, &v);
