@@ -6,9 +6,10 @@
 // live in the Ops' memory; float* ones are fp32 in the same memory.
 //
 // Order: kernels and copies run in the order they are called, on the Ops' compute stream (on the CPU: at once, on
-// the calling thread). Communication runs on streams of its own (stream()); a strategy orders it after the
-// computation with commAfterCompute() and waits for it with synchronize(). Functions that return values to the
-// host (download, sumOfSquares) wait for the computation before them.
+// the calling thread). An Ops is used from one thread at a time, and a CUDA one from threads whose current device
+// is its own (it sets it when made). Communication runs on streams of its own (stream()); a strategy orders it after
+// the computation with commAfterCompute() and waits for it with synchronize(). Functions that return values to the host
+// (download, sumOfSquares) wait for the computation before them.
 #pragma once
 
 #include <cstddef>
@@ -23,7 +24,8 @@ namespace loom::parallel {
 // One AdamW step's constants (torch.optim.AdamW's), for Ops::adamw.
 struct AdamWStep {
   float learningRate, beta1, beta2, eps, weightDecay;
-  int step;  // counts from 1
+  int step;         // counts from 1
+  float gradScale;  // the clipping factor every gradient is multiplied by first
 };
 
 class Ops {
@@ -54,14 +56,15 @@ class Ops {
   virtual void destroyStream(loomStream_t stream) = 0;
   // Work queued on `stream` from now on starts after the computation queued so far.
   virtual void commAfterCompute(loomStream_t stream) = 0;
-  // Returns when everything queued on `stream` is done: loomSuccess, or the error of an operation that failed.
-  virtual loomResult_t synchronize(loomStream_t stream) = 0;
+  // Returns when everything queued on `stream` is done: loomSuccess, or the error of an operation of `comm` that
+  // failed (a CUDA communicator records it apart from the stream, which it releases anyway).
+  virtual loomResult_t synchronize(loomStream_t stream, loomComm_t comm) = 0;
 
   // The kernels of parallel/kernels/cpu/kernels.h, in dtype() elements.
   virtual void embeddingForward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
                                 int C) = 0;
-  virtual void embeddingBackward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
-                                 int C) = 0;
+  virtual void embeddingBackward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C,
+                                 int V) = 0;
   virtual void layernormForward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
                                 const void* bias, int N, int C) = 0;
   virtual void layernormBackward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
@@ -86,8 +89,9 @@ class Ops {
   virtual double sumOfSquares(const void* values, size_t n) = 0;
   // dst[i] += src[i].
   void add(void* dst, const void* src, size_t n) { residualForward(dst, dst, src, n); }
-  // One AdamW step on n parameters. master null: the parameters are fp32 and are what it updates. Otherwise it
-  // updates the fp32 master weights and stores them, rounded, into the dtype() parameters.
+  // One AdamW step on n parameters, each gradient scaled by step.gradScale first (in fp32). master null: the
+  // parameters are fp32 and are what it updates. Otherwise it updates the fp32 master weights and stores them,
+  // rounded, into the dtype() parameters.
   virtual void adamw(void* params, const void* grads, float* master, float* m, float* v, size_t n,
                      const AdamWStep& step) = 0;
 };

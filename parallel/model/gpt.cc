@@ -273,7 +273,7 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
   release(0, false);
   if (!haveTargets_) return 0.0f;
   ops_.crossEntropyForward(a.losses.f32(), a.probs.data(), a.logits.data(), targets_.i32(), BT, V);
-  ops_.downloadFloats(losses_.data(), a.losses.data(), BT);
+  ops_.download(losses_.data(), a.losses.data(), sizeof(float) * BT);  // fp32 whatever the model's dtype
   double sum = 0;
   for (float loss : losses_) sum += loss;
   return static_cast<float>(sum / BT);
@@ -299,7 +299,7 @@ void Gpt::backward(float lossScale) {
   void* dwpe = at(unitGrads_[0], static_cast<size_t>(V) * C);
   // The mean over B * T positions.
   const std::vector<float> dlosses(BT, lossScale / BT);
-  ops_.uploadFloats(d.losses.data(), dlosses.data(), BT);
+  ops_.upload(d.losses.data(), dlosses.data(), sizeof(float) * BT);
   ops_.crossEntropyBackward(d.logits.data(), d.losses.f32(), a.probs.data(), targets_.i32(), BT, V);
   ops_.matmulBackward(d.lnf.data(), dwte, nullptr, d.logits.data(), a.lnf.data(), wte, BT, C, V);
   ops_.layernormBackward(at(d.residual3, (L - 1) * rows), unitGrads_[lnfUnit], at(unitGrads_[lnfUnit], C), d.lnf.data(),
@@ -329,7 +329,7 @@ void Gpt::backward(float lossScale) {
                            a.ln1Rstd.f32() + l * BT, BT, C);
     release(l + 1, true);
   }
-  ops_.embeddingBackward(dwte, dwpe, d.encoded.data(), tokens_.i32(), B, T, C);
+  ops_.embeddingBackward(dwte, dwpe, d.encoded.data(), tokens_.i32(), B, T, C, V);
   release(0, true);
 }
 

@@ -57,7 +57,7 @@ double BucketedAllReduce::finish() {
   finalFrom_ = 0;
   launchReady();
   const auto start = std::chrono::steady_clock::now();
-  LOOM_PAR_CHECK(comm_, ops_.synchronize(stream_));
+  LOOM_PAR_CHECK(comm_, ops_.synchronize(stream_, comm_));
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 

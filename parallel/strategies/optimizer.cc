@@ -28,25 +28,17 @@ AdamW::AdamW(const GptLayout& layout, AdamWOptions options, size_t begin, size_t
 
 void AdamW::step(void* params, size_t paramsBase, const void* grads, size_t gradsBase, float gradScale) {
   ++steps_;
-  if (gradScale != 1.0f && !scaled_.defined() && m_.numel() > 0)
-    scaled_ = Tensor::zeros({static_cast<int64_t>(m_.numel())}, ops_.dtype(), &ops_);
   for (const Span& span : spans_) {
     const size_t n = span.end - span.begin, at = span.begin - begin_;
-    const void* g = elementAt(ops_, grads, span.begin - gradsBase);
-    if (gradScale != 1.0f) {
-      void* scaled = elementAt(ops_, scaled_.data(), at);
-      ops_.copy(scaled, g, n * ops_.elementBytes());
-      ops_.scale(scaled, n, gradScale);
-      g = scaled;
-    }
     const AdamWStep constants{options_.learningRate,
                               options_.beta1,
                               options_.beta2,
                               options_.eps,
                               span.decay ? options_.weightDecay : 0.0f,
-                              steps_};
-    ops_.adamw(elementAt(ops_, params, span.begin - paramsBase), g, mixed() ? master_.f32() + at : nullptr,
-               m_.f32() + at, v_.f32() + at, n, constants);
+                              steps_,
+                              gradScale};
+    ops_.adamw(elementAt(ops_, params, span.begin - paramsBase), elementAt(ops_, grads, span.begin - gradsBase),
+               mixed() ? master_.f32() + at : nullptr, m_.f32() + at, v_.f32() + at, n, constants);
   }
 }
 

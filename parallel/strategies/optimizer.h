@@ -58,7 +58,7 @@ class AdamW {
   Ops& ops_;
   size_t begin_, end_;
   std::vector<Span> spans_;  // [begin, end) cut where weight decay changes
-  Tensor m_, v_, master_, scaled_;
+  Tensor m_, v_, master_;
   int steps_ = 0;
 };
 

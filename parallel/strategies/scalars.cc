@@ -15,7 +15,7 @@ Value Scalars::reduce(Value value, loomDataType_t type, loomRedOp_t op) {
   ops_.upload(slot_.data(), &value, sizeof(value));
   ops_.commAfterCompute(stream_);
   LOOM_PAR_CHECK(comm_, loomAllReduce(slot_.data(), slot_.data(), 1, type, op, comm_, stream_));
-  LOOM_PAR_CHECK(comm_, ops_.synchronize(stream_));
+  LOOM_PAR_CHECK(comm_, ops_.synchronize(stream_, comm_));
   ops_.download(&value, slot_.data(), sizeof(value));
   return value;
 }

@@ -75,6 +75,6 @@ void ZeroComm::allGatherHost(int unit, const float* slice, float* whole) {
   ops_.download(whole, hostUnit_.data(), (shard.unitEnd - shard.unitBegin) * sizeof(float));
 }
 
-void ZeroComm::wait() { LOOM_PAR_CHECK(comm_, ops_.synchronize(stream_)); }
+void ZeroComm::wait() { LOOM_PAR_CHECK(comm_, ops_.synchronize(stream_, comm_)); }
 
 }  // namespace loom::parallel

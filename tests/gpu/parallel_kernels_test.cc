@@ -61,7 +61,9 @@ void expectClose(const std::vector<float>& gpu, const std::vector<float>& cpu, d
   EXPECT_FALSE(cuda::launchFailed(&message)) << what << ": " << message;
 }
 
-constexpr int B = 2, T = 16, C = 64, NH = 4, V = 97, BT = B * T;
+// BT = 192 rows: layernorm's parameter sums take two chunks of 128 rows; T = 48 runs the softmaxes' warp loops
+// twice; tokens (i * 7) % V repeat, so the embedding's atomics collide.
+constexpr int B = 4, T = 48, C = 64, NH = 4, V = 97, BT = B * T;
 
 TEST(ParallelCudaKernels, MatmulMatchesTheCpu) {
   const int OC = 3 * C;
@@ -78,6 +80,10 @@ TEST(ParallelCudaKernels, MatmulMatchesTheCpu) {
   expectClose(dDinp.read(), dinp, 1e-5, "matmul dinp");
   expectClose(dDweight.read(), dweight, 1e-5, "matmul dweight");
   expectClose(dDbias.read(), dbias, 1e-5, "matmul dbias");
+  // Without a bias (the output head's form).
+  cpu::matmulForward(out.data(), inp.data(), weight.data(), nullptr, BT, C, OC);
+  cuda::matmulForward(dOut.get(), dInp.get(), dWeight.get(), nullptr, BT, C, OC, nullptr);
+  expectClose(dOut.read(), out, 1e-5, "matmul forward without bias");
 }
 
 TEST(ParallelCudaKernels, AttentionMatchesTheCpu) {
@@ -115,11 +121,11 @@ TEST(ParallelCudaKernels, LayernormEmbeddingAndPointwiseMatchTheCpu) {
   for (int i = 0; i < BT; ++i) tokens[i] = (i * 7) % V;
   std::vector<float> wte = randomValues(V * C, 11), wpe = randomValues(T * C, 12), dwte(V * C), dwpe(T * C);
   cpu::embeddingForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
-  cpu::embeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  cpu::embeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C, V);
   DeviceArray<int32_t> dTokens(tokens);
   DeviceArray<float> dWte(wte), dWpe(wpe), dDwte(zeros(V * C)), dDwpe(zeros(T * C));
   cuda::embeddingForward(dOut.get(), dTokens.get(), dWte.get(), dWpe.get(), B, T, C, nullptr);
-  cuda::embeddingBackward(dDwte.get(), dDwpe.get(), dDout.get(), dTokens.get(), B, T, C, nullptr);
+  cuda::embeddingBackward(dDwte.get(), dDwpe.get(), dDout.get(), dTokens.get(), B, T, C, V, nullptr);
   expectClose(dOut.read(), out, 1e-6, "embedding forward");
   expectClose(dDwte.read(), dwte, 1e-5, "embedding dwte");
   expectClose(dDwpe.read(), dwpe, 1e-5, "embedding dwpe");
@@ -156,8 +162,8 @@ TEST(ParallelCudaKernels, CrossEntropyAdamWAndNormMatchTheCpu) {
   for (int step = 1; step <= 3; ++step) {
     std::vector<float> grads = randomValues(n, 20 + step);
     DeviceArray<float> dGrads(grads);
-    cpu::adamwUpdate(params.data(), grads.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
-    cuda::adamwUpdate(dParams.get(), dGrads.get(), dM.get(), dV.get(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step,
+    cpu::adamwUpdate(params.data(), grads.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+    cuda::adamwUpdate(dParams.get(), dGrads.get(), dM.get(), dV.get(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f,
                       nullptr);
   }
   expectClose(dParams.read(), params, 1e-5, "adamw parameters");
@@ -256,12 +262,12 @@ TEST(ParallelCudaKernels, Bf16PointwiseLossAndMixedAdamWMatchTheCpu) {
   std::vector<float> wte = roundedToBf16(randomValues(V * C, 43)), wpe = roundedToBf16(randomValues(T * C, 44));
   std::vector<float> encoded(BT * C), dwte(V * C), dwpe(T * C);
   cpu::embeddingForward(encoded.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
-  cpu::embeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  cpu::embeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C, V);
   DeviceArray<int32_t> dTokens(tokens), dTargets(targets);
   DeviceArray<Bf16> dWte = bf16Array(wte), dWpe = bf16Array(wpe), dEncoded = bf16Array(zeros(BT * C)),
                     dDwte = bf16Array(zeros(V * C)), dDwpe = bf16Array(zeros(T * C));
   cuda::embeddingForward(dEncoded.get(), dTokens.get(), dWte.get(), dWpe.get(), B, T, C, nullptr);
-  cuda::embeddingBackward(dDwte.get(), dDwpe.get(), dDout.get(), dTokens.get(), B, T, C, nullptr);
+  cuda::embeddingBackward(dDwte.get(), dDwpe.get(), dDout.get(), dTokens.get(), B, T, C, V, nullptr);
   expectClose(readFloats(dEncoded), encoded, 1e-2, "bf16 embedding forward");
   expectClose(readFloats(dDwte), dwte, 1e-2, "bf16 embedding dwte");
   expectClose(readFloats(dDwpe), dwpe, 1e-2, "bf16 embedding dwpe");
@@ -286,9 +292,9 @@ TEST(ParallelCudaKernels, Bf16PointwiseLossAndMixedAdamWMatchTheCpu) {
   for (int step = 1; step <= 3; ++step) {
     const std::vector<float> grads = roundedToBf16(randomValues(n, 50 + step));
     DeviceArray<Bf16> dGrads = bf16Array(grads);
-    cpu::adamwUpdate(master.data(), grads.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+    cpu::adamwUpdate(master.data(), grads.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
     cuda::adamwUpdate(dParams.get(), dGrads.get(), dMaster.get(), dM.get(), dV.get(), n, 1e-2f, 0.9f, 0.95f, 1e-8f,
-                      0.1f, step, nullptr);
+                      0.1f, step, 0.5f, nullptr);
   }
   expectClose(dMaster.read(), master, 1e-5, "mixed adamw master weights");
   const std::vector<float> gpuMaster = dMaster.read(), gpuParams = readFloats(dParams);

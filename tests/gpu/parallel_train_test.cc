@@ -76,7 +76,9 @@ TEST(ParallelCudaTraining, OneRankFollowsTheCpu) {
 
 TEST(ParallelCudaTraining, TwoRanksSharingTheGpuMatchOneRank) {
   const Training fp32 = trainOnGpu(DType::kFloat32, 1, Strategy::kDdp);
-  runs::expectSameTraining(trainOnGpu(DType::kFloat32, 2, Strategy::kDdp), fp32, 1e-4, "fp32 DDP, 2 ranks");
+  for (Strategy strategy : {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3})
+    runs::expectSameTraining(trainOnGpu(DType::kFloat32, 2, strategy), fp32, 1e-4,
+                             "fp32 strategy " + std::to_string(static_cast<int>(strategy)) + ", 2 ranks");
   const Training bf16 = trainOnGpu(DType::kBfloat16, 1, Strategy::kDdp);
   for (Strategy strategy : {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3})
     runs::expectSameTraining(trainOnGpu(DType::kBfloat16, 2, strategy), bf16, 3e-2,

@@ -92,7 +92,7 @@ TEST(CpuKernels, EmbeddingAddsTokenAndPositionAndScattersGradients) {
       for (int c = 0; c < C; ++c)
         EXPECT_FLOAT_EQ(out[(b * T + t) * C + c], wte[tokens[b * T + t] * C + c] + wpe[t * C + c]);
   std::vector<float> r = randomValues(B * T * C, 10), dwte(V * C), dwpe(T * C);
-  embeddingBackward(dwte.data(), dwpe.data(), r.data(), tokens.data(), B, T, C);
+  embeddingBackward(dwte.data(), dwpe.data(), r.data(), tokens.data(), B, T, C, V);
   auto loss = [&]() {
     embeddingForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
     return dot(out, r);

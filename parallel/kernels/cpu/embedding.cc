@@ -15,8 +15,9 @@ LOOM_CPU_DISPATCH void embeddingForward(float* out, const int32_t* tokens, const
     }
 }
 
+// V sizes the CUDA kernel's fp32 table; the CPU adds in fp32 directly.
 LOOM_CPU_DISPATCH void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                                         int T, int C) {
+                                         int T, int C, int /*V*/) {
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       const float* row = dout + (static_cast<size_t>(b) * T + t) * C;

@@ -12,7 +12,8 @@ namespace loom::parallel::cpu {
 
 // out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]; wte is [V, C], wpe [maxT, C] with T <= maxT.
 void embeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C);
-void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
+// V: the token table's rows (every token is below it).
+void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C, int V);
 
 // Over the last dimension of N rows of C: out = (inp - mean) * rstd * weight + bias, with the biased variance and
 // eps 1e-5 (torch.nn.LayerNorm's). mean and rstd [N] are kept for the backward.
@@ -47,10 +48,10 @@ void crossEntropyForward(float* losses, float* probs, const float* logits, const
 void crossEntropyBackward(float* dlogits, const float* dlosses, const float* probs, const int32_t* targets, int N,
                           int V);
 
-// One AdamW step on n parameters (torch.optim.AdamW's: decoupled weight decay, bias-corrected moments). `step`
-// counts from 1.
+// One AdamW step on n parameters (torch.optim.AdamW's: decoupled weight decay, bias-corrected moments), each
+// gradient multiplied by gradScale first (the clipping factor). `step` counts from 1.
 void adamwUpdate(float* params, const float* grads, float* m, float* v, size_t n, float learningRate, float beta1,
-                 float beta2, float eps, float weightDecay, int step);
+                 float beta2, float eps, float weightDecay, int step, float gradScale = 1.0f);
 
 // The sum of squares of n gradients, accumulated in double: a rank's share of the global norm.
 double sumOfSquares(const float* grads, size_t n);

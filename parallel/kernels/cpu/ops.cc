@@ -47,15 +47,15 @@ class CpuOps final : public Ops {
   }
   void destroyStream(loomStream_t stream) override { loomStreamDestroy(stream); }
   void commAfterCompute(loomStream_t) override {}  // the computation is done when its call returns
-  loomResult_t synchronize(loomStream_t stream) override { return loomStreamSynchronize(stream); }
+  loomResult_t synchronize(loomStream_t stream, loomComm_t) override { return loomStreamSynchronize(stream); }
 
   void embeddingForward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
                         int C) override {
     cpu::embeddingForward(f(out), tokens, f(wte), f(wpe), B, T, C);
   }
-  void embeddingBackward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
-                         int C) override {
-    cpu::embeddingBackward(f(dwte), f(dwpe), f(dout), tokens, B, T, C);
+  void embeddingBackward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C,
+                         int V) override {
+    cpu::embeddingBackward(f(dwte), f(dwpe), f(dout), tokens, B, T, C, V);
   }
   void layernormForward(void* out, float* mean, float* rstd, const void* inp, const void* weight, const void* bias,
                         int N, int C) override {
@@ -105,7 +105,8 @@ class CpuOps final : public Ops {
       std::fprintf(stderr, "parallel: the CPU keeps fp32 parameters, without master weights\n");
       std::exit(1);
     }
-    cpu::adamwUpdate(f(params), f(grads), m, v, n, s.learningRate, s.beta1, s.beta2, s.eps, s.weightDecay, s.step);
+    cpu::adamwUpdate(f(params), f(grads), m, v, n, s.learningRate, s.beta1, s.beta2, s.eps, s.weightDecay, s.step,
+                     s.gradScale);
   }
 };
 

@@ -10,11 +10,11 @@ namespace loom::parallel::cpu {
 // p -= lr * wd * p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps).
 LOOM_CPU_DISPATCH void adamwUpdate(float* params, const float* grads, float* m, float* v, size_t n, float learningRate,
-                                   float beta1, float beta2, float eps, float weightDecay, int step) {
+                                   float beta1, float beta2, float eps, float weightDecay, int step, float gradScale) {
   const float correction1 = 1.0f - std::pow(beta1, static_cast<float>(step));
   const float correction2 = 1.0f - std::pow(beta2, static_cast<float>(step));
   for (size_t i = 0; i < n; ++i) {
-    const float g = grads[i];
+    const float g = grads[i] * gradScale;
     params[i] -= learningRate * weightDecay * params[i];
     m[i] = beta1 * m[i] + (1.0f - beta1) * g;
     v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;

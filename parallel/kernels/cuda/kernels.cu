@@ -96,13 +96,22 @@ __device__ float blockReduce(float value) {
   return kMax ? warpMax(value) : warpSum(value);
 }
 
+// The calling thread's cuBLAS handles, one per device, destroyed when the thread ends.
+struct BlasHandles {
+  cublasHandle_t handles[64] = {};
+  ~BlasHandles() {
+    for (cublasHandle_t handle : handles)
+      if (handle != nullptr) cublasDestroy(handle);
+  }
+};
+
 // The calling thread's cuBLAS handle for its current device, bound to `stream`. A failure to make one ends the
 // program: every GEMM would fail after it.
 cublasHandle_t blas(void* stream) {
-  thread_local cublasHandle_t handles[64] = {};
+  thread_local BlasHandles perThread;
   int device = 0;
   cudaGetDevice(&device);
-  cublasHandle_t& handle = handles[device % 64];
+  cublasHandle_t& handle = perThread.handles[device % 64];
   if (handle == nullptr && cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
     std::fprintf(stderr, "parallel/kernels/cuda: cublasCreate failed on device %d\n", device);
     std::exit(1);
@@ -126,12 +135,19 @@ __global__ void embeddingForwardKernel(D* out, const int32_t* tokens, const D* w
   }
 }
 
+// Adds each position's gradient into its token's row of `sums` (fp32, or the fp32 gradient itself).
 template <typename D>
-__global__ void tokenEmbeddingBackwardKernel(D* dwte, const D* dout, const int32_t* tokens, int C, size_t n) {
+__global__ void tokenEmbeddingBackwardKernel(float* sums, const D* dout, const int32_t* tokens, int C, size_t n) {
   for (size_t i = firstIndex(); i < n; i += gridStride()) {
     const size_t row = i / C, c = i % C;
-    atomicAdd(&dwte[static_cast<size_t>(tokens[row]) * C + c], dout[i]);
+    atomicAdd(&sums[static_cast<size_t>(tokens[row]) * C + c], load(dout[i]));
   }
+}
+
+// dst[i] += sums[i], one rounding (bf16 gradients from their fp32 sums).
+template <typename D>
+__global__ void addFloatsKernel(D* dst, const float* sums, size_t n) {
+  for (size_t i = firstIndex(); i < n; i += gridStride()) addTo(&dst[i], sums[i]);
 }
 
 // A thread per (t, c) of the position embedding, over the B sequences in order.
@@ -232,11 +248,6 @@ __global__ void layernormParamSumKernel(D* dweight, D* dbias, const float* parti
   }
   addTo(&dweight[c], sumW);
   addTo(&dbias[c], sumB);
-}
-
-template <typename D>
-__global__ void addBiasKernel(D* out, const D* bias, int OC, size_t n) {
-  for (size_t i = firstIndex(); i < n; i += gridStride()) addTo(&out[i], load(bias[i % OC]));
 }
 
 // dbias[o] += sum over rows of dout[row, o]: a thread per column, rows in order.
@@ -341,9 +352,10 @@ __global__ void crossEntropyBackwardKernel(D* dlogits, const float* dlosses, con
 }
 
 struct AdamW {
-  float learningRate, beta1, beta2, eps, weightDecay, correction1, correction2;
-  // The new value of weight p with gradient g, updating the moments m and v.
+  float learningRate, beta1, beta2, eps, weightDecay, correction1, correction2, gradScale;
+  // The new value of weight p with gradient g (before scaling), updating the moments m and v.
   __device__ float step(float p, float g, float* m, float* v) const {
+    g *= gradScale;
     p -= learningRate * weightDecay * p;
     const float mi = beta1 * *m + (1.0f - beta1) * g;
     const float vi = beta2 * *v + (1.0f - beta2) * g * g;
@@ -365,16 +377,33 @@ __global__ void adamwMixedKernel(__nv_bfloat16* params, const __nv_bfloat16* gra
   }
 }
 
-__global__ void roundKernel(__nv_bfloat16* dst, const float* src, size_t n) {
-  for (size_t i = firstIndex(); i < n; i += gridStride()) dst[i] = store<__nv_bfloat16>(src[i]);
-}
-
+// Each block's sum of squares into partial[blockIdx.x].
 template <typename D>
-__global__ void sumOfSquaresKernel(double* sum, const D* grads, size_t n) {
+__global__ void sumOfSquaresKernel(double* partial, const D* grads, size_t n) {
   float local = 0;
   for (size_t i = firstIndex(); i < n; i += gridStride()) local += load(grads[i]) * load(grads[i]);
   local = blockReduce<false>(local);
-  if (threadIdx.x == 0) atomicAdd(sum, static_cast<double>(local));
+  if (threadIdx.x == 0) partial[blockIdx.x] = static_cast<double>(local);
+}
+
+// *sum += the blocks' partial sums, in a fixed order: one block, each thread a strided run, then a tree.
+__global__ void sumPartialsKernel(double* sum, const double* partial, unsigned blocks) {
+  __shared__ double runs[kThreads];
+  double local = 0;
+  for (unsigned i = threadIdx.x; i < blocks; i += blockDim.x) local += partial[i];
+  runs[threadIdx.x] = local;
+  __syncthreads();
+  for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) runs[threadIdx.x] += runs[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *sum += runs[0];
+}
+
+// out[row, :] = bias, before a GEMM that adds the product (so that bf16 rounds once).
+template <typename D>
+__global__ void fillBiasKernel(D* out, const D* bias, int OC, size_t n) {
+  for (size_t i = firstIndex(); i < n; i += gridStride()) out[i] = bias[i % OC];
 }
 
 template <typename D>
@@ -401,6 +430,15 @@ void gemmBatched(cublasHandle_t handle, cublasOperation_t opA, cublasOperation_t
         what);
 }
 
+// Stream-ordered scratch on `stream`; without device memory the step cannot go on.
+void mustAllocate(void** memory, size_t bytes, cudaStream_t stream, const char* what) {
+  const cudaError_t error = cudaMallocAsync(memory, bytes, stream);
+  if (error == cudaSuccess) return;
+  std::fprintf(stderr, "parallel/kernels/cuda: no device memory for %s (%zu bytes): %s\n", what, bytes,
+               cudaGetErrorString(error));
+  std::exit(1);
+}
+
 unsigned warpRowBlocks(size_t rows) {
   constexpr size_t kRowsPerBlock = kThreads / 32;
   return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
@@ -416,9 +454,22 @@ void embeddingForward(E* out, const int32_t* tokens, const E* wte, const E* wpe,
 }
 
 template <typename E>
-void embeddingBackward(E* dwte, E* dwpe, const E* dout, const int32_t* tokens, int B, int T, int C, void* stream) {
+void embeddingBackward(E* dwte, E* dwpe, const E* dout, const int32_t* tokens, int B, int T, int C, int V,
+                       void* stream) {
   const size_t n = static_cast<size_t>(B) * T * C;
-  tokenEmbeddingBackwardKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(dwte), dev(dout), tokens, C, n);
+  cudaStream_t s = asStream(stream);
+  if constexpr (std::is_same_v<E, float>) {
+    tokenEmbeddingBackwardKernel<<<blocksFor(n), kThreads, 0, s>>>(dwte, dev(dout), tokens, C, n);
+  } else {
+    // bf16 would round at every add: the sums go into an fp32 table first, added to the gradient once.
+    float* sums = nullptr;
+    const size_t table = static_cast<size_t>(V) * C;
+    mustAllocate(reinterpret_cast<void**>(&sums), table * sizeof(float), s, "the token embedding's fp32 sums");
+    cudaMemsetAsync(sums, 0, table * sizeof(float), s);
+    tokenEmbeddingBackwardKernel<<<blocksFor(n), kThreads, 0, s>>>(sums, dev(dout), tokens, C, n);
+    addFloatsKernel<<<blocksFor(table), kThreads, 0, s>>>(dev(dwte), sums, table);
+    cudaFreeAsync(sums, s);
+  }
   positionEmbeddingBackwardKernel<<<blocksFor(static_cast<size_t>(T) * C), kThreads, 0, asStream(stream)>>>(
       dev(dwpe), dev(dout), B, T, C);
 }
@@ -438,10 +489,7 @@ void layernormBackward(E* dinp, E* dweight, E* dbias, const E* dout, const E* in
                                                                 N, C);
   const int chunks = (N + kChunkRows - 1) / kChunkRows;
   float* partial = nullptr;
-  if (cudaMallocAsync(reinterpret_cast<void**>(&partial), sizeof(float) * 2 * chunks * C, s) != cudaSuccess) {
-    std::fprintf(stderr, "parallel/kernels/cuda: no device memory for layernorm's %d x %d partial sums\n", chunks, C);
-    std::exit(1);
-  }
+  mustAllocate(reinterpret_cast<void**>(&partial), sizeof(float) * 2 * chunks * C, s, "layernorm's partial sums");
   layernormParamPartialKernel<<<dim3((C + 31) / 32, chunks), dim3(32, 8), 0, s>>>(partial, dev(dout), dev(inp), mean,
                                                                                   rstd, N, C);
   layernormParamSumKernel<<<(C + kThreads - 1) / kThreads, kThreads, 0, s>>>(dev(dweight), dev(dbias), partial, chunks,
@@ -453,12 +501,13 @@ void layernormBackward(E* dinp, E* dweight, E* dbias, const E* dout, const E* in
 template <typename E>
 void matmulForward(E* out, const E* inp, const E* weight, std::type_identity_t<const E*> bias, int N, int C, int OC,
                    void* stream) {
-  gemm(blas(stream), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, dev(weight), C, dev(inp), C, 0.0f, dev(out), OC,
-       "matmul forward");
+  // With a bias, out starts as the bias and the GEMM adds to it: one rounding in bf16.
   if (bias != nullptr) {
     const size_t n = static_cast<size_t>(N) * OC;
-    addBiasKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(out), dev(bias), OC, n);
+    fillBiasKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(out), dev(bias), OC, n);
   }
+  gemm(blas(stream), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, dev(weight), C, dev(inp), C,
+       bias != nullptr ? 1.0f : 0.0f, dev(out), OC, "matmul forward");
 }
 
 template <typename E>
@@ -563,7 +612,13 @@ void crossEntropyBackward(E* dlogits, const float* dlosses, const E* probs, cons
 
 template <typename E>
 void sumOfSquares(double* sum, const E* grads, size_t n, void* stream) {
-  sumOfSquaresKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(sum, dev(grads), n);
+  cudaStream_t s = asStream(stream);
+  const unsigned blocks = blocksFor(n);
+  double* partial = nullptr;
+  mustAllocate(reinterpret_cast<void**>(&partial), sizeof(double) * blocks, s, "the sum of squares' partial sums");
+  sumOfSquaresKernel<<<blocks, kThreads, 0, s>>>(partial, dev(grads), n);
+  sumPartialsKernel<<<1, kThreads, 0, s>>>(sum, partial, blocks);
+  cudaFreeAsync(partial, s);
 }
 template <typename E>
 void scale(E* values, size_t n, float factor, void* stream) {
@@ -571,31 +626,28 @@ void scale(E* values, size_t n, float factor, void* stream) {
 }
 
 namespace {
-AdamW adamwOf(float learningRate, float beta1, float beta2, float eps, float weightDecay, int step) {
+AdamW adamwOf(float learningRate, float beta1, float beta2, float eps, float weightDecay, int step, float gradScale) {
   return AdamW{learningRate,
                beta1,
                beta2,
                eps,
                weightDecay,
                1.0f - std::pow(beta1, static_cast<float>(step)),
-               1.0f - std::pow(beta2, static_cast<float>(step))};
+               1.0f - std::pow(beta2, static_cast<float>(step)),
+               gradScale};
 }
 }  // namespace
 
 void adamwUpdate(float* params, const float* grads, float* m, float* v, size_t n, float learningRate, float beta1,
-                 float beta2, float eps, float weightDecay, int step, void* stream) {
+                 float beta2, float eps, float weightDecay, int step, float gradScale, void* stream) {
   adamwKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(
-      params, grads, m, v, n, adamwOf(learningRate, beta1, beta2, eps, weightDecay, step));
+      params, grads, m, v, n, adamwOf(learningRate, beta1, beta2, eps, weightDecay, step, gradScale));
 }
 
 void adamwUpdate(Bf16* params, const Bf16* grads, float* master, float* m, float* v, size_t n, float learningRate,
-                 float beta1, float beta2, float eps, float weightDecay, int step, void* stream) {
+                 float beta1, float beta2, float eps, float weightDecay, int step, float gradScale, void* stream) {
   adamwMixedKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(
-      dev(params), dev(grads), master, m, v, n, adamwOf(learningRate, beta1, beta2, eps, weightDecay, step));
-}
-
-void roundToBf16(Bf16* dst, const float* src, size_t n, void* stream) {
-  roundKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(dst), src, n);
+      dev(params), dev(grads), master, m, v, n, adamwOf(learningRate, beta1, beta2, eps, weightDecay, step, gradScale));
 }
 
 bool launchFailed(const char** message) {
@@ -607,7 +659,7 @@ bool launchFailed(const char** message) {
 // The two element types of kernels.h.
 #define LOOM_INSTANTIATE(E)                                                                                       \
   template void embeddingForward(E*, const int32_t*, const E*, const E*, int, int, int, void*);                   \
-  template void embeddingBackward(E*, E*, const E*, const int32_t*, int, int, int, void*);                        \
+  template void embeddingBackward(E*, E*, const E*, const int32_t*, int, int, int, int, void*);                   \
   template void layernormForward(E*, float*, float*, const E*, const E*, const E*, int, int, void*);              \
   template void layernormBackward(E*, E*, E*, const E*, const E*, const E*, const float*, const float*, int, int, \
                                   void*);                                                                         \

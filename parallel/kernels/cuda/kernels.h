@@ -26,9 +26,10 @@ namespace loom::parallel::cuda {
 template <typename E>
 void embeddingForward(E* out, const int32_t* tokens, const E* wte, const E* wpe, int B, int T, int C, void* stream);
 // Adds into the token rows with atomicAdd (so the token embedding's gradient is not bitwise reproducible run to
-// run) and sums each position's rows in order.
+// run), in bf16 through an fp32 buffer added once, and sums each position's rows in order.
 template <typename E>
-void embeddingBackward(E* dwte, E* dwpe, const E* dout, const int32_t* tokens, int B, int T, int C, void* stream);
+void embeddingBackward(E* dwte, E* dwpe, const E* dout, const int32_t* tokens, int B, int T, int C, int V,
+                       void* stream);
 
 template <typename E>
 void layernormForward(E* out, float* mean, float* rstd, const E* inp, const E* weight, const E* bias, int N, int C,
@@ -69,21 +70,21 @@ template <typename E>
 void crossEntropyBackward(E* dlogits, const float* dlosses, const E* probs, const int32_t* targets, int N, int V,
                           void* stream);
 
-// Adds the sum of squares of n gradients to *sum (device memory, a double), for the global norm.
+// Adds the sum of squares of n gradients to *sum (device memory, a double), for the global norm: per-block sums,
+// then those in a fixed order, so that it is bitwise reproducible.
 template <typename E>
 void sumOfSquares(double* sum, const E* grads, size_t n, void* stream);
 template <typename E>
 void scale(E* values, size_t n, float factor, void* stream);
 
-// One AdamW step (torch.optim.AdamW's), fp32 throughout.
+// One AdamW step (torch.optim.AdamW's), fp32 throughout, each gradient multiplied by gradScale first (the clipping
+// factor).
 void adamwUpdate(float* params, const float* grads, float* m, float* v, size_t n, float learningRate, float beta1,
-                 float beta2, float eps, float weightDecay, int step, void* stream);
+                 float beta2, float eps, float weightDecay, int step, float gradScale, void* stream);
 // The same step on fp32 master weights from bf16 gradients; `params`, the bf16 weights the model computes with,
 // get the new master weights rounded.
 void adamwUpdate(Bf16* params, const Bf16* grads, float* master, float* m, float* v, size_t n, float learningRate,
-                 float beta1, float beta2, float eps, float weightDecay, int step, void* stream);
-// dst[i] = src[i] rounded to bf16 (the master weights into the model's).
-void roundToBf16(Bf16* dst, const float* src, size_t n, void* stream);
+                 float beta1, float beta2, float eps, float weightDecay, int step, float gradScale, void* stream);
 
 // Whether the last kernel launch on this thread failed; *message says how (empty when none did).
 bool launchFailed(const char** message);

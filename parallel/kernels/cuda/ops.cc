@@ -99,11 +99,16 @@ class CudaOps final : public Ops {
     must(cudaEventRecord(computed_, stream_), "cudaEventRecord");
     must(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), computed_, 0), "cudaStreamWaitEvent");
   }
-  loomResult_t synchronize(loomStream_t stream) override {
+  loomResult_t synchronize(loomStream_t stream, loomComm_t comm) override {
     const cudaError_t error = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
-    if (error == cudaSuccess) return loomSuccess;
-    std::fprintf(stderr, "parallel/cuda: a communication stream failed: %s\n", cudaGetErrorString(error));
-    return loomUnhandledCudaError;
+    if (error != cudaSuccess) {
+      std::fprintf(stderr, "parallel/cuda: a communication stream failed: %s\n", cudaGetErrorString(error));
+      return loomUnhandledCudaError;
+    }
+    loomResult_t asyncError = loomSuccess;
+    const loomResult_t result = loomCommGetAsyncError(comm, &asyncError);
+    if (result != loomSuccess) return result;
+    return asyncError == loomInProgress ? loomSuccess : asyncError;
   }
 
   void embeddingForward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T,
@@ -111,9 +116,9 @@ class CudaOps final : public Ops {
     cuda::embeddingForward(e(out), tokens, e(wte), e(wpe), B, T, C, stream_);
     launched("embedding forward");
   }
-  void embeddingBackward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T,
-                         int C) override {
-    cuda::embeddingBackward(e(dwte), e(dwpe), e(dout), tokens, B, T, C, stream_);
+  void embeddingBackward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C,
+                         int V) override {
+    cuda::embeddingBackward(e(dwte), e(dwpe), e(dout), tokens, B, T, C, V, stream_);
     launched("embedding backward");
   }
   void layernormForward(void* out, float* mean, float* rstd, const void* inp, const void* weight, const void* bias,
@@ -196,14 +201,14 @@ class CudaOps final : public Ops {
         std::exit(1);
       }
       cuda::adamwUpdate(e(params), e(grads), m, v, n, s.learningRate, s.beta1, s.beta2, s.eps, s.weightDecay, s.step,
-                        stream_);
+                        s.gradScale, stream_);
     } else {
       if (master == nullptr) {
         std::fprintf(stderr, "parallel/cuda: bf16 parameters need fp32 master weights\n");
         std::exit(1);
       }
       cuda::adamwUpdate(e(params), e(grads), master, m, v, n, s.learningRate, s.beta1, s.beta2, s.eps, s.weightDecay,
-                        s.step, stream_);
+                        s.step, s.gradScale, stream_);
     }
     launched("adamw");
   }
