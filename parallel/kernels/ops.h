@@ -84,7 +84,6 @@ class Ops {
                                    int V) = 0;
   virtual void crossEntropyBackward(void* dlogits, const float* dlosses, const void* probs, const int32_t* targets,
                                     int N, int V) = 0;
-  virtual void scale(void* values, size_t n, float factor) = 0;
   // The sum of squares of n elements, returned to the host.
   virtual double sumOfSquares(const void* values, size_t n) = 0;
   // dst[i] += src[i].

@@ -97,7 +97,6 @@ class CpuOps final : public Ops {
                             int V) override {
     cpu::crossEntropyBackward(f(dlogits), dlosses, f(probs), targets, N, V);
   }
-  void scale(void* values, size_t n, float factor) override { cpu::scale(f(values), n, factor); }
   double sumOfSquares(const void* values, size_t n) override { return cpu::sumOfSquares(f(values), n); }
   void adamw(void* params, const void* grads, float* master, float* m, float* v, size_t n,
              const AdamWStep& s) override {

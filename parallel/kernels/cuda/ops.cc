@@ -181,10 +181,6 @@ class CudaOps final : public Ops {
     cuda::crossEntropyBackward(e(dlogits), dlosses, e(probs), targets, N, V, stream_);
     launched("cross-entropy backward");
   }
-  void scale(void* values, size_t n, float factor) override {
-    cuda::scale(e(values), n, factor, stream_);
-    launched("scale");
-  }
   double sumOfSquares(const void* values, size_t n) override {
     zero(sum_, sizeof(double));
     cuda::sumOfSquares(sum_, e(values), n, stream_);
