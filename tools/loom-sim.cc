@@ -219,11 +219,7 @@ Options parseOptions(int argc, char** argv) {
 Topology loadTopology(const std::string& spec) {
   Topology topo;
   std::string error;
-  struct stat info {};
-  bool isFile = stat(spec.c_str(), &info) == 0 || spec.find('/') != std::string::npos ||
-                (spec.size() > 4 && spec.compare(spec.size() - 4, 4, ".xml") == 0);
-  bool loaded = isFile ? readTopologyFile(spec, &topo, &error) : makePreset(spec, &topo, &error);
-  if (!loaded) throw UsageError("--topo " + spec + ": " + error);
+  if (!loadTopologySpec(spec, &topo, &error)) throw UsageError("--topo " + spec + ": " + error);
   return topo;
 }
 

@@ -514,6 +514,9 @@ int main(int argc, char** argv) {
           "# communication alone: %.2f ms per step; of the %.2f ms per step waited, at least %.2f ms is for "
           "the slowest rank to arrive\n",
           alone * 1e3, exposedPerStep * 1e3, (exposedPerStep - alone) * 1e3);
+    if (stepsRun > 0)
+      std::printf("# activations per rank: %s kept for backward, %s of buffers for their gradients\n",
+                  humanBytes(model.activationBytes()).c_str(), humanBytes(model.activationGradientBytes()).c_str());
     if (!o.metrics.empty()) writeMetrics(o.metrics, metrics);
     if (!o.plot.empty()) plotLoss(o.plot, metrics, synthetic ? synthetic->entropyRate() : 0.0);
   }

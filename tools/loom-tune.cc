@@ -42,9 +42,7 @@ Topology topologyFor(const std::string& spec, int nranks) {
     for (int r = 0; r < nranks; ++r) topo.mapRank(r, numa >= 0 ? numa : topo.hostNode(0));
     return topo;
   }
-  bool ok = spec.find(".xml") != std::string::npos ? readTopologyFile(spec, &topo, &error)
-                                                    : makePreset(spec, &topo, &error);
-  if (!ok) usage("--topo " + spec + ": " + error);
+  if (!loadTopologySpec(spec, &topo, &error)) usage("--topo " + spec + ": " + error);
   if (nranks != topo.rankCount())
     usage("-n " + std::to_string(nranks) + " does not match the " + std::to_string(topo.rankCount()) +
           " ranks of --topo " + spec);
@@ -66,16 +64,26 @@ int run(int argc, char** argv) {
       }
       if (i + 1 >= argc) usage(flag + " needs a value");
       const char* value = argv[++i];
-      if (flag == "-n") nranks = perf::parseIntArg(value, "-n", 1, 1 << 20);
-      else if (flag == "-c") collectiveText = value;
-      else if (flag == "-b") minBytes = perf::parseSizeArg(value, "-b");
-      else if (flag == "-e") maxBytes = perf::parseSizeArg(value, "-e");
-      else if (flag == "-f") factor = static_cast<size_t>(perf::parseIntArg(value, "-f", 2, 1 << 20));
-      else if (flag == "--topo") topoSpec = value;
-      else if (flag == "--channels") channels = perf::parseIntArg(value, "--channels", 1, 32);
-      else if (flag == "--algo") rulesText = value;
-      else if (flag == "--costs") costsText = value;
-      else usage("unknown flag " + flag);
+      if (flag == "-n")
+        nranks = perf::parseIntArg(value, "-n", 1, 1 << 20);
+      else if (flag == "-c")
+        collectiveText = value;
+      else if (flag == "-b")
+        minBytes = perf::parseSizeArg(value, "-b");
+      else if (flag == "-e")
+        maxBytes = perf::parseSizeArg(value, "-e");
+      else if (flag == "-f")
+        factor = static_cast<size_t>(perf::parseIntArg(value, "-f", 2, 1 << 20));
+      else if (flag == "--topo")
+        topoSpec = value;
+      else if (flag == "--channels")
+        channels = perf::parseIntArg(value, "--channels", 1, 32);
+      else if (flag == "--algo")
+        rulesText = value;
+      else if (flag == "--costs")
+        costsText = value;
+      else
+        usage("unknown flag " + flag);
     }
   } catch (const perf::UsageError& error) {
     usage(error.what());
@@ -118,8 +126,8 @@ int run(int argc, char** argv) {
     alone[a].configure(context, costs);
     aloneRules[a].allowed[static_cast<int>(collective)] = {names[a]};
   }
-  std::printf("# loom-tune: %s on %d ranks, %s; predicted time of one call in us\n", collectiveName(collective),
-              nranks, topoSpec.empty() ? "this host" : topoSpec.c_str());
+  std::printf("# loom-tune: %s on %d ranks, %s; predicted time of one call in us\n", collectiveName(collective), nranks,
+              topoSpec.empty() ? "this host" : topoSpec.c_str());
   std::printf("%12s", "bytes");
   for (const std::string& name : names) std::printf(" %13s", name.c_str());
   std::printf("  %s\n", "pick");

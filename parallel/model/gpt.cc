@@ -183,6 +183,29 @@ Gpt::Block Gpt::block(void* p) const {
   return b;
 }
 
+namespace {
+
+size_t bytesOf(const std::initializer_list<const Tensor*>& tensors) {
+  size_t bytes = 0;
+  for (const Tensor* tensor : tensors) bytes += tensor->bytes();
+  return bytes;
+}
+
+}  // namespace
+
+size_t Gpt::activationBytes() const {
+  const Activations& a = acts_;
+  return bytesOf({&a.encoded,   &a.ln1,     &a.ln1Mean, &a.ln1Rstd, &a.qkv,   &a.attY,   &a.att,    &a.attProj,
+                  &a.residual2, &a.ln2,     &a.ln2Mean, &a.ln2Rstd, &a.fc,    &a.fcGelu, &a.fcProj, &a.residual3,
+                  &a.lnf,       &a.lnfMean, &a.lnfRstd, &a.logits,  &a.probs, &a.losses});
+}
+
+size_t Gpt::activationGradientBytes() const {
+  const Activations& d = grads2_;
+  return bytesOf({&d.encoded, &d.ln1, &d.qkv, &d.attY, &d.attProj, &d.residual2, &d.ln2, &d.fc, &d.fcGelu, &d.fcProj,
+                  &d.residual3, &d.lnf, &d.logits, &d.losses});
+}
+
 void Gpt::reserve(int B, int T) {
   if (B == B_ && T == T_) return;
   const int64_t L = config_.layers, NH = config_.heads, C = config_.channels, V = config_.vocab, BT = int64_t{B} * T;

@@ -102,6 +102,10 @@ class Gpt {
   // for a fresh step; lossScale 1/k for one of k accumulated micro-batches).
   void backward(float lossScale = 1.0f);
   void zeroGrads() { grads_.zero(); }
+  // Bytes of the activations the last forward keeps for backward (all layers, the logits and probabilities
+  // included), and of the buffers backward computes their gradients in.
+  size_t activationBytes() const;
+  size_t activationGradientBytes() const;
 
  private:
   struct Activations {

@@ -3,9 +3,12 @@
 // switches ("rail3-leaf0", "spine5").
 #include "src/topology/presets.h"
 
+#include <sys/stat.h>
+
 #include <charconv>
 
 #include "src/topology/figures.h"
+#include "src/topology/xml.h"
 
 namespace loom {
 namespace {
@@ -281,6 +284,12 @@ bool makePreset(std::string_view spec, Topology* topo, std::string* error) {
   setAttribute(&built.attributes(), "source", "preset " + std::string(spec));
   *topo = std::move(built);
   return true;
+}
+
+bool loadTopologySpec(const std::string& spec, Topology* topo, std::string* error) {
+  struct stat info {};
+  const bool isFile = stat(spec.c_str(), &info) == 0 || spec.find('/') != std::string::npos || spec.ends_with(".xml");
+  return isFile ? readTopologyFile(spec, topo, error) : makePreset(spec, topo, error);
 }
 
 }  // namespace loom

@@ -21,6 +21,10 @@ namespace loom {
 // *error saying what was wrong and leaves *topo alone.
 bool makePreset(std::string_view spec, Topology* topo, std::string* error);
 
+// A preset's name, or the path of a topology XML file (one that exists, holds a '/' or ends in ".xml"): what the
+// tools' --topo takes. False with *error on either's failure.
+bool loadTopologySpec(const std::string& spec, Topology* topo, std::string* error);
+
 // One line per preset: its syntax and what it builds (for usage messages).
 std::vector<std::string> presetUsage();
 
