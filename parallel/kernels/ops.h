@@ -86,6 +86,13 @@ class Ops {
                                     int N, int V) = 0;
   // The sum of squares of n elements, returned to the host.
   virtual double sumOfSquares(const void* values, size_t n) = 0;
+  // The vocabulary-parallel cross-entropy's steps (parallel/kernels/cpu/kernels.h); maxes, sums and targetLogits
+  // are fp32 [N].
+  virtual void crossEntropyMax(float* maxes, const void* logits, int N, int V) = 0;
+  virtual void crossEntropyExp(float* sums, float* targetLogits, void* probs, const void* logits, const float* maxes,
+                               const int32_t* targets, int N, int V) = 0;
+  virtual void crossEntropyFinish(float* losses, void* probs, const float* sums, const float* targetLogits, int N,
+                                  int V) = 0;
   // dst[i] += src[i].
   void add(void* dst, const void* src, size_t n) { residualForward(dst, dst, src, n); }
   // One AdamW step on n parameters, each gradient scaled by step.gradScale first (in fp32). master null: the

@@ -212,6 +212,42 @@ TEST(CpuKernels, CrossEntropyMatchesLogSoftmaxAndItsGradients) {
   });
 }
 
+// The vocabulary-parallel steps over two halves of the columns, combined as the all-reduces would, give the fused
+// kernel's losses and probabilities.
+TEST(CpuKernels, VocabularyParallelCrossEntropyMatchesTheFusedOne) {
+  const int N = 5, V = 12, half = V / 2;
+  std::vector<float> logits = randomValues(N * V, 25, 3.0f), probs(N * V), losses(N);
+  const std::vector<int32_t> targets = {0, 11, 5, 6, 7};
+  crossEntropyForward(losses.data(), probs.data(), logits.data(), targets.data(), N, V);
+  std::vector<float> parts[2], partProbs[2], maxes[2], sums[2], targetLogits[2];
+  for (int r = 0; r < 2; ++r) {
+    for (int i = 0; i < N; ++i)
+      parts[r].insert(parts[r].end(), logits.begin() + i * V + r * half, logits.begin() + i * V + (r + 1) * half);
+    partProbs[r].resize(N * half);
+    maxes[r].resize(N), sums[r].resize(N), targetLogits[r].resize(N);
+    crossEntropyMax(maxes[r].data(), parts[r].data(), N, half);
+  }
+  std::vector<float> maxAll(N), sumAll(N), targetAll(N), lossesParallel(N);
+  for (int i = 0; i < N; ++i) maxAll[i] = std::max(maxes[0][i], maxes[1][i]);
+  for (int r = 0; r < 2; ++r) {
+    std::vector<int32_t> local(targets);
+    for (int32_t& target : local) target = target >= r * half && target < (r + 1) * half ? target - r * half : -1;
+    crossEntropyExp(sums[r].data(), targetLogits[r].data(), partProbs[r].data(), parts[r].data(), maxAll.data(),
+                    local.data(), N, half);
+  }
+  for (int i = 0; i < N; ++i) {
+    sumAll[i] = sums[0][i] + sums[1][i];
+    targetAll[i] = targetLogits[0][i] + targetLogits[1][i];
+  }
+  for (int r = 0; r < 2; ++r)
+    crossEntropyFinish(lossesParallel.data(), partProbs[r].data(), sumAll.data(), targetAll.data(), N, half);
+  for (int i = 0; i < N; ++i) {
+    EXPECT_NEAR(lossesParallel[i], losses[i], 1e-6) << "row " << i;
+    for (int v = 0; v < V; ++v)
+      EXPECT_NEAR(partProbs[v / half][i * half + v % half], probs[i * V + v], 1e-7) << "row " << i << " column " << v;
+  }
+}
+
 TEST(CpuKernels, AdamWFollowsTheFormulaOverSteps) {
   const size_t n = 9;
   std::vector<float> params = randomValues(n, 23), m(n), v(n);

@@ -9,8 +9,13 @@ LOOM_CPU_DISPATCH void embeddingForward(float* out, const int32_t* tokens, const
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       float* row = out + (static_cast<size_t>(b) * T + t) * C;
-      const float* token = wte + static_cast<size_t>(tokens[b * T + t]) * C;
       const float* position = wpe + static_cast<size_t>(t) * C;
+      const int32_t id = tokens[b * T + t];
+      if (id < 0) {
+        for (int c = 0; c < C; ++c) row[c] = position[c];
+        continue;
+      }
+      const float* token = wte + static_cast<size_t>(id) * C;
       for (int c = 0; c < C; ++c) row[c] = token[c] + position[c];
     }
 }
@@ -21,12 +26,12 @@ LOOM_CPU_DISPATCH void embeddingBackward(float* dwte, float* dwpe, const float* 
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       const float* row = dout + (static_cast<size_t>(b) * T + t) * C;
-      float* token = dwte + static_cast<size_t>(tokens[b * T + t]) * C;
       float* position = dwpe + static_cast<size_t>(t) * C;
-      for (int c = 0; c < C; ++c) {
-        token[c] += row[c];
-        position[c] += row[c];
-      }
+      for (int c = 0; c < C; ++c) position[c] += row[c];
+      const int32_t id = tokens[b * T + t];
+      if (id < 0) continue;
+      float* token = dwte + static_cast<size_t>(id) * C;
+      for (int c = 0; c < C; ++c) token[c] += row[c];
     }
 }
 

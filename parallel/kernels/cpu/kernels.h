@@ -10,7 +10,9 @@
 
 namespace loom::parallel::cpu {
 
-// out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]; wte is [V, C], wpe [maxT, C] with T <= maxT.
+// out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]; wte is [V, C], wpe [maxT, C] with T <= maxT. A negative token
+// has no row here (a vocabulary-parallel table's token of another rank): out is wpe's alone, and the backward adds
+// nothing to wte for it.
 void embeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C);
 // V: the token table's rows (every token is below it).
 void embeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C, int V);
@@ -44,9 +46,19 @@ void residualBackward(float* da, float* db, const float* dout, size_t n);
 
 // Fused softmax and cross-entropy over N rows of V logits: probs [N, V], losses[i] = -log probs[i, targets[i]].
 void crossEntropyForward(float* losses, float* probs, const float* logits, const int32_t* targets, int N, int V);
-// dlogits[i, :] += (probs[i, :] - onehot(targets[i])) * dlosses[i].
+// dlogits[i, :] += (probs[i, :] - onehot(targets[i])) * dlosses[i]; a target outside [0, V) has no one-hot here.
 void crossEntropyBackward(float* dlogits, const float* dlosses, const float* probs, const int32_t* targets, int N,
                           int V);
+
+// The same forward in three steps for logits split by vocabulary over ranks (Megatron's vocabulary-parallel
+// cross-entropy), each rank holding V of the columns, with three all-reduces between them: crossEntropyMax gives
+// each row's maximum (all-reduce max); crossEntropyExp writes probs = exp(logit - max), each row's sum of them and
+// the target's logit - max where the target is one of this rank's columns, else 0 (all-reduce sum of both);
+// crossEntropyFinish divides the probabilities by the sum and writes losses = log(sum) - (target logit - max).
+void crossEntropyMax(float* maxes, const float* logits, int N, int V);
+void crossEntropyExp(float* sums, float* targetLogits, float* probs, const float* logits, const float* maxes,
+                     const int32_t* targets, int N, int V);
+void crossEntropyFinish(float* losses, float* probs, const float* sums, const float* targetLogits, int N, int V);
 
 // One AdamW step on n parameters (torch.optim.AdamW's: decoupled weight decay, bias-corrected moments), each
 // gradient multiplied by gradScale first (the clipping factor). `step` counts from 1.

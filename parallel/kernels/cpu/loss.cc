@@ -32,4 +32,33 @@ LOOM_CPU_DISPATCH void crossEntropyBackward(float* dlogits, const float* dlosses
   }
 }
 
+LOOM_CPU_DISPATCH void crossEntropyMax(float* maxes, const float* logits, int N, int V) {
+  for (int i = 0; i < N; ++i) {
+    const float* row = logits + static_cast<size_t>(i) * V;
+    maxes[i] = *std::max_element(row, row + V);
+  }
+}
+
+LOOM_CPU_DISPATCH void crossEntropyExp(float* sums, float* targetLogits, float* probs, const float* logits,
+                                       const float* maxes, const int32_t* targets, int N, int V) {
+  for (int i = 0; i < N; ++i) {
+    const float* row = logits + static_cast<size_t>(i) * V;
+    float* p = probs + static_cast<size_t>(i) * V;
+    const float maxLogit = maxes[i];
+    for (int v = 0; v < V; ++v) p[v] = vectorExp(row[v] - maxLogit);
+    sums[i] = static_cast<float>(laneSum(V, [p](size_t v) { return static_cast<double>(p[v]); }));
+    targetLogits[i] = targets[i] >= 0 && targets[i] < V ? row[targets[i]] - maxLogit : 0.0f;
+  }
+}
+
+LOOM_CPU_DISPATCH void crossEntropyFinish(float* losses, float* probs, const float* sums, const float* targetLogits,
+                                          int N, int V) {
+  for (int i = 0; i < N; ++i) {
+    float* p = probs + static_cast<size_t>(i) * V;
+    const float inverse = 1.0f / sums[i];
+    for (int v = 0; v < V; ++v) p[v] *= inverse;
+    losses[i] = std::log(sums[i]) - targetLogits[i];
+  }
+}
+
 }  // namespace loom::parallel::cpu

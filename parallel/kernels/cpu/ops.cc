@@ -98,6 +98,17 @@ class CpuOps final : public Ops {
     cpu::crossEntropyBackward(f(dlogits), dlosses, f(probs), targets, N, V);
   }
   double sumOfSquares(const void* values, size_t n) override { return cpu::sumOfSquares(f(values), n); }
+  void crossEntropyMax(float* maxes, const void* logits, int N, int V) override {
+    cpu::crossEntropyMax(maxes, f(logits), N, V);
+  }
+  void crossEntropyExp(float* sums, float* targetLogits, void* probs, const void* logits, const float* maxes,
+                       const int32_t* targets, int N, int V) override {
+    cpu::crossEntropyExp(sums, targetLogits, f(probs), f(logits), maxes, targets, N, V);
+  }
+  void crossEntropyFinish(float* losses, void* probs, const float* sums, const float* targetLogits, int N,
+                          int V) override {
+    cpu::crossEntropyFinish(losses, f(probs), sums, targetLogits, N, V);
+  }
   void adamw(void* params, const void* grads, float* master, float* m, float* v, size_t n,
              const AdamWStep& s) override {
     if (master != nullptr) {

@@ -131,7 +131,9 @@ __global__ void embeddingForwardKernel(D* out, const int32_t* tokens, const D* w
                                        size_t n) {
   for (size_t i = firstIndex(); i < n; i += gridStride()) {
     const size_t row = i / C, c = i % C;
-    out[i] = store<D>(load(wte[static_cast<size_t>(tokens[row]) * C + c]) + load(wpe[(row % T) * C + c]));
+    const int32_t id = tokens[row];  // negative: another rank's row of a vocabulary-parallel table
+    const float token = id >= 0 ? load(wte[static_cast<size_t>(id) * C + c]) : 0.0f;
+    out[i] = store<D>(token + load(wpe[(row % T) * C + c]));
   }
 }
 
@@ -140,7 +142,7 @@ template <typename D>
 __global__ void tokenEmbeddingBackwardKernel(float* sums, const D* dout, const int32_t* tokens, int C, size_t n) {
   for (size_t i = firstIndex(); i < n; i += gridStride()) {
     const size_t row = i / C, c = i % C;
-    atomicAdd(&sums[static_cast<size_t>(tokens[row]) * C + c], load(dout[i]));
+    if (tokens[row] >= 0) atomicAdd(&sums[static_cast<size_t>(tokens[row]) * C + c], load(dout[i]));
   }
 }
 
@@ -339,6 +341,44 @@ __global__ void crossEntropyForwardKernel(float* losses, D* probs, const D* logi
   const float inverse = 1.0f / sum;
   for (int v = threadIdx.x; v < V; v += blockDim.x) p[v] = store<D>(expf(load(z[v]) - maxLogit) * inverse);
   if (threadIdx.x == 0) losses[row] = logf(sum) - (load(z[targets[row]]) - maxLogit);
+}
+
+// The vocabulary-parallel cross-entropy's steps (kernels.h), one block per row.
+template <typename D>
+__global__ void crossEntropyMaxKernel(float* maxes, const D* logits, int V) {
+  const size_t row = blockIdx.x;
+  float maxLogit = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) maxLogit = fmaxf(maxLogit, load(logits[row * V + v]));
+  maxLogit = blockReduce<true>(maxLogit);
+  if (threadIdx.x == 0) maxes[row] = maxLogit;
+}
+
+template <typename D>
+__global__ void crossEntropyExpKernel(float* sums, float* targetLogits, D* probs, const D* logits, const float* maxes,
+                                      const int32_t* targets, int V) {
+  const size_t row = blockIdx.x;
+  const float maxLogit = maxes[row];
+  float sum = 0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    const float p = expf(load(logits[row * V + v]) - maxLogit);
+    probs[row * V + v] = store<D>(p);
+    sum += p;
+  }
+  sum = blockReduce<false>(sum);
+  if (threadIdx.x != 0) return;
+  sums[row] = sum;
+  const int32_t target = targets[row];
+  targetLogits[row] = target >= 0 && target < V ? load(logits[row * V + target]) - maxLogit : 0.0f;
+}
+
+template <typename D>
+__global__ void crossEntropyFinishKernel(float* losses, D* probs, const float* sums, const float* targetLogits, int V,
+                                         size_t n) {
+  for (size_t i = firstIndex(); i < n; i += gridStride()) {
+    const size_t row = i / V;
+    probs[i] = store<D>(load(probs[i]) / sums[row]);
+    if (i % V == 0) losses[row] = logf(sums[row]) - targetLogits[row];
+  }
 }
 
 template <typename D>
@@ -611,6 +651,24 @@ void crossEntropyBackward(E* dlogits, const float* dlosses, const E* probs, cons
 }
 
 template <typename E>
+void crossEntropyMax(float* maxes, const E* logits, int N, int V, void* stream) {
+  crossEntropyMaxKernel<<<N, kThreads, 0, asStream(stream)>>>(maxes, dev(logits), V);
+}
+template <typename E>
+void crossEntropyExp(float* sums, float* targetLogits, E* probs, const E* logits, const float* maxes,
+                     const int32_t* targets, int N, int V, void* stream) {
+  crossEntropyExpKernel<<<N, kThreads, 0, asStream(stream)>>>(sums, targetLogits, dev(probs), dev(logits), maxes,
+                                                              targets, V);
+}
+template <typename E>
+void crossEntropyFinish(float* losses, E* probs, const float* sums, const float* targetLogits, int N, int V,
+                        void* stream) {
+  const size_t n = static_cast<size_t>(N) * V;
+  crossEntropyFinishKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(losses, dev(probs), sums, targetLogits, V,
+                                                                            n);
+}
+
+template <typename E>
 void sumOfSquares(double* sum, const E* grads, size_t n, void* stream) {
   cudaStream_t s = asStream(stream);
   const unsigned blocks = blocksFor(n);
@@ -673,6 +731,9 @@ bool launchFailed(const char** message) {
   template void residualBackward(E*, E*, const E*, size_t, void*);                                                \
   template void crossEntropyForward(float*, E*, const E*, const int32_t*, int, int, void*);                       \
   template void crossEntropyBackward(E*, const float*, const E*, const int32_t*, int, int, void*);                \
+  template void crossEntropyMax(float*, const E*, int, int, void*);                                               \
+  template void crossEntropyExp(float*, float*, E*, const E*, const float*, const int32_t*, int, int, void*);     \
+  template void crossEntropyFinish(float*, E*, const float*, const float*, int, int, void*);                      \
   template void sumOfSquares(double*, const E*, size_t, void*);                                                   \
   template void scale(E*, size_t, float, void*);
 LOOM_INSTANTIATE(float)

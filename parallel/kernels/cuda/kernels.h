@@ -70,6 +70,16 @@ template <typename E>
 void crossEntropyBackward(E* dlogits, const float* dlosses, const E* probs, const int32_t* targets, int N, int V,
                           void* stream);
 
+// The vocabulary-parallel cross-entropy's three steps (parallel/kernels/cpu/kernels.h).
+template <typename E>
+void crossEntropyMax(float* maxes, const E* logits, int N, int V, void* stream);
+template <typename E>
+void crossEntropyExp(float* sums, float* targetLogits, E* probs, const E* logits, const float* maxes,
+                     const int32_t* targets, int N, int V, void* stream);
+template <typename E>
+void crossEntropyFinish(float* losses, E* probs, const float* sums, const float* targetLogits, int N, int V,
+                        void* stream);
+
 // Adds the sum of squares of n gradients to *sum (device memory, a double), for the global norm: per-block sums,
 // then those in a fixed order, so that it is bitwise reproducible.
 template <typename E>

@@ -181,6 +181,20 @@ class CudaOps final : public Ops {
     cuda::crossEntropyBackward(e(dlogits), dlosses, e(probs), targets, N, V, stream_);
     launched("cross-entropy backward");
   }
+  void crossEntropyMax(float* maxes, const void* logits, int N, int V) override {
+    cuda::crossEntropyMax(maxes, e(logits), N, V, stream_);
+    launched("cross-entropy maximum");
+  }
+  void crossEntropyExp(float* sums, float* targetLogits, void* probs, const void* logits, const float* maxes,
+                       const int32_t* targets, int N, int V) override {
+    cuda::crossEntropyExp(sums, targetLogits, e(probs), e(logits), maxes, targets, N, V, stream_);
+    launched("cross-entropy exponentials");
+  }
+  void crossEntropyFinish(float* losses, void* probs, const float* sums, const float* targetLogits, int N,
+                          int V) override {
+    cuda::crossEntropyFinish(losses, e(probs), sums, targetLogits, N, V, stream_);
+    launched("cross-entropy finish");
+  }
   double sumOfSquares(const void* values, size_t n) override {
     zero(sum_, sizeof(double));
     cuda::sumOfSquares(sum_, e(values), n, stream_);
