@@ -1,9 +1,12 @@
 // The reference GPT's layout, initialisation, forward and backward (gpt.h).
 #include "parallel/model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+
+#include "parallel/check.h"
 
 namespace loom::parallel {
 namespace {
@@ -70,30 +73,34 @@ std::string GptConfig::check() const {
 
 size_t ParamRange::numel() const { return product(shape); }
 
-GptLayout GptLayout::of(const GptConfig& config) {
+GptLayout GptLayout::of(const GptConfig& config, int tensorParallel) {
   GptLayout layout;
-  const int64_t C = config.channels;
-  auto add = [&](std::string name, std::vector<int64_t> shape) {
-    layout.params.push_back(ParamRange{std::move(name), layout.total, std::move(shape)});
+  const int64_t C = config.channels, t = tensorParallel;
+  using enum TensorSplit;
+  auto add = [&](std::string name, std::vector<int64_t> shape, TensorSplit split = kReplicated, int parts = 1) {
+    if (split == kRows) shape[0] /= t;
+    if (split == kColumns) shape[1] /= t;
+    layout.params.push_back(ParamRange{std::move(name), layout.total, std::move(shape), split, parts});
     layout.total += layout.params.back().numel();
   };
+  layout.tensorParallel = tensorParallel;
   layout.unitBegin.push_back(0);
-  add("wte.weight", {config.vocab, C});
+  add("wte.weight", {config.vocab, C}, kRows);
   add("wpe.weight", {config.maxT, C});
   for (int l = 0; l < config.layers; ++l) {
     layout.unitBegin.push_back(layout.total);
     const std::string prefix = "h." + std::to_string(l) + ".";
     add(prefix + "ln_1.weight", {C});
     add(prefix + "ln_1.bias", {C});
-    add(prefix + "attn.c_attn.weight", {3 * C, C});
-    add(prefix + "attn.c_attn.bias", {3 * C});
-    add(prefix + "attn.c_proj.weight", {C, C});
+    add(prefix + "attn.c_attn.weight", {3 * C, C}, kRows, 3);
+    add(prefix + "attn.c_attn.bias", {3 * C}, kRows, 3);
+    add(prefix + "attn.c_proj.weight", {C, C}, kColumns);
     add(prefix + "attn.c_proj.bias", {C});
     add(prefix + "ln_2.weight", {C});
     add(prefix + "ln_2.bias", {C});
-    add(prefix + "mlp.c_fc.weight", {4 * C, C});
-    add(prefix + "mlp.c_fc.bias", {4 * C});
-    add(prefix + "mlp.c_proj.weight", {C, 4 * C});
+    add(prefix + "mlp.c_fc.weight", {4 * C, C}, kRows);
+    add(prefix + "mlp.c_fc.bias", {4 * C}, kRows);
+    add(prefix + "mlp.c_proj.weight", {C, 4 * C}, kColumns);
     add(prefix + "mlp.c_proj.bias", {C});
   }
   layout.unitBegin.push_back(layout.total);
@@ -103,11 +110,70 @@ GptLayout GptLayout::of(const GptConfig& config) {
   return layout;
 }
 
-Gpt::Gpt(const GptConfig& config, Ops& ops) : config_(config), layout_(GptLayout::of(config)), ops_(ops) {
-  const std::string problem = config.check();
+// Rank `rank`'s elements of the full layout's parameter `full`, as (local offset, full offset, count) runs.
+template <typename Visit>
+void forEachRun(const ParamRange& local, const ParamRange& full, int t, int rank, Visit visit) {
+  const size_t cols = local.shape.size() == 2 ? static_cast<size_t>(local.shape[1]) : 1;
+  const size_t rows = static_cast<size_t>(local.shape[0]);
+  switch (local.split) {
+    case TensorSplit::kReplicated:
+      visit(local.offset, full.offset, local.numel());
+      return;
+    case TensorSplit::kRows: {  // `parts` blocks of rows (q, k, v), each cut over the ranks
+      const size_t localRows = rows / local.parts, fullRows = localRows * t;
+      for (int part = 0; part < local.parts; ++part)
+        visit(local.offset + part * localRows * cols, full.offset + (part * fullRows + rank * localRows) * cols,
+              localRows * cols);
+      return;
+    }
+    case TensorSplit::kColumns:  // each row's columns cut over the ranks
+      for (size_t row = 0; row < rows; ++row)
+        visit(local.offset + row * cols, full.offset + row * cols * t + rank * cols, cols);
+      return;
+  }
+}
+
+void GptLayout::shard(const GptLayout& full, const float* fullValues, int rank, float* local) const {
+  for (size_t i = 0; i < params.size(); ++i)
+    forEachRun(params[i], full.params[i], tensorParallel, rank, [&](size_t at, size_t from, size_t count) {
+      std::copy(fullValues + from, fullValues + from + count, local + at);
+    });
+}
+
+void GptLayout::unshard(const GptLayout& full, const float* local, int rank, float* fullValues) const {
+  for (size_t i = 0; i < params.size(); ++i)
+    forEachRun(params[i], full.params[i], tensorParallel, rank,
+               [&](size_t at, size_t to, size_t count) { std::copy(local + at, local + at + count, fullValues + to); });
+}
+
+namespace {
+
+int countOf(loomComm_t comm) {
+  int count = 1;
+  if (comm != nullptr) loomCommCount(comm, &count);
+  return count;
+}
+
+}  // namespace
+
+Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel)
+    : config_(config),
+      ops_(ops),
+      tpComm_(tensorParallel),
+      tp_(countOf(tensorParallel)),
+      layout_(GptLayout::of(config, tp_)) {
+  std::string problem = config.check();
+  if (problem.empty() && (config.heads % tp_ != 0 || config.vocab % tp_ != 0))
+    problem = "tensor parallelism over " + std::to_string(tp_) + " ranks needs heads (" + std::to_string(config.heads) +
+              ") and vocab (" + std::to_string(config.vocab) + ") divisible by it";
   if (!problem.empty()) {
     std::fprintf(stderr, "gpt: %s\n", problem.c_str());
     std::abort();
+  }
+  if (tp_ > 1) {
+    loomCommUserRank(tpComm_, &tpRank_);
+    tpStream_ = ops_.createStream();
+    zeroPositions_ = zeros({config.maxT, config.channels});
   }
   const size_t units = layout_.unitBegin.size() - 1;
   unitParams_.assign(units, nullptr);
@@ -115,6 +181,49 @@ Gpt::Gpt(const GptConfig& config, Ops& ops) : config_(config), layout_(GptLayout
   params_ = zeros({static_cast<int64_t>(layout_.total)});
   grads_ = zeros({static_cast<int64_t>(layout_.total)});
   bindDefault();
+}
+
+Gpt::~Gpt() {
+  if (tpStream_ != nullptr) ops_.destroyStream(tpStream_);
+}
+
+void Gpt::tensorParallelAllReduce(void* data, size_t n, loomDataType_t type, loomRedOp_t op) {
+  if (tp_ == 1) return;
+  ops_.commAfterCompute(tpStream_);
+  LOOM_PAR_CHECK(tpComm_, loomAllReduce(data, data, n, type, op, tpComm_, tpStream_));
+  LOOM_PAR_CHECK(tpComm_, ops_.synchronize(tpStream_, tpComm_));
+}
+
+double Gpt::sumOverTensorParallel(double value) {
+  if (tp_ == 1) return value;
+  Tensor slot = Tensor::zeros({2}, DType::kFloat32, &ops_);  // 8 bytes: one double
+  ops_.upload(slot.data(), &value, sizeof(value));
+  tensorParallelAllReduce(slot.data(), 1, loomFloat64, loomSum);
+  ops_.download(&value, slot.data(), sizeof(value));
+  return value;
+}
+
+double Gpt::gradientSquares(const void* grads, size_t begin, size_t end, size_t gradsBase) const {
+  if (tp_ == 1 || tpRank_ == 0)
+    return end > begin ? ops_.sumOfSquares(elementAt(ops_, grads, begin - gradsBase), end - begin) : 0;
+  double squares = 0;
+  for (const ParamRange& range : layout_.params) {
+    if (range.split == TensorSplit::kReplicated) continue;  // counted on tensor-parallel rank 0
+    const size_t lo = std::max(begin, range.offset), hi = std::min(end, range.offset + range.numel());
+    if (lo < hi) squares += ops_.sumOfSquares(elementAt(ops_, grads, lo - gradsBase), hi - lo);
+  }
+  return squares;
+}
+
+void Gpt::uploadLocalIds(Tensor& ids, const int32_t* tokens, int n) {
+  if (tp_ == 1) {
+    ops_.upload(ids.data(), tokens, sizeof(int32_t) * n);
+    return;
+  }
+  const int rows = config_.vocab / tp_, first = tpRank_ * rows;
+  std::vector<int32_t> local(tokens, tokens + n);
+  for (int32_t& id : local) id = id >= first && id < first + rows ? id - first : -1;
+  ops_.upload(ids.data(), local.data(), sizeof(int32_t) * n);
 }
 
 void Gpt::bindUnit(int unit, void* params, void* grads) {
@@ -161,25 +270,31 @@ std::vector<float> Gpt::initialValues(const GptLayout& layout, int layers, uint6
 }
 
 void Gpt::initialise(uint64_t seed) {
-  const std::vector<float> values = initialValues(layout_, config_.layers, seed);
+  const GptLayout whole = GptLayout::of(config_);
+  std::vector<float> values = initialValues(whole, config_.layers, seed);
+  if (tp_ > 1) {
+    std::vector<float> local(layout_.total);
+    layout_.shard(whole, values.data(), tpRank_, local.data());
+    values = std::move(local);
+  }
   ops_.uploadFloats(params_.data(), values.data(), values.size());
 }
 
 Gpt::Block Gpt::block(void* p) const {
-  const size_t C = config_.channels;
+  const size_t C = config_.channels, part = C / tp_;  // this rank's share of C (its heads' channels)
   Block b{};
   b.ln1w = p;
   b.ln1b = at(b.ln1w, C);
   b.qkvw = at(b.ln1b, C);
-  b.qkvb = at(b.qkvw, 3 * C * C);
-  b.projw = at(b.qkvb, 3 * C);
-  b.projb = at(b.projw, C * C);
+  b.qkvb = at(b.qkvw, 3 * part * C);
+  b.projw = at(b.qkvb, 3 * part);
+  b.projb = at(b.projw, C * part);
   b.ln2w = at(b.projb, C);
   b.ln2b = at(b.ln2w, C);
   b.fcw = at(b.ln2b, C);
-  b.fcb = at(b.fcw, 4 * C * C);
-  b.fcProjw = at(b.fcb, 4 * C);
-  b.fcProjb = at(b.fcProjw, 4 * C * C);
+  b.fcb = at(b.fcw, 4 * part * C);
+  b.fcProjw = at(b.fcb, 4 * part);
+  b.fcProjb = at(b.fcProjw, 4 * part * C);
   return b;
 }
 
@@ -208,23 +323,25 @@ size_t Gpt::activationGradientBytes() const {
 
 void Gpt::reserve(int B, int T) {
   if (B == B_ && T == T_) return;
-  const int64_t L = config_.layers, NH = config_.heads, C = config_.channels, V = config_.vocab, BT = int64_t{B} * T;
+  // This rank's heads (NH / t of them, C / t channels), MLP units (4C / t) and vocabulary rows (V / t).
+  const int64_t L = config_.layers, NH = config_.heads / tp_, C = config_.channels, part = C / tp_,
+                V = config_.vocab / tp_, BT = int64_t{B} * T;
   for (Activations* a : {&acts_, &grads2_}) {
     const bool values = a == &acts_;  // what only the forward keeps: statistics, probabilities
     a->encoded = zeros({BT, C});
     a->ln1 = zeros({L, BT, C});
     a->ln1Mean = values ? floats({L, BT}) : Tensor();
     a->ln1Rstd = values ? floats({L, BT}) : Tensor();
-    a->qkv = zeros({L, BT, 3 * C});
-    a->attY = zeros({L, BT, C});
+    a->qkv = zeros({L, BT, 3 * part});
+    a->attY = zeros({L, BT, part});
     a->att = values ? zeros({L, B, NH, T, T}) : Tensor();
     a->attProj = zeros({L, BT, C});
     a->residual2 = zeros({L, BT, C});
     a->ln2 = zeros({L, BT, C});
     a->ln2Mean = values ? floats({L, BT}) : Tensor();
     a->ln2Rstd = values ? floats({L, BT}) : Tensor();
-    a->fc = zeros({L, BT, 4 * C});
-    a->fcGelu = zeros({L, BT, 4 * C});
+    a->fc = zeros({L, BT, 4 * part});
+    a->fcGelu = zeros({L, BT, 4 * part});
     a->fcProj = zeros({L, BT, C});
     a->residual3 = zeros({L, BT, C});
     a->lnf = zeros({BT, C});
@@ -236,9 +353,33 @@ void Gpt::reserve(int B, int T) {
   }
   tokens_ = Tensor::zeros({BT}, DType::kInt32, &ops_);
   targets_ = Tensor::zeros({BT}, DType::kInt32, &ops_);
+  if (tp_ > 1) {
+    crossMax_ = floats({BT});
+    crossSums_ = floats({BT});
+    crossTargets_ = floats({BT});
+  }
   losses_.assign(BT, 0.0f);
   B_ = B;
   T_ = T;
+}
+
+float Gpt::crossEntropy(int BT, int V) {
+  Activations& a = acts_;
+  if (tp_ == 1) {
+    ops_.crossEntropyForward(a.losses.f32(), a.probs.data(), a.logits.data(), targets_.i32(), BT, V);
+  } else {  // the vocabulary's parts: the maximum, then the sum of exponentials and the target's logit
+    ops_.crossEntropyMax(crossMax_.f32(), a.logits.data(), BT, V);
+    tensorParallelAllReduce(crossMax_.data(), BT, loomFloat32, loomMax);
+    ops_.crossEntropyExp(crossSums_.f32(), crossTargets_.f32(), a.probs.data(), a.logits.data(), crossMax_.f32(),
+                         targets_.i32(), BT, V);
+    tensorParallelAllReduce(crossSums_.data(), BT, loomFloat32, loomSum);
+    tensorParallelAllReduce(crossTargets_.data(), BT, loomFloat32, loomSum);
+    ops_.crossEntropyFinish(a.losses.f32(), a.probs.data(), crossSums_.f32(), crossTargets_.f32(), BT, V);
+  }
+  ops_.download(losses_.data(), a.losses.data(), sizeof(float) * BT);  // fp32 whatever the model's dtype
+  double sum = 0;
+  for (float loss : losses_) sum += loss;
+  return static_cast<float>(sum / BT);
 }
 
 float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
@@ -247,42 +388,48 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
     std::abort();
   }
   reserve(B, T);
-  const int L = config_.layers, NH = config_.heads, C = config_.channels, V = config_.vocab, BT = B * T;
-  ops_.upload(tokens_.data(), tokens, sizeof(int32_t) * BT);
+  const int L = config_.layers, NH = config_.heads / tp_, C = config_.channels, part = C / tp_, V = config_.vocab / tp_,
+            BT = B * T;
+  const loomDataType_t type = loomTypeOf(ops_.dtype());
+  uploadLocalIds(tokens_, tokens, BT);
   haveTargets_ = targets != nullptr;
-  if (haveTargets_) ops_.upload(targets_.data(), targets, sizeof(int32_t) * BT);
+  if (haveTargets_) uploadLocalIds(targets_, targets, BT);
   const int lnfUnit = L + 1;
+  const bool lead = tpRank_ == 0;  // adds what the all-reduce must count once: positions, row-parallel biases
   acquire(0, false);
-  // Unit 0: wte [V, C], then wpe; the final layernorm's unit: its weight, then its bias.
+  // Unit 0: wte [V, C] (this rank's rows), then wpe; the final layernorm's unit: its weight, then its bias.
   void* wte = unitParams_[0];
   void* wpe = at(unitParams_[0], static_cast<size_t>(V) * C);
   Activations& a = acts_;
-  ops_.embeddingForward(a.encoded.data(), tokens_.i32(), wte, wpe, B, T, C);
-  const size_t rows = static_cast<size_t>(BT) * C;
+  const size_t rows = static_cast<size_t>(BT) * C, partRows = static_cast<size_t>(BT) * part;
+  ops_.embeddingForward(a.encoded.data(), tokens_.i32(), wte, lead ? wpe : zeroPositions_.data(), B, T, C);
+  tensorParallelAllReduce(a.encoded.data(), rows, type, loomSum);
   for (int l = 0; l < L; ++l) {
     acquire(l + 1, false);
     const Block w = block(unitParams_[l + 1]);
     void* x = l == 0 ? a.encoded.data() : at(a.residual3, (l - 1) * rows);
     void* ln1 = at(a.ln1, l * rows);
-    void* qkv = at(a.qkv, l * 3 * rows);
-    void* attY = at(a.attY, l * rows);
+    void* qkv = at(a.qkv, l * 3 * partRows);
+    void* attY = at(a.attY, l * partRows);
     void* att = at(a.att, static_cast<size_t>(l) * B * NH * T * T);
     void* attProj = at(a.attProj, l * rows);
     void* residual2 = at(a.residual2, l * rows);
     void* ln2 = at(a.ln2, l * rows);
-    void* fc = at(a.fc, l * 4 * rows);
-    void* fcGelu = at(a.fcGelu, l * 4 * rows);
+    void* fc = at(a.fc, l * 4 * partRows);
+    void* fcGelu = at(a.fcGelu, l * 4 * partRows);
     void* fcProj = at(a.fcProj, l * rows);
     void* residual3 = at(a.residual3, l * rows);
     ops_.layernormForward(ln1, a.ln1Mean.f32() + l * BT, a.ln1Rstd.f32() + l * BT, x, w.ln1w, w.ln1b, BT, C);
-    ops_.matmulForward(qkv, ln1, w.qkvw, w.qkvb, BT, C, 3 * C);
-    ops_.attentionForward(attY, att, qkv, B, T, C, NH);
-    ops_.matmulForward(attProj, attY, w.projw, w.projb, BT, C, C);
+    ops_.matmulForward(qkv, ln1, w.qkvw, w.qkvb, BT, C, 3 * part);  // f: the identity
+    ops_.attentionForward(attY, att, qkv, B, T, part, NH);
+    ops_.matmulForward(attProj, attY, w.projw, lead ? w.projb : nullptr, BT, part, C);
+    tensorParallelAllReduce(attProj, rows, type, loomSum);  // g
     ops_.residualForward(residual2, x, attProj, rows);
     ops_.layernormForward(ln2, a.ln2Mean.f32() + l * BT, a.ln2Rstd.f32() + l * BT, residual2, w.ln2w, w.ln2b, BT, C);
-    ops_.matmulForward(fc, ln2, w.fcw, w.fcb, BT, C, 4 * C);
-    ops_.geluForward(fcGelu, fc, 4 * rows);
-    ops_.matmulForward(fcProj, fcGelu, w.fcProjw, w.fcProjb, BT, 4 * C, C);
+    ops_.matmulForward(fc, ln2, w.fcw, w.fcb, BT, C, 4 * part);
+    ops_.geluForward(fcGelu, fc, 4 * partRows);
+    ops_.matmulForward(fcProj, fcGelu, w.fcProjw, lead ? w.fcProjb : nullptr, BT, 4 * part, C);
+    tensorParallelAllReduce(fcProj, rows, type, loomSum);
     ops_.residualForward(residual3, residual2, fcProj, rows);
     release(l + 1, false);
   }
@@ -294,12 +441,7 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
   release(lnfUnit, false);
   ops_.matmulForward(a.logits.data(), a.lnf.data(), wte, nullptr, BT, C, V);
   release(0, false);
-  if (!haveTargets_) return 0.0f;
-  ops_.crossEntropyForward(a.losses.f32(), a.probs.data(), a.logits.data(), targets_.i32(), BT, V);
-  ops_.download(losses_.data(), a.losses.data(), sizeof(float) * BT);  // fp32 whatever the model's dtype
-  double sum = 0;
-  for (float loss : losses_) sum += loss;
-  return static_cast<float>(sum / BT);
+  return haveTargets_ ? crossEntropy(BT, V) : 0.0f;
 }
 
 void Gpt::backward(float lossScale) {
@@ -307,8 +449,10 @@ void Gpt::backward(float lossScale) {
     std::fprintf(stderr, "gpt: backward() needs a forward() with targets\n");
     std::abort();
   }
-  const int B = B_, T = T_, L = config_.layers, NH = config_.heads, C = config_.channels, V = config_.vocab, BT = B * T;
-  const size_t rows = static_cast<size_t>(BT) * C;
+  const int B = B_, T = T_, L = config_.layers, NH = config_.heads / tp_, C = config_.channels, part = C / tp_,
+            V = config_.vocab / tp_, BT = B * T;
+  const loomDataType_t type = loomTypeOf(ops_.dtype());
+  const size_t rows = static_cast<size_t>(BT) * C, partRows = static_cast<size_t>(BT) * part;
   Activations& a = acts_;
   Activations& d = grads2_;
   for (Tensor* t : {&d.encoded, &d.ln1, &d.qkv, &d.attY, &d.attProj, &d.residual2, &d.ln2, &d.fc, &d.fcGelu, &d.fcProj,
@@ -325,6 +469,7 @@ void Gpt::backward(float lossScale) {
   ops_.upload(d.losses.data(), dlosses.data(), sizeof(float) * BT);
   ops_.crossEntropyBackward(d.logits.data(), d.losses.f32(), a.probs.data(), targets_.i32(), BT, V);
   ops_.matmulBackward(d.lnf.data(), dwte, nullptr, d.logits.data(), a.lnf.data(), wte, BT, C, V);
+  tensorParallelAllReduce(d.lnf.data(), rows, type, loomSum);  // the head's input: each rank's vocabulary adds
   ops_.layernormBackward(at(d.residual3, (L - 1) * rows), unitGrads_[lnfUnit], at(unitGrads_[lnfUnit], C), d.lnf.data(),
                          at(a.residual3, (L - 1) * rows), unitParams_[lnfUnit], a.lnfMean.f32(), a.lnfRstd.f32(), BT,
                          C);
@@ -335,19 +480,21 @@ void Gpt::backward(float lossScale) {
     const Block dw = block(unitGrads_[l + 1]);
     void* x = l == 0 ? a.encoded.data() : at(a.residual3, (l - 1) * rows);
     void* dx = l == 0 ? d.encoded.data() : at(d.residual3, (l - 1) * rows);
-    const size_t r = l * rows;
+    const size_t r = l * rows, pr = l * partRows;
     ops_.residualBackward(at(d.residual2, r), at(d.fcProj, r), at(d.residual3, r), rows);
-    ops_.matmulBackward(at(d.fcGelu, 4 * r), dw.fcProjw, dw.fcProjb, at(d.fcProj, r), at(a.fcGelu, 4 * r), w.fcProjw,
-                        BT, 4 * C, C);
-    ops_.geluBackward(at(d.fc, 4 * r), at(d.fcGelu, 4 * r), at(a.fc, 4 * r), 4 * rows);
-    ops_.matmulBackward(at(d.ln2, r), dw.fcw, dw.fcb, at(d.fc, 4 * r), at(a.ln2, r), w.fcw, BT, C, 4 * C);
+    ops_.matmulBackward(at(d.fcGelu, 4 * pr), dw.fcProjw, dw.fcProjb, at(d.fcProj, r), at(a.fcGelu, 4 * pr), w.fcProjw,
+                        BT, 4 * part, C);  // g backward: the identity
+    ops_.geluBackward(at(d.fc, 4 * pr), at(d.fcGelu, 4 * pr), at(a.fc, 4 * pr), 4 * partRows);
+    ops_.matmulBackward(at(d.ln2, r), dw.fcw, dw.fcb, at(d.fc, 4 * pr), at(a.ln2, r), w.fcw, BT, C, 4 * part);
+    tensorParallelAllReduce(at(d.ln2, r), rows, type, loomSum);  // f backward
     ops_.layernormBackward(at(d.residual2, r), dw.ln2w, dw.ln2b, at(d.ln2, r), at(a.residual2, r), w.ln2w,
                            a.ln2Mean.f32() + l * BT, a.ln2Rstd.f32() + l * BT, BT, C);
     ops_.residualBackward(dx, at(d.attProj, r), at(d.residual2, r), rows);
-    ops_.matmulBackward(at(d.attY, r), dw.projw, dw.projb, at(d.attProj, r), at(a.attY, r), w.projw, BT, C, C);
-    ops_.attentionBackward(at(d.qkv, 3 * r), at(d.attY, r), at(a.qkv, 3 * r),
-                           at(a.att, static_cast<size_t>(l) * B * NH * T * T), B, T, C, NH);
-    ops_.matmulBackward(at(d.ln1, r), dw.qkvw, dw.qkvb, at(d.qkv, 3 * r), at(a.ln1, r), w.qkvw, BT, C, 3 * C);
+    ops_.matmulBackward(at(d.attY, pr), dw.projw, dw.projb, at(d.attProj, r), at(a.attY, pr), w.projw, BT, part, C);
+    ops_.attentionBackward(at(d.qkv, 3 * pr), at(d.attY, pr), at(a.qkv, 3 * pr),
+                           at(a.att, static_cast<size_t>(l) * B * NH * T * T), B, T, part, NH);
+    ops_.matmulBackward(at(d.ln1, r), dw.qkvw, dw.qkvb, at(d.qkv, 3 * pr), at(a.ln1, r), w.qkvw, BT, C, 3 * part);
+    tensorParallelAllReduce(at(d.ln1, r), rows, type, loomSum);
     ops_.layernormBackward(dx, dw.ln1w, dw.ln1b, at(d.ln1, r), x, w.ln1w, a.ln1Mean.f32() + l * BT,
                            a.ln1Rstd.f32() + l * BT, BT, C);
     release(l + 1, true);

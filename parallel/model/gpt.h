@@ -8,6 +8,16 @@
 // which backward finishes gradients. Gradients share that layout. A strategy may hand the model each unit's
 // parameters and gradients from memory of its own (bindUnit), and is told before and after each unit's use
 // (UnitHooks). No dropout (the reference trains without it).
+//
+// Tensor parallelism (Megatron's): given a communicator of t ranks, each holds its part of the model
+// (GptLayout::of(config, t)): its heads of every attention (QKV column-parallel, the output projection
+// row-parallel), its quarter of each MLP (the first linear layer column-parallel, the second row-parallel), and its
+// rows of the vocabulary (the token embedding and the tied head). The conjugate operators f and g: before each
+// column-parallel layer f is the identity forward and an all-reduce of the input's gradient backward; after each
+// row-parallel layer g is an all-reduce forward and the identity backward. The embedding's lookups are all-reduced,
+// and the cross-entropy over the vocabulary's parts takes three all-reduces (the maximum, the sum of
+// exponentials, the target's logit). Layernorms, position embeddings and the row-parallel layers' biases are
+// whole on every rank, and so are their gradients.
 #pragma once
 
 #include <cstdint>
@@ -34,11 +44,18 @@ struct GptConfig {
   std::string check() const;
 };
 
+// How a parameter is cut over tensor-parallel ranks (Megatron's): whole on every rank; by rows (a column-parallel
+// linear layer's output features, the vocabulary of the token embedding), in `parts` blocks each cut separately
+// (QKV: q, k and v each give every rank its heads); or by columns (a row-parallel layer's input features).
+enum class TensorSplit { kReplicated, kRows, kColumns };
+
 // A named range of the flat parameter buffer.
 struct ParamRange {
-  std::string name;  // "h.0.attn.qkv.weight", in PyTorch's naming of the same model
-  size_t offset;     // elements from the buffer's start
-  std::vector<int64_t> shape;
+  std::string name;            // "h.0.attn.qkv.weight", in PyTorch's naming of the same model
+  size_t offset;               // elements from the buffer's start
+  std::vector<int64_t> shape;  // this rank's part
+  TensorSplit split = TensorSplit::kReplicated;
+  int parts = 1;
   size_t numel() const;
 };
 
@@ -49,7 +66,13 @@ struct GptLayout {
   // Elements [layerBegin[u], layerBegin[u + 1]) form unit u: 0 the embeddings, 1..L the blocks, L+1 the final
   // layernorm.
   std::vector<size_t> unitBegin;
-  static GptLayout of(const GptConfig& config);
+  int tensorParallel = 1;
+  // The layout of one rank's part of the model when it is cut over `tensorParallel` ranks (1: the whole model).
+  static GptLayout of(const GptConfig& config, int tensorParallel = 1);
+  // Rank `rank`'s part of parameters in the whole model's layout (`full`, tensorParallel 1), and back: unshard
+  // writes this rank's elements into the whole buffer.
+  void shard(const GptLayout& full, const float* fullValues, int rank, float* local) const;
+  void unshard(const GptLayout& full, const float* local, int rank, float* fullValues) const;
 };
 
 // Called around every use of a unit: acquire before the model reads its parameters (and, in backward, adds to its
@@ -65,15 +88,21 @@ struct UnitHooks {
 
 class Gpt {
  public:
-  // Parameters, gradients and activations in `ops`' memory and element type.
-  explicit Gpt(const GptConfig& config, Ops& ops = cpuOps());
+  // Parameters, gradients and activations in `ops`' memory and element type; with `tensorParallel`, this rank's
+  // part of the model cut over that communicator's ranks (its kind must be the Ops' memory's).
+  explicit Gpt(const GptConfig& config, Ops& ops = cpuOps(), loomComm_t tensorParallel = nullptr);
+  ~Gpt();
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
+  int tensorParallelSize() const { return tp_; }
+  int tensorParallelRank() const { return tpRank_; }
   const GptConfig& config() const { return config_; }
   const GptLayout& layout() const { return layout_; }
   Ops& ops() const { return ops_; }
 
   // GPT-2's initialisation from `seed`: weights N(0, 0.02), the two residual projections of each block scaled by
   // 1/sqrt(2L), biases 0, layernorm gains 1. initialValues() is the same in fp32 on the host.
-  void initialise(uint64_t seed);
+  void initialise(uint64_t seed);  // with tensor parallelism, this rank's part of the whole model's values
   static std::vector<float> initialValues(const GptLayout& layout, int layers, uint64_t seed);
 
   // Unit u's parameters and gradients at `params` and `grads` (ops() memory and element type) from now on (element
@@ -102,6 +131,11 @@ class Gpt {
   // for a fresh step; lossScale 1/k for one of k accumulated micro-batches).
   void backward(float lossScale = 1.0f);
   void zeroGrads() { grads_.zero(); }
+  // The sum of squares of the gradients of elements [begin, end) of this rank's buffer (`grads` holding element
+  // gradsBase at [0]), counting parameters that every tensor-parallel rank holds whole only on its rank 0; and the
+  // sum over the tensor-parallel ranks of such a value. Together: this rank's share of the global norm.
+  double gradientSquares(const void* grads, size_t begin, size_t end, size_t gradsBase) const;
+  double sumOverTensorParallel(double value);
   // Bytes of the activations the last forward keeps for backward (all layers, the logits and probabilities
   // included), and of the buffers backward computes their gradients in.
   size_t activationBytes() const;
@@ -121,6 +155,11 @@ class Gpt {
   void* at(Tensor& tensor, size_t elements) { return elementAt(ops_, tensor.data(), elements); }
   void* at(void* unit, size_t elements) const { return elementAt(ops_, unit, elements); }
   Tensor zeros(std::vector<int64_t> shape) { return Tensor::zeros(std::move(shape), ops_.dtype(), &ops_); }
+  // The sum (or maximum) over the tensor-parallel ranks of n elements at `data`, in place; nothing without them.
+  void tensorParallelAllReduce(void* data, size_t n, loomDataType_t type, loomRedOp_t op);
+  // Uploads tokens as this rank's rows of the vocabulary see them: id - first row, or -1 for another rank's.
+  void uploadLocalIds(Tensor& ids, const int32_t* tokens, int n);
+  float crossEntropy(int BT, int V);  // this forward's mean loss, from the logits
   Tensor floats(std::vector<int64_t> shape) { return Tensor::zeros(std::move(shape), DType::kFloat32, &ops_); }
   void reserve(int B, int T);
   void acquire(int unit, bool backward) {
@@ -131,13 +170,18 @@ class Gpt {
   }
 
   GptConfig config_;
-  GptLayout layout_;
   Ops& ops_;
+  loomComm_t tpComm_ = nullptr;
+  int tp_ = 1, tpRank_ = 0;
+  loomStream_t tpStream_ = nullptr;
+  GptLayout layout_;
   Tensor params_, grads_;
   std::vector<void*> unitParams_, unitGrads_;  // by unit: where element unitBegin[u] lies
   UnitHooks hooks_;
   Activations acts_, grads2_;  // grads2_: the activations' gradients, same shapes
-  Tensor tokens_, targets_;    // int32 [B, T] in ops() memory
+  Tensor tokens_, targets_;    // int32 [B, T] in ops() memory (this rank's vocabulary ids with tensor parallelism)
+  Tensor crossMax_, crossSums_, crossTargets_;  // the vocabulary-parallel cross-entropy's [B T] statistics
+  Tensor zeroPositions_;       // tensor-parallel ranks other than 0 add no position embedding before the all-reduce
   std::vector<float> losses_;  // the last forward's per-position losses, on the host
   bool haveTargets_ = false;
   int B_ = 0, T_ = 0;

@@ -53,7 +53,8 @@ StepReport DdpTrainer::step(const std::vector<const int32_t*>& inputs, const std
   // Every rank has the same averaged gradients, so the same clipping factor and the same step.
   const size_t n = model_.layout().total;
   const float clip = optimizer_.options().clipNorm > 0
-                         ? cpu::clipFactor(model_.ops().sumOfSquares(grads, n), optimizer_.options().clipNorm)
+                         ? cpu::clipFactor(model_.sumOverTensorParallel(model_.gradientSquares(grads, 0, n, 0)),
+                                           optimizer_.options().clipNorm)
                          : 1.0f;
   optimizer_.step(model_.params().data(), 0, grads, 0, clip);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

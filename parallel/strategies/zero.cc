@@ -166,9 +166,10 @@ StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const st
   // The global gradient norm: every rank's owned elements (padding excluded), summed across ranks.
   double squares = 0;
   for (const UnitShard& shard : sharding_.units)
-    squares += ops_.sumOfSquares(at(gradSlices_, shard.shardOffset), shard.end - shard.begin);
-  const float clip =
-      options_.adamw.clipNorm > 0 ? cpu::clipFactor(zeroComm_.sum(squares), options_.adamw.clipNorm) : 1.0f;
+    squares += model_.gradientSquares(at(gradSlices_, shard.shardOffset), shard.begin, shard.end, shard.begin);
+  const float clip = options_.adamw.clipNorm > 0 ? cpu::clipFactor(model_.sumOverTensorParallel(zeroComm_.sum(squares)),
+                                                                   options_.adamw.clipNorm)
+                                                 : 1.0f;
   for (size_t u = 0; u < sharding_.units.size(); ++u) {
     const UnitShard& shard = sharding_.units[u];
     const void* grads = at(gradSlices_, shard.shardOffset);

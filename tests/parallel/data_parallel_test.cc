@@ -115,6 +115,25 @@ TEST(DataParallel, TimingTheCommunicationAloneChangesNothing) {
   }
 }
 
+// Tensor parallelism (heads, MLP units and vocabulary cut over 2 and 4 ranks) follows one rank, alone and combined
+// with data parallelism (DDP, ZeRO-1 and ZeRO-3 over the tensor-parallel parts).
+TEST(TensorParallel, MatchesOneRank) {
+  const Training single = train(1, 1, size_t{25} << 20);
+  for (int tp : {2, 4}) {
+    runs::Run run;
+    run.nranks = tp;
+    run.tp = tp;
+    expectSameTraining(runs::train(run), single, "tp " + std::to_string(tp));
+  }
+  for (Strategy strategy : {Strategy::kDdp, Strategy::kZero1, Strategy::kZero3}) {
+    runs::Run run;
+    run.nranks = 4;
+    run.tp = 2;
+    run.strategy = strategy;
+    expectSameTraining(runs::train(run), single, "tp 2 x dp 2, strategy " + std::to_string(static_cast<int>(strategy)));
+  }
+}
+
 TEST(Ddp, BucketsCoverTheBufferFromTheEnd) {
   const GptLayout layout = GptLayout::of(smallConfig());
   loomUniqueId id;

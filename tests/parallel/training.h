@@ -52,6 +52,7 @@ enum class Strategy { kDdp, kZero1, kZero2, kZero3 };
 
 struct Run {
   int nranks = 1;
+  int tp = 1;     // tensor-parallel ranks (consecutive ranks form a group); the data-parallel size is nranks / tp
   int micro = 1;  // micro-batches per step
   size_t bucketBytes = size_t{25} << 20;
   Strategy strategy = Strategy::kDdp;
@@ -63,7 +64,9 @@ struct Run {
   int loomDevice = loomDeviceHost;
 };
 
-// Trains on `run.nranks` threads, each taking kGlobalBatch / nranks sequences per step in `run.micro` micro-batches.
+// Trains on `run.nranks` threads, each data-parallel rank taking kGlobalBatch / (nranks / tp) sequences per step in
+// `run.micro` micro-batches. The parameters it returns are the whole model's, assembled from the tensor-parallel
+// ranks' parts.
 inline Training train(const Run& run) {
   loomUniqueId id;
   EXPECT_EQ(loomGetUniqueId(&id), loomSuccess);
@@ -74,9 +77,14 @@ inline Training train(const Run& run) {
     Ops& ops = ownOps ? *ownOps : cpuOps();
     loomConfig_t config = LOOM_CONFIG_INITIALIZER;
     config.device = run.loomDevice;
-    loomComm_t comm = nullptr;
-    LOOM_PAR_CHECK(comm, loomCommInitRankConfig(&comm, nranks, id, rank, &config));
-    Gpt model(run.config, ops);
+    loomComm_t world = nullptr;
+    LOOM_PAR_CHECK(world, loomCommInitRankConfig(&world, nranks, id, rank, &config));
+    loomComm_t comm = world, tensor = nullptr;  // data-parallel and tensor-parallel groups
+    if (run.tp > 1) {
+      LOOM_PAR_CHECK(world, loomCommSplit(world, rank / run.tp, rank % run.tp, &tensor, nullptr));
+      LOOM_PAR_CHECK(world, loomCommSplit(world, rank % run.tp, rank / run.tp, &comm, nullptr));
+    }
+    Gpt model(run.config, ops, tensor);
     model.initialise(42);
     AdamWOptions adamw;
     adamw.learningRate = 3e-3f;
@@ -99,13 +107,13 @@ inline Training train(const Run& run) {
       options.adamw = adamw;
       trainer = std::make_unique<ZeroTrainer>(model, comm, options);
     }
-    const int perRank = kGlobalBatch / nranks, perMicro = perRank / micro;
+    const int dataRank = rank / run.tp, perRank = kGlobalBatch / (nranks / run.tp), perMicro = perRank / micro;
     for (int step = 0; step < run.steps; ++step) {
       // Micro-batch k: perMicro sequences of B x (T + 1) tokens, laid out so inputs and targets are B x T each.
       std::vector<std::vector<int32_t>> inputs(micro), targets(micro);
       for (int k = 0; k < micro; ++k)
         for (int s = 0; s < perMicro; ++s) {
-          std::vector<int32_t> tokens = sequenceOf(step, rank * perRank + k * perMicro + s, model.config().vocab);
+          std::vector<int32_t> tokens = sequenceOf(step, dataRank * perRank + k * perMicro + s, model.config().vocab);
           inputs[k].insert(inputs[k].end(), tokens.begin(), tokens.end() - 1);
           targets[k].insert(targets[k].end(), tokens.begin() + 1, tokens.end());
         }
@@ -124,14 +132,25 @@ inline Training train(const Run& run) {
     if (ddp != nullptr) runs[rank].buckets = ddp->buckets().buckets().size();
     runs[rank].memory = trainer->memory();
     trainer.reset();
-    loomCommDestroy(comm);
+    if (run.tp > 1) {
+      loomCommDestroy(tensor);
+      loomCommDestroy(comm);
+    }
+    loomCommDestroy(world);
   };
   std::vector<std::thread> threads;
   for (int r = 0; r < nranks; ++r) threads.emplace_back(rankMain, r);
   for (auto& thread : threads) thread.join();
   for (int r = 1; r < nranks; ++r) {
     EXPECT_EQ(runs[r].losses, runs[0].losses) << "rank " << r << " reports another loss than rank 0";
-    EXPECT_EQ(runs[r].params, runs[0].params) << "rank " << r << " ends with other parameters than rank 0";
+    EXPECT_EQ(runs[r].params, runs[r % run.tp].params)
+        << "rank " << r << " ends with other parameters than its tensor-parallel peer in data-parallel group 0";
+  }
+  if (run.tp > 1) {  // the whole model from the tensor-parallel ranks' parts
+    const GptLayout whole = GptLayout::of(run.config), part = GptLayout::of(run.config, run.tp);
+    std::vector<float> params(whole.total);
+    for (int r = 0; r < run.tp; ++r) part.unshard(whole, runs[r].params.data(), r, params.data());
+    runs[0].params = std::move(params);
   }
   return runs[0];
 }
