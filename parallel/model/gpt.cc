@@ -156,11 +156,12 @@ int countOf(loomComm_t comm) {
 
 }  // namespace
 
-Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel)
+Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequenceParallel)
     : config_(config),
       ops_(ops),
       tpComm_(tensorParallel),
       tp_(countOf(tensorParallel)),
+      sp_(sequenceParallel && tp_ > 1),
       layout_(GptLayout::of(config, tp_)) {
   std::string problem = config.check();
   if (problem.empty() && (config.heads % tp_ != 0 || config.vocab % tp_ != 0))
@@ -192,6 +193,48 @@ void Gpt::tensorParallelAllReduce(void* data, size_t n, loomDataType_t type, loo
   ops_.commAfterCompute(tpStream_);
   LOOM_PAR_CHECK(tpComm_, loomAllReduce(data, data, n, type, op, tpComm_, tpStream_));
   LOOM_PAR_CHECK(tpComm_, ops_.synchronize(tpStream_, tpComm_));
+}
+
+void* Gpt::gatherRows(void* local, Tensor& scratch) {
+  if (!sp_) return local;
+  ops_.commAfterCompute(tpStream_);
+  LOOM_PAR_CHECK(tpComm_, loomAllGather(local, scratch.data(), static_cast<size_t>(rowsHere_) * config_.channels,
+                                        loomTypeOf(ops_.dtype()), tpComm_, tpStream_));
+  LOOM_PAR_CHECK(tpComm_, ops_.synchronize(tpStream_, tpComm_));
+  return scratch.data();
+}
+
+void* Gpt::partialBuffer(void* out, Tensor& scratch) {
+  if (!sp_) return out;
+  scratch.zero();  // backward adds into it
+  return scratch.data();
+}
+
+void Gpt::finishRows(void* partial, void* out) {
+  const size_t here = static_cast<size_t>(rowsHere_) * config_.channels;
+  if (!sp_) {
+    tensorParallelAllReduce(out, here, loomTypeOf(ops_.dtype()), loomSum);
+    return;
+  }
+  ops_.commAfterCompute(tpStream_);
+  LOOM_PAR_CHECK(tpComm_, loomReduceScatter(partial, out, here, loomTypeOf(ops_.dtype()), loomSum, tpComm_, tpStream_));
+  LOOM_PAR_CHECK(tpComm_, ops_.synchronize(tpStream_, tpComm_));
+}
+
+void Gpt::layernormBackward(void* dinp, void* dparams, const void* dout, const void* inp, const void* weight,
+                            const float* mean, const float* rstd) {
+  const int C = config_.channels;
+  if (!sp_) {
+    ops_.layernormBackward(dinp, dparams, at(dparams, C), dout, inp, weight, mean, rstd, rowsHere_, C);
+    return;
+  }
+  // This backward's share over this rank's rows, summed over the ranks, then added to the gradients (which may
+  // hold earlier micro-batches' sums already).
+  layernormGrads_.zero();
+  ops_.layernormBackward(dinp, layernormGrads_.data(), at(layernormGrads_, C), dout, inp, weight, mean, rstd, rowsHere_,
+                         C);
+  tensorParallelAllReduce(layernormGrads_.data(), 2 * C, loomTypeOf(ops_.dtype()), loomSum);
+  ops_.add(dparams, layernormGrads_.data(), 2 * C);
 }
 
 double Gpt::sumOverTensorParallel(double value) {
@@ -323,30 +366,37 @@ size_t Gpt::activationGradientBytes() const {
 
 void Gpt::reserve(int B, int T) {
   if (B == B_ && T == T_) return;
-  // This rank's heads (NH / t of them, C / t channels), MLP units (4C / t) and vocabulary rows (V / t).
+  // This rank's heads (NH / t of them, C / t channels), MLP units (4C / t) and vocabulary rows (V / t); with
+  // sequence parallelism, its 1/t of the rows outside the tensor-parallel regions (R).
   const int64_t L = config_.layers, NH = config_.heads / tp_, C = config_.channels, part = C / tp_,
                 V = config_.vocab / tp_, BT = int64_t{B} * T;
+  if (sp_ && BT % tp_ != 0) {
+    std::fprintf(stderr, "gpt: sequence parallelism over %d ranks needs B x T (%lld) divisible by it\n", tp_,
+                 static_cast<long long>(BT));
+    std::abort();
+  }
+  const int64_t R = sp_ ? BT / tp_ : BT;
   for (Activations* a : {&acts_, &grads2_}) {
     const bool values = a == &acts_;  // what only the forward keeps: statistics, probabilities
-    a->encoded = zeros({BT, C});
-    a->ln1 = zeros({L, BT, C});
-    a->ln1Mean = values ? floats({L, BT}) : Tensor();
-    a->ln1Rstd = values ? floats({L, BT}) : Tensor();
+    a->encoded = zeros({R, C});
+    a->ln1 = zeros({L, R, C});
+    a->ln1Mean = values ? floats({L, R}) : Tensor();
+    a->ln1Rstd = values ? floats({L, R}) : Tensor();
     a->qkv = zeros({L, BT, 3 * part});
     a->attY = zeros({L, BT, part});
     a->att = values ? zeros({L, B, NH, T, T}) : Tensor();
-    a->attProj = zeros({L, BT, C});
-    a->residual2 = zeros({L, BT, C});
-    a->ln2 = zeros({L, BT, C});
-    a->ln2Mean = values ? floats({L, BT}) : Tensor();
-    a->ln2Rstd = values ? floats({L, BT}) : Tensor();
+    a->attProj = zeros({L, R, C});
+    a->residual2 = zeros({L, R, C});
+    a->ln2 = zeros({L, R, C});
+    a->ln2Mean = values ? floats({L, R}) : Tensor();
+    a->ln2Rstd = values ? floats({L, R}) : Tensor();
     a->fc = zeros({L, BT, 4 * part});
     a->fcGelu = zeros({L, BT, 4 * part});
-    a->fcProj = zeros({L, BT, C});
-    a->residual3 = zeros({L, BT, C});
-    a->lnf = zeros({BT, C});
-    a->lnfMean = values ? floats({BT}) : Tensor();
-    a->lnfRstd = values ? floats({BT}) : Tensor();
+    a->fcProj = zeros({L, R, C});
+    a->residual3 = zeros({L, R, C});
+    a->lnf = zeros({R, C});
+    a->lnfMean = values ? floats({R}) : Tensor();
+    a->lnfRstd = values ? floats({R}) : Tensor();
     a->logits = zeros({BT, V});
     a->probs = values ? zeros({BT, V}) : Tensor();
     a->losses = floats({BT});
@@ -358,7 +408,13 @@ void Gpt::reserve(int B, int T) {
     crossSums_ = floats({BT});
     crossTargets_ = floats({BT});
   }
+  if (sp_) {
+    gathered_ = zeros({BT, C});
+    partial_ = zeros({BT, C});
+    layernormGrads_ = zeros({2 * C});
+  }
   losses_.assign(BT, 0.0f);
+  rowsHere_ = static_cast<int>(R);
   B_ = B;
   T_ = T;
 }
@@ -389,21 +445,23 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
   }
   reserve(B, T);
   const int L = config_.layers, NH = config_.heads / tp_, C = config_.channels, part = C / tp_, V = config_.vocab / tp_,
-            BT = B * T;
-  const loomDataType_t type = loomTypeOf(ops_.dtype());
+            BT = B * T, R = rowsHere_;
   uploadLocalIds(tokens_, tokens, BT);
   haveTargets_ = targets != nullptr;
   if (haveTargets_) uploadLocalIds(targets_, targets, BT);
   const int lnfUnit = L + 1;
-  const bool lead = tpRank_ == 0;  // adds what the all-reduce must count once: positions, row-parallel biases
+  const bool lead = tpRank_ == 0;  // adds what the ranks' sum must count once: positions, row-parallel biases
   acquire(0, false);
   // Unit 0: wte [V, C] (this rank's rows), then wpe; the final layernorm's unit: its weight, then its bias.
   void* wte = unitParams_[0];
   void* wpe = at(unitParams_[0], static_cast<size_t>(V) * C);
   Activations& a = acts_;
-  const size_t rows = static_cast<size_t>(BT) * C, partRows = static_cast<size_t>(BT) * part;
-  ops_.embeddingForward(a.encoded.data(), tokens_.i32(), wte, lead ? wpe : zeroPositions_.data(), B, T, C);
-  tensorParallelAllReduce(a.encoded.data(), rows, type, loomSum);
+  // rows: this rank's positions of C values (all of them without sequence parallelism); partRows: all positions of
+  // this rank's C / t channels, in the tensor-parallel regions.
+  const size_t rows = static_cast<size_t>(R) * C, partRows = static_cast<size_t>(BT) * part;
+  void* embedded = partialBuffer(a.encoded.data(), partial_);
+  ops_.embeddingForward(embedded, tokens_.i32(), wte, lead ? wpe : zeroPositions_.data(), B, T, C);
+  finishRows(embedded, a.encoded.data());
   for (int l = 0; l < L; ++l) {
     acquire(l + 1, false);
     const Block w = block(unitParams_[l + 1]);
@@ -419,17 +477,19 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
     void* fcGelu = at(a.fcGelu, l * 4 * partRows);
     void* fcProj = at(a.fcProj, l * rows);
     void* residual3 = at(a.residual3, l * rows);
-    ops_.layernormForward(ln1, a.ln1Mean.f32() + l * BT, a.ln1Rstd.f32() + l * BT, x, w.ln1w, w.ln1b, BT, C);
-    ops_.matmulForward(qkv, ln1, w.qkvw, w.qkvb, BT, C, 3 * part);  // f: the identity
+    ops_.layernormForward(ln1, a.ln1Mean.f32() + l * R, a.ln1Rstd.f32() + l * R, x, w.ln1w, w.ln1b, R, C);
+    ops_.matmulForward(qkv, gatherRows(ln1, gathered_), w.qkvw, w.qkvb, BT, C, 3 * part);  // f
     ops_.attentionForward(attY, att, qkv, B, T, part, NH);
-    ops_.matmulForward(attProj, attY, w.projw, lead ? w.projb : nullptr, BT, part, C);
-    tensorParallelAllReduce(attProj, rows, type, loomSum);  // g
+    void* attPartial = partialBuffer(attProj, partial_);
+    ops_.matmulForward(attPartial, attY, w.projw, lead ? w.projb : nullptr, BT, part, C);
+    finishRows(attPartial, attProj);  // g
     ops_.residualForward(residual2, x, attProj, rows);
-    ops_.layernormForward(ln2, a.ln2Mean.f32() + l * BT, a.ln2Rstd.f32() + l * BT, residual2, w.ln2w, w.ln2b, BT, C);
-    ops_.matmulForward(fc, ln2, w.fcw, w.fcb, BT, C, 4 * part);
+    ops_.layernormForward(ln2, a.ln2Mean.f32() + l * R, a.ln2Rstd.f32() + l * R, residual2, w.ln2w, w.ln2b, R, C);
+    ops_.matmulForward(fc, gatherRows(ln2, gathered_), w.fcw, w.fcb, BT, C, 4 * part);
     ops_.geluForward(fcGelu, fc, 4 * partRows);
-    ops_.matmulForward(fcProj, fcGelu, w.fcProjw, lead ? w.fcProjb : nullptr, BT, 4 * part, C);
-    tensorParallelAllReduce(fcProj, rows, type, loomSum);
+    void* mlpPartial = partialBuffer(fcProj, partial_);
+    ops_.matmulForward(mlpPartial, fcGelu, w.fcProjw, lead ? w.fcProjb : nullptr, BT, 4 * part, C);
+    finishRows(mlpPartial, fcProj);
     ops_.residualForward(residual3, residual2, fcProj, rows);
     release(l + 1, false);
   }
@@ -437,9 +497,9 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
   acquire(lnfUnit, false);
   void* lnfw = unitParams_[lnfUnit];
   void* lnfb = at(lnfw, C);
-  ops_.layernormForward(a.lnf.data(), a.lnfMean.f32(), a.lnfRstd.f32(), last, lnfw, lnfb, BT, C);
+  ops_.layernormForward(a.lnf.data(), a.lnfMean.f32(), a.lnfRstd.f32(), last, lnfw, lnfb, R, C);
   release(lnfUnit, false);
-  ops_.matmulForward(a.logits.data(), a.lnf.data(), wte, nullptr, BT, C, V);
+  ops_.matmulForward(a.logits.data(), gatherRows(a.lnf.data(), gathered_), wte, nullptr, BT, C, V);
   release(0, false);
   return haveTargets_ ? crossEntropy(BT, V) : 0.0f;
 }
@@ -450,9 +510,8 @@ void Gpt::backward(float lossScale) {
     std::abort();
   }
   const int B = B_, T = T_, L = config_.layers, NH = config_.heads / tp_, C = config_.channels, part = C / tp_,
-            V = config_.vocab / tp_, BT = B * T;
-  const loomDataType_t type = loomTypeOf(ops_.dtype());
-  const size_t rows = static_cast<size_t>(BT) * C, partRows = static_cast<size_t>(BT) * part;
+            V = config_.vocab / tp_, BT = B * T, R = rowsHere_;
+  const size_t rows = static_cast<size_t>(R) * C, partRows = static_cast<size_t>(BT) * part;
   Activations& a = acts_;
   Activations& d = grads2_;
   for (Tensor* t : {&d.encoded, &d.ln1, &d.qkv, &d.attY, &d.attProj, &d.residual2, &d.ln2, &d.fc, &d.fcGelu, &d.fcProj,
@@ -468,11 +527,12 @@ void Gpt::backward(float lossScale) {
   const std::vector<float> dlosses(BT, lossScale / BT);
   ops_.upload(d.losses.data(), dlosses.data(), sizeof(float) * BT);
   ops_.crossEntropyBackward(d.logits.data(), d.losses.f32(), a.probs.data(), targets_.i32(), BT, V);
-  ops_.matmulBackward(d.lnf.data(), dwte, nullptr, d.logits.data(), a.lnf.data(), wte, BT, C, V);
-  tensorParallelAllReduce(d.lnf.data(), rows, type, loomSum);  // the head's input: each rank's vocabulary adds
-  ops_.layernormBackward(at(d.residual3, (L - 1) * rows), unitGrads_[lnfUnit], at(unitGrads_[lnfUnit], C), d.lnf.data(),
-                         at(a.residual3, (L - 1) * rows), unitParams_[lnfUnit], a.lnfMean.f32(), a.lnfRstd.f32(), BT,
-                         C);
+  // The head's input: each rank's vocabulary adds its part (the dual of gathering the rows).
+  void* headPartial = partialBuffer(d.lnf.data(), partial_);
+  ops_.matmulBackward(headPartial, dwte, nullptr, d.logits.data(), gatherRows(a.lnf.data(), gathered_), wte, BT, C, V);
+  finishRows(headPartial, d.lnf.data());
+  layernormBackward(at(d.residual3, (L - 1) * rows), unitGrads_[lnfUnit], d.lnf.data(), at(a.residual3, (L - 1) * rows),
+                    unitParams_[lnfUnit], a.lnfMean.f32(), a.lnfRstd.f32());
   release(lnfUnit, true);
   for (int l = L - 1; l >= 0; --l) {
     acquire(l + 1, true);
@@ -482,24 +542,29 @@ void Gpt::backward(float lossScale) {
     void* dx = l == 0 ? d.encoded.data() : at(d.residual3, (l - 1) * rows);
     const size_t r = l * rows, pr = l * partRows;
     ops_.residualBackward(at(d.residual2, r), at(d.fcProj, r), at(d.residual3, r), rows);
-    ops_.matmulBackward(at(d.fcGelu, 4 * pr), dw.fcProjw, dw.fcProjb, at(d.fcProj, r), at(a.fcGelu, 4 * pr), w.fcProjw,
-                        BT, 4 * part, C);  // g backward: the identity
+    // g's dual: the output's gradient over all rows.
+    ops_.matmulBackward(at(d.fcGelu, 4 * pr), dw.fcProjw, dw.fcProjb, gatherRows(at(d.fcProj, r), gathered_),
+                        at(a.fcGelu, 4 * pr), w.fcProjw, BT, 4 * part, C);
     ops_.geluBackward(at(d.fc, 4 * pr), at(d.fcGelu, 4 * pr), at(a.fc, 4 * pr), 4 * partRows);
-    ops_.matmulBackward(at(d.ln2, r), dw.fcw, dw.fcb, at(d.fc, 4 * pr), at(a.ln2, r), w.fcw, BT, C, 4 * part);
-    tensorParallelAllReduce(at(d.ln2, r), rows, type, loomSum);  // f backward
-    ops_.layernormBackward(at(d.residual2, r), dw.ln2w, dw.ln2b, at(d.ln2, r), at(a.residual2, r), w.ln2w,
-                           a.ln2Mean.f32() + l * BT, a.ln2Rstd.f32() + l * BT, BT, C);
+    void* mlpInput = partialBuffer(at(d.ln2, r), partial_);  // f's dual: the ranks' parts summed
+    ops_.matmulBackward(mlpInput, dw.fcw, dw.fcb, at(d.fc, 4 * pr), gatherRows(at(a.ln2, r), gathered_), w.fcw, BT, C,
+                        4 * part);
+    finishRows(mlpInput, at(d.ln2, r));
+    layernormBackward(at(d.residual2, r), dw.ln2w, at(d.ln2, r), at(a.residual2, r), w.ln2w, a.ln2Mean.f32() + l * R,
+                      a.ln2Rstd.f32() + l * R);
     ops_.residualBackward(dx, at(d.attProj, r), at(d.residual2, r), rows);
-    ops_.matmulBackward(at(d.attY, pr), dw.projw, dw.projb, at(d.attProj, r), at(a.attY, pr), w.projw, BT, part, C);
+    ops_.matmulBackward(at(d.attY, pr), dw.projw, dw.projb, gatherRows(at(d.attProj, r), gathered_), at(a.attY, pr),
+                        w.projw, BT, part, C);
     ops_.attentionBackward(at(d.qkv, 3 * pr), at(d.attY, pr), at(a.qkv, 3 * pr),
                            at(a.att, static_cast<size_t>(l) * B * NH * T * T), B, T, part, NH);
-    ops_.matmulBackward(at(d.ln1, r), dw.qkvw, dw.qkvb, at(d.qkv, 3 * pr), at(a.ln1, r), w.qkvw, BT, C, 3 * part);
-    tensorParallelAllReduce(at(d.ln1, r), rows, type, loomSum);
-    ops_.layernormBackward(dx, dw.ln1w, dw.ln1b, at(d.ln1, r), x, w.ln1w, a.ln1Mean.f32() + l * BT,
-                           a.ln1Rstd.f32() + l * BT, BT, C);
+    void* attentionInput = partialBuffer(at(d.ln1, r), partial_);
+    ops_.matmulBackward(attentionInput, dw.qkvw, dw.qkvb, at(d.qkv, 3 * pr), gatherRows(at(a.ln1, r), gathered_),
+                        w.qkvw, BT, C, 3 * part);
+    finishRows(attentionInput, at(d.ln1, r));
+    layernormBackward(dx, dw.ln1w, at(d.ln1, r), x, w.ln1w, a.ln1Mean.f32() + l * R, a.ln1Rstd.f32() + l * R);
     release(l + 1, true);
   }
-  ops_.embeddingBackward(dwte, dwpe, d.encoded.data(), tokens_.i32(), B, T, C, V);
+  ops_.embeddingBackward(dwte, dwpe, gatherRows(d.encoded.data(), gathered_), tokens_.i32(), B, T, C, V);
   release(0, true);
 }
 

@@ -18,6 +18,14 @@
 // and the cross-entropy over the vocabulary's parts takes three all-reduces (the maximum, the sum of
 // exponentials, the target's logit). Layernorms, position embeddings and the row-parallel layers' biases are
 // whole on every rank, and so are their gradients.
+//
+// Sequence parallelism (Korthikanti et al.), with tensor parallelism: outside the tensor-parallel regions (the
+// embeddings' output, layernorms, residual sums) each rank holds only its 1/t of the B x T positions (rows), so
+// those activations take 1/t of the memory. An all-gather of the rows replaces f before each column-parallel layer
+// (and again in backward, to recompute rather than keep the gathered input) and a reduce-scatter replaces g's
+// all-reduce after each row-parallel one; backward runs their duals (a reduce-scatter of the input's gradient, an
+// all-gather of the output's). Layernorm gradients, summed over a rank's rows only, are all-reduced across the
+// ranks before their unit is released. B x T must be a multiple of t.
 #pragma once
 
 #include <cstdint>
@@ -90,12 +98,14 @@ class Gpt {
  public:
   // Parameters, gradients and activations in `ops`' memory and element type; with `tensorParallel`, this rank's
   // part of the model cut over that communicator's ranks (its kind must be the Ops' memory's).
-  explicit Gpt(const GptConfig& config, Ops& ops = cpuOps(), loomComm_t tensorParallel = nullptr);
+  explicit Gpt(const GptConfig& config, Ops& ops = cpuOps(), loomComm_t tensorParallel = nullptr,
+               bool sequenceParallel = false);
   ~Gpt();
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
   int tensorParallelSize() const { return tp_; }
   int tensorParallelRank() const { return tpRank_; }
+  bool sequenceParallel() const { return sp_; }
   const GptConfig& config() const { return config_; }
   const GptLayout& layout() const { return layout_; }
   Ops& ops() const { return ops_; }
@@ -157,6 +167,18 @@ class Gpt {
   Tensor zeros(std::vector<int64_t> shape) { return Tensor::zeros(std::move(shape), ops_.dtype(), &ops_); }
   // The sum (or maximum) over the tensor-parallel ranks of n elements at `data`, in place; nothing without them.
   void tensorParallelAllReduce(void* data, size_t n, loomDataType_t type, loomRedOp_t op);
+  // The rows around a tensor-parallel region, C values each. gatherRows: the input of a column-parallel layer, all
+  // B x T rows (`local` itself without sequence parallelism, else this rank's rows gathered into `scratch`).
+  // finishRows: a row-parallel layer's partial output over all rows, summed over the ranks into `out` (in place
+  // without sequence parallelism, else reduce-scattered to this rank's rows). partialBuffer: where that partial
+  // output goes: `out` itself, or `scratch`.
+  void* gatherRows(void* local, Tensor& scratch);
+  void* partialBuffer(void* out, Tensor& scratch);
+  void finishRows(void* partial, void* out);
+  // A layernorm's backward over this rank's rows, adding to `dparams` (its weight's gradient, then its bias's); with
+  // sequence parallelism the parameters' share of these rows is summed over the ranks first.
+  void layernormBackward(void* dinp, void* dparams, const void* dout, const void* inp, const void* weight,
+                         const float* mean, const float* rstd);
   // Uploads tokens as this rank's rows of the vocabulary see them: id - first row, or -1 for another rank's.
   void uploadLocalIds(Tensor& ids, const int32_t* tokens, int n);
   float crossEntropy(int BT, int V);  // this forward's mean loss, from the logits
@@ -173,6 +195,8 @@ class Gpt {
   Ops& ops_;
   loomComm_t tpComm_ = nullptr;
   int tp_ = 1, tpRank_ = 0;
+  bool sp_ = false;
+  int rowsHere_ = 0;  // positions this rank holds outside the tensor-parallel regions
   loomStream_t tpStream_ = nullptr;
   GptLayout layout_;
   Tensor params_, grads_;
@@ -182,6 +206,8 @@ class Gpt {
   Tensor tokens_, targets_;    // int32 [B, T] in ops() memory (this rank's vocabulary ids with tensor parallelism)
   Tensor crossMax_, crossSums_, crossTargets_;  // the vocabulary-parallel cross-entropy's [B T] statistics
   Tensor zeroPositions_;       // tensor-parallel ranks other than 0 add no position embedding before the all-reduce
+  Tensor gathered_, partial_;  // sequence parallelism: all B x T rows of C, gathered and before reduce-scatter
+  Tensor layernormGrads_;      // sequence parallelism: one layernorm's weight and bias gradients, 2C
   std::vector<float> losses_;  // the last forward's per-position losses, on the host
   bool haveTargets_ = false;
   int B_ = 0, T_ = 0;

@@ -134,6 +134,27 @@ TEST(TensorParallel, MatchesOneRank) {
   }
 }
 
+// Sequence parallelism with TP 2: alone, with two accumulated micro-batches (its layernorm gradients are summed over
+// the ranks per micro-batch), and under ZeRO-3 with data parallelism.
+TEST(SequenceParallel, MatchesOneRank) {
+  const Training single = train(1, 1, size_t{25} << 20);
+  struct Case {
+    int nranks, micro;
+    Strategy strategy;
+  };
+  for (const Case& c : {Case{2, 1, Strategy::kDdp}, Case{2, 2, Strategy::kDdp}, Case{4, 1, Strategy::kZero3}}) {
+    runs::Run run;
+    run.nranks = c.nranks;
+    run.tp = 2;
+    run.sequenceParallel = true;
+    run.micro = c.micro;
+    run.strategy = c.strategy;
+    expectSameTraining(runs::train(run), single,
+                       "tp 2 + sp, " + std::to_string(c.nranks) + " ranks, " + std::to_string(c.micro) +
+                           " micro-batches, strategy " + std::to_string(static_cast<int>(c.strategy)));
+  }
+}
+
 TEST(Ddp, BucketsCoverTheBufferFromTheEnd) {
   const GptLayout layout = GptLayout::of(smallConfig());
   loomUniqueId id;

@@ -52,7 +52,8 @@ enum class Strategy { kDdp, kZero1, kZero2, kZero3 };
 
 struct Run {
   int nranks = 1;
-  int tp = 1;     // tensor-parallel ranks (consecutive ranks form a group); the data-parallel size is nranks / tp
+  int tp = 1;  // tensor-parallel ranks (consecutive ranks form a group); the data-parallel size is nranks / tp
+  bool sequenceParallel = false;
   int micro = 1;  // micro-batches per step
   size_t bucketBytes = size_t{25} << 20;
   Strategy strategy = Strategy::kDdp;
@@ -84,7 +85,7 @@ inline Training train(const Run& run) {
       LOOM_PAR_CHECK(world, loomCommSplit(world, rank / run.tp, rank % run.tp, &tensor, nullptr));
       LOOM_PAR_CHECK(world, loomCommSplit(world, rank % run.tp, rank / run.tp, &comm, nullptr));
     }
-    Gpt model(run.config, ops, tensor);
+    Gpt model(run.config, ops, tensor, run.sequenceParallel);
     model.initialise(42);
     AdamWOptions adamw;
     adamw.learningRate = 3e-3f;
