@@ -27,6 +27,7 @@
 #include "loom/loom.h"
 #include "parallel/check.h"
 #include "parallel/kernels/ops.h"
+#include "parallel/mesh/mesh.h"
 #include "parallel/model/checkpoint.h"
 #include "parallel/model/gpt.h"
 #include "parallel/strategies/ddp.h"
@@ -44,7 +45,9 @@ struct Options {
   std::string model = "gpt-tiny";
   std::string device = "cpu";
   std::string dtype;  // "": fp32 on the CPU, bf16 on CUDA
-  int dp = 0;         // 0: the world size
+  int dp = 0;         // 0: the world size over tp
+  int tp = 1;
+  bool sequenceParallel = false;
   int zero = 0;
   int steps = 100;
   int batch = 4;  // sequences per rank per micro-batch
@@ -65,7 +68,7 @@ struct Options {
   if (problem != nullptr) std::fprintf(stderr, "loom-train: %s\n", problem);
   std::fprintf(stderr,
                "usage: loom-train [--model gpt-tiny|gpt2-124m] [--device cpu|cuda] [--dtype fp32|bf16]\n"
-               "                  [--dp N] [--zero 0|1|2|3] [--steps N] [--batch B]\n"
+               "                  [--tp N] [--sp] [--dp N] [--zero 0|1|2|3] [--steps N] [--batch B]\n"
                "                  [--seq T] [--accumulation K] [--lr X] [--seed S] [--data synthetic|FILE]\n"
                "                  [--tokenizer byte|char] [--log-every N] [--metrics FILE.csv|FILE.json]\n"
                "                  [--plot FILE.png] [--save FILE] [--save-every N] [--resume FILE]\n"
@@ -90,6 +93,8 @@ Options parse(int argc, char** argv) {
                                        {"device", required_argument, nullptr, 'G'},
                                        {"dtype", required_argument, nullptr, 'y'},
                                        {"dp", required_argument, nullptr, 'd'},
+                                       {"tp", required_argument, nullptr, 'P'},
+                                       {"sp", no_argument, nullptr, 'Q'},
                                        {"zero", required_argument, nullptr, 'z'},
                                        {"steps", required_argument, nullptr, 's'},
                                        {"batch", required_argument, nullptr, 'b'},
@@ -122,6 +127,12 @@ Options parse(int argc, char** argv) {
         break;
       case 'd':
         o.dp = intArg(optarg, "dp", 1, 1 << 16);
+        break;
+      case 'P':
+        o.tp = intArg(optarg, "tp", 1, 1 << 16);
+        break;
+      case 'Q':
+        o.sequenceParallel = true;
         break;
       case 'z':
         o.zero = intArg(optarg, "zero", 0, 3);
@@ -188,6 +199,8 @@ Options parse(int argc, char** argv) {
   if (o.device != "cpu" && o.device != "cuda") usage("--device: cpu or cuda");
   if (o.dtype.empty()) o.dtype = o.device == "cuda" ? "bf16" : "fp32";
   if (o.dtype != "fp32" && o.dtype != "bf16") usage("--dtype: fp32 or bf16");
+  if (o.sequenceParallel && o.tp == 1)
+    usage("--sp: sequence parallelism goes with tensor parallelism (--tp 2 or more)");
   if (o.device == "cpu" && o.dtype != "fp32")
     usage("--dtype bf16: the CPU kernels compute in fp32 (bf16 is for --device cuda)");
   if (!o.metrics.empty() && !o.metrics.ends_with(".csv") && !o.metrics.ends_with(".json"))
@@ -306,12 +319,18 @@ int main(int argc, char** argv) {
   int rank = 0, nranks = 1;
   loomCommUserRank(comm, &rank);
   loomCommCount(comm, &nranks);
-  if (o.dp != 0 && o.dp != nranks) {
+  // The mesh: tensor-parallel groups of consecutive ranks, data parallelism across them.
+  Mesh mesh;
+  std::string meshError;
+  if (nranks % o.tp != 0 || (o.dp != 0 && o.dp * o.tp != nranks) ||
+      !Mesh::make("tp-dp", {{"tp", o.tp}, {"dp", nranks / o.tp}}, nranks, &mesh, &meshError)) {
     if (rank == 0)
-      std::fprintf(stderr, "loom-train: --dp %d, but the job has %d ranks (data parallelism is the only one yet)\n",
-                   o.dp, nranks);
+      std::fprintf(stderr, "loom-train: --tp %d%s does not lay out the job's %d ranks%s%s\n", o.tp,
+                   o.dp != 0 ? (" x --dp " + std::to_string(o.dp)).c_str() : "", nranks, meshError.empty() ? "" : ": ",
+                   meshError.c_str());
     return 2;
   }
+  const int dpSize = nranks / o.tp, dpRank = mesh.coordinate(rank, "dp");
 
   // Data: the synthetic source, or a text file's tokens.
   std::unique_ptr<MarkovSource> synthetic;
@@ -373,20 +392,25 @@ int main(int argc, char** argv) {
 #endif
   }
 
-  Gpt model(config, *ops);
+  // The groups' communicators, of the model's kind; and a host one for the tensor-parallel checkpoint gathers.
+  auto groups = std::make_unique<MeshComms>(trainComm, mesh, std::vector<std::string>{"tp", "dp"});
+  std::unique_ptr<MeshComms> hostGroups;
+  if (o.tp > 1) hostGroups = std::make_unique<MeshComms>(comm, mesh, std::vector<std::string>{"tp"});
+  Gpt model(config, *ops, o.tp > 1 ? groups->get("tp") : nullptr, o.sequenceParallel);
   model.initialise(o.seed);
+  const GptLayout whole = GptLayout::of(config);
   AdamWOptions adamw;
   adamw.learningRate = o.learningRate;
   std::unique_ptr<Trainer> trainer;
   if (o.zero == 0) {
     DdpOptions options;
     options.adamw = adamw;
-    trainer = std::make_unique<DdpTrainer>(model, trainComm, options);
+    trainer = std::make_unique<DdpTrainer>(model, groups->get("dp"), options);
   } else {
     ZeroOptions options;
     options.stage = o.zero;
     options.adamw = adamw;
-    trainer = std::make_unique<ZeroTrainer>(model, trainComm, options);
+    trainer = std::make_unique<ZeroTrainer>(model, groups->get("dp"), options);
   }
 
   int firstStep = 0;
@@ -403,6 +427,14 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "loom-train: --resume %s holds another model, or no optimizer state\n", o.resume.c_str());
       return 2;
     }
+    if (o.tp > 1) {  // this rank's part of the whole model's state
+      const int part = model.tensorParallelRank();
+      for (std::vector<float>* values : {&checkpoint.params, &checkpoint.m, &checkpoint.v}) {
+        std::vector<float> local(model.layout().total);
+        model.layout().shard(whole, values->data(), part, local.data());
+        *values = std::move(local);
+      }
+    }
     trainer->importState(checkpoint.params, checkpoint.m, checkpoint.v, static_cast<int>(checkpoint.step));
     firstStep = static_cast<int>(checkpoint.dataPosition);
   }
@@ -411,6 +443,17 @@ int main(int argc, char** argv) {
     Checkpoint checkpoint;
     checkpoint.config = config;
     trainer->exportState(&checkpoint.params, &checkpoint.m, &checkpoint.v);
+    if (o.tp > 1) {  // every tensor-parallel rank's part, gathered over the host, into the whole model's layout
+      const size_t n = model.layout().total;
+      for (std::vector<float>* values : {&checkpoint.params, &checkpoint.m, &checkpoint.v}) {
+        std::vector<float> parts(n * o.tp), full(whole.total);
+        LOOM_PAR_CHECK(comm,
+                       loomAllGather(values->data(), parts.data(), n, loomFloat32, hostGroups->get("tp"), nullptr));
+        for (int part = 0; part < o.tp; ++part)
+          model.layout().unshard(whole, parts.data() + part * n, part, full.data());
+        *values = std::move(full);
+      }
+    }
     checkpoint.step = static_cast<uint64_t>(trainer->steps());
     checkpoint.dataPosition = static_cast<uint64_t>(stepsDone);
     std::string error;
@@ -419,13 +462,17 @@ int main(int argc, char** argv) {
   };
 
   const MemoryReport memory = trainer->memory();
-  const size_t tokensPerStep = static_cast<size_t>(nranks) * o.batch * o.accumulation * T;
+  const size_t tokensPerStep = static_cast<size_t>(dpSize) * o.batch * o.accumulation * T;
   if (rank == 0) {
-    std::printf("# loom-train: %s, %zu parameters (L=%d H=%d C=%d T=%d V=%d)\n", o.model.c_str(), model.layout().total,
+    std::printf("# loom-train: %s, %zu parameters (L=%d H=%d C=%d T=%d V=%d)", o.model.c_str(), whole.total,
                 config.layers, config.heads, config.channels, config.maxT, config.vocab);
-    std::printf("# layout: dp=%d, %s; %d x %d sequences of %d tokens per rank and step (%zu tokens per step)\n", nranks,
-                o.zero == 0 ? "DDP" : ("ZeRO-" + std::to_string(o.zero)).c_str(), o.accumulation, o.batch, T,
-                tokensPerStep);
+    if (o.tp > 1) std::printf(", %zu on each tensor-parallel rank", model.layout().total);
+    std::printf("\n");
+    std::printf(
+        "# layout: tp=%d%s dp=%d, %s; %d x %d sequences of %d tokens per data-parallel rank and step (%zu "
+        "tokens per step)\n",
+        o.tp, o.sequenceParallel ? " sp" : "", dpSize, o.zero == 0 ? "DDP" : ("ZeRO-" + std::to_string(o.zero)).c_str(),
+        o.accumulation, o.batch, T, tokensPerStep);
     std::printf("# device: %s%s\n", ops->describe().c_str(),
                 ops->dtype() == DType::kBfloat16 ? " (AdamW on fp32 master weights)" : "");
     std::printf("# memory per rank: parameters %s, gradients %s, optimizer %s, total %s (%.2f bytes per parameter)\n",
@@ -447,7 +494,7 @@ int main(int argc, char** argv) {
   auto validationLoss = [&]() {
     double sum = 0;
     for (int i = 0; i < o.evalBatches; ++i) {
-      const Batch batch = text->batch(static_cast<uint64_t>(i), rank, nranks, o.batch, T, true);
+      const Batch batch = text->batch(static_cast<uint64_t>(i), dpRank, dpSize, o.batch, T, true);
       sum += model.forward(batch.inputs.data(), batch.targets.data(), o.batch, T);
     }
     float mean = static_cast<float>(sum / o.evalBatches);
@@ -463,8 +510,8 @@ int main(int argc, char** argv) {
     std::vector<Batch> batches;
     for (int k = 0; k < o.accumulation; ++k) {
       const uint64_t index = static_cast<uint64_t>(step) * o.accumulation + k;
-      batches.push_back(synthetic ? synthetic->batch(index, rank, nranks, o.batch, T)
-                                  : text->batch(index, rank, nranks, o.batch, T, false));
+      batches.push_back(synthetic ? synthetic->batch(index, dpRank, dpSize, o.batch, T)
+                                  : text->batch(index, dpRank, dpSize, o.batch, T, false));
     }
     std::vector<const int32_t*> inputs, targets;
     for (const Batch& batch : batches) {
@@ -493,7 +540,7 @@ int main(int argc, char** argv) {
   // The step's communication run alone, for the breakdown: what of it backward hid.
   const int stepsRun = o.steps - firstStep;
   double alone = 0;
-  if (nranks > 1 && stepsRun > 0) {
+  if (dpSize > 1 && stepsRun > 0) {
     trainer->communicationAlone();  // warm-up
     constexpr int kRepeats = 5;
     for (int i = 0; i < kRepeats; ++i) alone += trainer->communicationAlone() / kRepeats;
@@ -522,6 +569,8 @@ int main(int argc, char** argv) {
   }
   loomStreamDestroy(evalStream);
   trainer.reset();
+  groups.reset();
+  hostGroups.reset();
   if (trainComm != comm) loomCommDestroy(trainComm);
   loomCommDestroy(comm);
   return 0;
