@@ -72,7 +72,8 @@ double activationBytesPerLayer(double s, double b, double h, double a, int t, bo
 enum class Schedule { kGpipe, k1F1B, kInterleaved, kZbH1 };
 const char* scheduleName(Schedule schedule);
 bool parseSchedule(const std::string& text, Schedule* out);  // gpipe, 1f1b, interleaved, zb-h1
-// Idle time over useful time of a pipeline of p stages and m micro-batches (v chunks per stage, interleaved).
+// Idle time over useful time of a pipeline of p stages and m micro-batches (v chunks per stage, interleaved); ZB-H1's
+// third of 1F1B's assumes F, B and W of equal cost and m >= p (parallel/pipeline/schedule.h measures it).
 double bubbleFraction(Schedule schedule, int p, int m, int v = 1);
 // The most micro-batches whose activations a stage holds at once: the first stage's, which bounds memory
 // (GPipe: all m; 1F1B and ZB-H1: p; interleaved: p, plus (v - 1) / v of a stage's worth more, rounded up).
