@@ -36,7 +36,9 @@ ZeroTrainer::ZeroTrainer(Gpt& model, loomComm_t comm, ZeroOptions options)
     std::exit(1);
   }
   loomCommCount(comm, &nranks_);
-  gradSlices_ = Tensor::zeros({static_cast<int64_t>(sharding_.shardElements)}, ops_.dtype(), &ops_);
+  // Stage 1 keeps the whole gradients, and its reduce-scatters land in them; later stages keep only the slices.
+  if (options.stage >= 2)
+    gradSlices_ = Tensor::zeros({static_cast<int64_t>(sharding_.shardElements)}, ops_.dtype(), &ops_);
   std::vector<float> initial(model.layout().total);
   ops_.downloadFloats(initial.data(), model.params().data(), initial.size());
   size_t largestSlice = 0;
@@ -120,7 +122,7 @@ void ZeroTrainer::release(int unit, bool backward) {
   collectGradients();
   const UnitShard& shard = sharding_.units[unit];
   void* target = at(firstMicro_ ? gradSlices_ : incoming_, shard.shardOffset);
-  zeroComm_.reduceScatter(unit, unitGrads_[unit].data(), true, target);
+  zeroComm_.reduceScatter(unit, unitGrads_[unit].data(), target);
   reducing_.push_back({unit, !firstMicro_});
 }
 
@@ -154,25 +156,26 @@ StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const st
   }
   const auto communicating = std::chrono::steady_clock::now();
   void* params = options_.stage == 3 ? paramSlices_.data() : model_.params().data();
-  if (options_.stage == 1) {
-    void* grads = model_.grads().data();
-    for (size_t u = 0; u < sharding_.units.size(); ++u) {
-      const UnitShard& shard = sharding_.units[u];
-      zeroComm_.reduceScatter(static_cast<int>(u), elementAt(ops_, grads, shard.unitBegin), false,
-                              at(gradSlices_, shard.shardOffset));
-    }
-    zeroComm_.wait();
+  // Where each unit's averaged slice of this rank is.
+  std::vector<const void*> slices(sharding_.units.size());
+  for (size_t u = 0; u < sharding_.units.size(); ++u) {
+    const UnitShard& shard = sharding_.units[u];
+    slices[u] = options_.stage == 1 ? zeroComm_.reduceScatterInPlace(
+                                          static_cast<int>(u), elementAt(ops_, model_.grads().data(), shard.unitBegin))
+                                    : at(gradSlices_, shard.shardOffset);
   }
+  if (options_.stage == 1) zeroComm_.wait();
   // The global gradient norm: every rank's owned elements (padding excluded), summed across ranks.
   double squares = 0;
-  for (const UnitShard& shard : sharding_.units)
-    squares += model_.gradientSquares(at(gradSlices_, shard.shardOffset), shard.begin, shard.end, shard.begin);
+  for (size_t u = 0; u < sharding_.units.size(); ++u)
+    squares +=
+        model_.gradientSquares(slices[u], sharding_.units[u].begin, sharding_.units[u].end, sharding_.units[u].begin);
   const float clip = options_.adamw.clipNorm > 0 ? cpu::clipFactor(model_.sumOverTensorParallel(zeroComm_.sum(squares)),
                                                                    options_.adamw.clipNorm)
                                                  : 1.0f;
   for (size_t u = 0; u < sharding_.units.size(); ++u) {
     const UnitShard& shard = sharding_.units[u];
-    const void* grads = at(gradSlices_, shard.shardOffset);
+    const void* grads = slices[u];
     if (options_.stage == 3) {
       if (shard.end > shard.begin)
         optimizers_[u].step(elementAt(ops_, params, shard.shardOffset), shard.begin, grads, shard.begin, clip);
@@ -204,7 +207,10 @@ double ZeroTrainer::communicationAlone() {
       zeroComm_.gather(unit, at(paramSlices_, shard.shardOffset), gathered.data());
       zeroComm_.gather(unit, at(paramSlices_, shard.shardOffset), gathered.data());
     }
-    zeroComm_.reduceScatter(unit, grads.data(), true, at(gradSlices_, shard.shardOffset));
+    if (options_.stage == 1)
+      zeroComm_.reduceScatterInPlace(unit, grads.data());
+    else
+      zeroComm_.reduceScatter(unit, grads.data(), at(gradSlices_, shard.shardOffset));
   }
   zeroComm_.wait();
   if (options_.stage != 3) {
@@ -280,7 +286,8 @@ MemoryReport ZeroTrainer::memory() const {
   const size_t element = ops_.elementBytes();
   const size_t whole = model_.layout().total * element, slices = sharding_.shardElements * element;
   report.paramBytes = options_.stage == 3 ? slices : whole;
-  report.gradBytes = (options_.stage == 1 ? whole : 0) + slices + incoming_.bytes();
+  report.gradBytes =
+      (options_.stage == 1 ? whole + zeroComm_.paddedBytes() : 0) + gradSlices_.bytes() + incoming_.bytes();
   for (const AdamW& optimizer : optimizers_) report.optimizerBytes += optimizer.stateBytes();
   report.peakTransientBytes = peakBytes_;
   return report;

@@ -28,25 +28,40 @@ Sharding Sharding::of(const GptLayout& layout, int nranks, int rank) {
 ZeroComm::ZeroComm(loomComm_t comm, Ops& ops, const Sharding& sharding)
     : comm_(comm), ops_(ops), sharding_(sharding), scalars_(comm, ops), padded_(sharding.units.size()) {
   loomCommCount(comm_, &nranks_);
+  loomCommUserRank(comm_, &rank_);
   stream_ = ops_.createStream();
   gathered_ = Tensor::zeros({static_cast<int64_t>(sharding.largestUnit)}, ops.dtype(), &ops);
 }
 
 ZeroComm::~ZeroComm() { ops_.destroyStream(stream_); }
 
-void ZeroComm::reduceScatter(int unit, const void* unitGrads, bool padded, void* slice) {
+void ZeroComm::reduceScatter(int unit, const void* unitGrads, void* slice) {
+  ops_.commAfterCompute(stream_);
+  LOOM_PAR_CHECK(comm_, loomReduceScatter(unitGrads, slice, sharding_.units[unit].slice, loomTypeOf(ops_.dtype()),
+                                          loomAvg, comm_, stream_));
+}
+
+void* ZeroComm::reduceScatterInPlace(int unit, void* unitGrads) {
   const UnitShard& shard = sharding_.units[unit];
   const size_t n = shard.unitEnd - shard.unitBegin;
-  const void* send = unitGrads;
-  if (!padded && shard.slice * nranks_ != n) {
-    // The padding: a zeroed copy, since reading past the unit would read past the buffer for the last one.
+  void* buffer = unitGrads;
+  if (shard.slice * nranks_ != n) {  // the zeroed padding stays zero: it sums to zero wherever it lands
     Tensor& copy = padded_[unit];
     if (!copy.defined()) copy = Tensor::zeros({static_cast<int64_t>(shard.slice * nranks_)}, ops_.dtype(), &ops_);
     ops_.copy(copy.data(), unitGrads, n * ops_.elementBytes());
-    send = copy.data();
+    buffer = copy.data();
   }
+  void* slice = elementAt(ops_, buffer, static_cast<size_t>(rank_) * shard.slice);
   ops_.commAfterCompute(stream_);
-  LOOM_PAR_CHECK(comm_, loomReduceScatter(send, slice, shard.slice, loomTypeOf(ops_.dtype()), loomAvg, comm_, stream_));
+  LOOM_PAR_CHECK(comm_,
+                 loomReduceScatter(buffer, slice, shard.slice, loomTypeOf(ops_.dtype()), loomAvg, comm_, stream_));
+  return slice;
+}
+
+size_t ZeroComm::paddedBytes() const {
+  size_t bytes = 0;
+  for (const Tensor& copy : padded_) bytes += copy.bytes();
+  return bytes;
 }
 
 void ZeroComm::allGather(int unit, const void* slice, void* unitParams) {

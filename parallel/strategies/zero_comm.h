@@ -39,9 +39,14 @@ class ZeroComm {
   ZeroComm& operator=(const ZeroComm&) = delete;
 
   // Queues the average across ranks of unit u's gradients into this rank's slice (`slice`). `unitGrads` holds the
-  // unit, padded to slice x nranks elements when `padded`, else unpadded (then copied); it must stay unchanged
-  // until wait().
-  void reduceScatter(int unit, const void* unitGrads, bool padded, void* slice);
+  // unit padded to slice x nranks elements; it must stay unchanged until wait().
+  void reduceScatter(int unit, const void* unitGrads, void* slice);
+  // The same in place (stage 1, which keeps the whole gradients): the average of this rank's slice lands at its
+  // place in `unitGrads` (the unpadded unit), or, for a unit that needs padding, in a padded copy kept for it.
+  // Returns where the slice is.
+  void* reduceScatterInPlace(int unit, void* unitGrads);
+  // Bytes of the padded copies kept.
+  size_t paddedBytes() const;
   // Rebuilds unit u's parameters (`unitParams`: the whole unit) from every rank's slice (`slice`); returns when done.
   void allGather(int unit, const void* slice, void* unitParams);
   // Queues the gathering of unit u from every rank's slice into `padded` (slice x nranks elements).
@@ -60,10 +65,10 @@ class ZeroComm {
   loomComm_t comm_;
   Ops& ops_;
   const Sharding& sharding_;
-  int nranks_ = 1;
+  int nranks_ = 1, rank_ = 0;
   loomStream_t stream_ = nullptr;
   Scalars scalars_;
-  std::vector<Tensor> padded_;   // per unit whose padding reaches past its end: a zero-padded copy
+  std::vector<Tensor> padded_;   // stage 1, per unit that needs padding: a zero-padded copy
   Tensor gathered_;              // a padded unit, for allGather
   Tensor hostSlice_, hostUnit_;  // fp32 staging for allGatherHost, in ops' memory
 };

@@ -88,6 +88,7 @@ TEST(Zero, EachStageHoldsAQuarterOfWhatItShardsAtFourRanks) {
   const Training zero1 = train(4, 1, 0, Strategy::kZero1);
   quarter(zero1.memory.optimizerBytes, 2 * whole, "ZeRO-1 optimizer state");
   EXPECT_EQ(zero1.memory.paramBytes, whole);
+  EXPECT_EQ(zero1.memory.gradBytes, whole) << "ZeRO-1's reduce-scatters land in its whole gradients";
   const Training zero2 = train(4, 1, 0, Strategy::kZero2);
   quarter(zero2.memory.optimizerBytes, 2 * whole, "ZeRO-2 optimizer state");
   quarter(zero2.memory.gradBytes, whole, "ZeRO-2 gradients");
@@ -152,6 +153,19 @@ TEST(SequenceParallel, MatchesOneRank) {
     expectSameTraining(runs::train(run), single,
                        "tp 2 + sp, " + std::to_string(c.nranks) + " ranks, " + std::to_string(c.micro) +
                            " micro-batches, strategy " + std::to_string(static_cast<int>(c.strategy)));
+  }
+}
+
+// Units whose sizes the ranks do not divide (odd sizes at 2 ranks) are padded: every stage still matches one rank,
+// stage 1's in-place reduce-scatter going through a padded copy.
+TEST(Zero, PaddedUnitsMatchOneRank) {
+  runs::Run run;
+  run.config = GptConfig{2, 3, 129, runs::kT, 255};  // the embeddings' unit and each block have odd sizes
+  const Training single = runs::train(run);
+  run.nranks = 2;
+  for (Strategy strategy : {Strategy::kZero1, Strategy::kZero2, Strategy::kZero3}) {
+    run.strategy = strategy;
+    expectSameTraining(runs::train(run), single, "padded units, ZeRO-" + std::to_string(static_cast<int>(strategy)));
   }
 }
 
