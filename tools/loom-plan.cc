@@ -303,11 +303,9 @@ StepTime predict(const ModelSpec& model, const Layout& l, const Estimate& e, Tim
   t.bubble = t.compute * e.bubble;
   const double activation = static_cast<double>(model.seq) / l.cp * l.microBatch * model.hidden * 2;
   const double layersHere = static_cast<double>(model.layers) / l.pp, m = l.microBatches;
-  if (l.tp > 1) {
-    const double collectives = l.recompute == Recompute::kFull ? 6 : 4;
-    t.tensor =
-        collectives * layersHere * m * timing.us(loom::Collective::kAllReduce, groupOf(l, "tp", 0), activation) * 1e-6;
-  }
+  if (l.tp > 1)
+    t.tensor = tensorParallelAllReduces(l, model.layers) * layersHere * m *
+               timing.us(loom::Collective::kAllReduce, groupOf(l, "tp", 0), activation) * 1e-6;
   if (l.pp > 1) {  // each micro-batch's activations forward and gradients back, a broadcast between two stages
     const std::vector<int> stages = groupOf(l, "pp", 0);
     t.pipeline =
@@ -324,7 +322,7 @@ StepTime predict(const ModelSpec& model, const Layout& l, const Estimate& e, Tim
     // The gradients' all-reduce (or ZeRO's reduce-scatter and gathers) overlaps the backward, about two thirds of
     // the computation; what is longer is exposed.
     const double gradients = e.paramsPerGpu * o.precision.grad;
-    t.data = timing.us(loom::Collective::kAllReduce, groupOf(l, "dp", 0), gradients) * 1e-6 * (l.zero == 3 ? 1.5 : 1);
+    t.data = timing.us(loom::Collective::kAllReduce, groupOf(l, "dp", 0), gradients) * 1e-6 * dataParallelPasses(l) / 2;
     t.dataExposed = std::max(0.0, t.data - t.compute * 2 / 3);
   }
   return t;

@@ -369,6 +369,14 @@ int main(int argc, char** argv) {
   Ops* ops = &cpuOps();
   std::unique_ptr<Ops> deviceOps;
   loomComm_t trainComm = comm;
+  // Destroys the world's communicators last, after everything declared below that uses them.
+  struct Communicators {
+    loomComm_t world, train;
+    ~Communicators() {
+      if (train != world) loomCommDestroy(train);
+      loomCommDestroy(world);
+    }
+  } communicators{comm, comm};
   if (o.device == "cuda") {
 #ifdef LOOM_PARALLEL_CUDA
     const char* localRank = std::getenv("LOOM_LOCAL_RANK");
@@ -385,6 +393,7 @@ int main(int argc, char** argv) {
     cudaConfig.device = loomDeviceCuda;
     cudaConfig.cudaDevice = device;
     LOOM_PAR_CHECK(comm, loomCommSplit(comm, 0, rank, &trainComm, &cudaConfig));
+    communicators.train = trainComm;
 #else
     if (rank == 0)
       std::fprintf(stderr, "loom-train: --device cuda: this build has no CUDA kernels (nvcc and cuBLAS)\n");
@@ -568,10 +577,5 @@ int main(int argc, char** argv) {
     if (!o.plot.empty()) plotLoss(o.plot, metrics, synthetic ? synthetic->entropyRate() : 0.0);
   }
   loomStreamDestroy(evalStream);
-  trainer.reset();
-  groups.reset();
-  hostGroups.reset();
-  if (trainComm != comm) loomCommDestroy(trainComm);
-  loomCommDestroy(comm);
-  return 0;
+  return 0;  // the trainer, the model, the groups' communicators, then the world's, in that order
 }

@@ -34,7 +34,8 @@ bool Mesh::make(const std::string& order, const std::map<std::string, int>& size
     }
   }
   for (const auto& [name, size] : sizes) {
-    if (std::find(mesh.names_.begin(), mesh.names_.end(), name) == mesh.names_.end()) {
+    // A dimension the order does not name may only be 1 (Megatron's generator leaves such ones out).
+    if (std::find(mesh.names_.begin(), mesh.names_.end(), name) == mesh.names_.end() && size != 1) {
       *error = "size given for \"" + name + "\", which the order \"" + order + "\" does not name";
       return false;
     }

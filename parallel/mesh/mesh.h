@@ -23,8 +23,9 @@ class Mesh {
  public:
   Mesh() = default;
   // The mesh of `world` ranks with the dimensions of `order` ("tp-cp-ep-dp-pp": names separated by '-', first
-  // fastest), each of the size `sizes` gives it (1 when absent). False, with *error naming the problem, for an
-  // unknown or repeated name, a size below 1, or sizes whose product is not the world.
+  // fastest), each of the size `sizes` gives it (1 when absent; a name the order leaves out may be given size 1).
+  // False, with *error naming the problem, for a size other than 1 of a name the order lacks, a repeated name, a
+  // size below 1, or sizes whose product is not the world.
   static bool make(const std::string& order, const std::map<std::string, int>& sizes, int world, Mesh* out,
                    std::string* error);
 

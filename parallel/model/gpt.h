@@ -25,7 +25,8 @@
 // (and again in backward, to recompute rather than keep the gathered input) and a reduce-scatter replaces g's
 // all-reduce after each row-parallel one; backward runs their duals (a reduce-scatter of the input's gradient, an
 // all-gather of the output's). Layernorm gradients, summed over a rank's rows only, are all-reduced across the
-// ranks before their unit is released. B x T must be a multiple of t.
+// ranks before their unit is released (in the model's element type: in bf16 that rounds twice, where a layernorm
+// without sequence parallelism rounds once). B x T must be a multiple of t.
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <tuple>
 
@@ -103,6 +105,12 @@ void placeWeights(Plan* plan) {
     }
     clock[s] = bestStart + 1;
   }
+  for (int s = 0; s < p; ++s)
+    if (next[s] != work[s].size() || weights[s] != m) {  // a 1F1B order always completes; this cannot stall
+      std::fprintf(stderr, "pipeline: ZB-H1's placement stalled at stage %d (%zu of %zu actions, %d of %d W's)\n", s,
+                   next[s], work[s].size(), weights[s], m);
+      std::abort();
+    }
   for (int s = 0; s < p; ++s) {
     plan->perStage[s].clear();
     for (const Work& w : order[s]) append(*plan, s, w, &plan->perStage[s]);

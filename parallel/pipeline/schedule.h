@@ -71,6 +71,9 @@ struct Timeline {
 
 // Runs `plan`: each stage in its order, a compute action taking its cost, a receive starting when its send is
 // done. False, with *error naming the stuck actions, when some stage waits forever or an action is unmatched.
+// Sends are taken as buffered (they never wait for their receiver), so an executor must not block in a send before
+// it posts the receives that come after it in its plan: it posts sends on streams of their own, one per
+// direction, or groups each send with the receive beside it (Megatron's send_forward_recv_backward).
 bool simulate(const Plan& plan, const Costs& costs, Timeline* out, std::string* error);
 
 }  // namespace loom::parallel::pipeline

@@ -162,6 +162,27 @@ std::string Layout::describe() const {
   return text;
 }
 
+double dataParallelPasses(const Layout& layout) {
+  const double m = layout.microBatches;
+  return layout.zero == 3 ? 3 * m : layout.zero == 2 ? m + 1 : 2;
+}
+
+double tensorParallelAllReduces(const Layout& layout, int layers) {
+  // Per layer: two all-reduces forward and two backward (full recomputation runs the forward's again). With SP,
+  // all-gathers and reduce-scatters of half an all-reduce's bytes each: two gathers and two reduce-scatters
+  // forward, and backward two reduce-scatters and four gathers (the outputs' gradients, and the inputs gathered
+  // again rather than kept).
+  const bool sp = layout.sequenceParallel && layout.tp > 1;
+  double perLayer = sp ? 5 : 4;
+  if (layout.recompute == Recompute::kFull) perLayer += 2;
+  // The embedding and the head, spread over the layers: the embedding's all-reduce (with SP a reduce-scatter, and
+  // a gather of its gradient); with them on this stage too, the head's input (a gather forward and backward and a
+  // reduce-scatter with SP, an all-reduce without).
+  const double layersHere = static_cast<double>(layers) / layout.pp;
+  const double embedding = 1, head = layout.pp == 1 ? (sp ? 1.5 : 1) : 0;
+  return perLayer + (embedding + head) / layersHere;
+}
+
 Estimate estimate(const ModelSpec& model, const Layout& layout, Precision precision) {
   Estimate result;
   result.problem = model.check();
@@ -190,11 +211,17 @@ Estimate estimate(const ModelSpec& model, const Layout& layout, Precision precis
   const double s = static_cast<double>(model.seq) / layout.cp;  // tokens of a sequence on this rank
   const double layersHere = static_cast<double>(model.layers) / p;
   const ParameterCount& count = result.parameters;
-  // The first stage: the embeddings (vocabulary-parallel over tp), its layers with attention and dense MLPs split
-  // over tp (layernorms replicated), experts spread over ep; the final layernorm too when it is also the last.
-  const double attention = (count.attention - 4 * h) / t + 4 * h;
-  const double mlp = model.experts > 0 ? (count.mlp - h * model.experts) / e + h * model.experts : count.mlp / t;
-  result.paramsPerGpu = count.embeddings / t + layersHere * (attention + mlp) + (p == 1 ? count.finalNorm : 0);
+  // The first stage, cut as GptLayout::of cuts the reference GPT: the token embedding by vocabulary rows, the
+  // position embedding whole; attention's QKV and the MLP's first layer by rows, the projections by columns, their
+  // biases and the layernorms whole (5h in attention, h in the MLP); experts spread over ep; the final layernorm too
+  // when this stage is also the last.
+  const double attention = (count.attention - 5 * h) / t + 5 * h;
+  const double mlp =
+      model.experts > 0 ? (count.mlp - h * model.experts) / e + h * model.experts : (count.mlp - h) / t + h;
+  // With tensor parallelism the vocabulary is padded to a multiple of 128 t, as Megatron pads it.
+  const double vocab = t > 1 ? std::ceil(model.vocab / (128.0 * t)) * 128 * t : model.vocab;
+  result.paramsPerGpu = vocab * h / t + static_cast<double>(model.seq) * h + layersHere * (attention + mlp) +
+                        (p == 1 ? count.finalNorm : 0);
   result.states = zeroModelStates(result.paramsPerGpu, d, layout.zero, precision);
 
   result.activationsPerLayer = activationBytesPerLayer(s, b, h, a, t, layout.sequenceParallel, layout.recompute);
@@ -204,16 +231,15 @@ Estimate estimate(const ModelSpec& model, const Layout& layout, Precision precis
 
   Communication& c = result.communication;
   if (d > 1) {
+    // Per step: one all-reduce (a reduce-scatter and an all-gather with ZeRO-1); ZeRO-2 reduce-scatters in every
+    // micro-batch's backward, then all-gathers once; ZeRO-3 gathers every unit before each micro-batch's forward
+    // and backward and reduce-scatters it after.
     const double share = (d - 1.0) / d;
-    c.dataParallel = (layout.zero == 3 ? 3 : 2) * share * result.paramsPerGpu * precision.grad;
+    c.dataParallel = dataParallelPasses(layout) * share * result.paramsPerGpu * precision.grad;
   }
   const double activation = s * b * h * kActivationBytes;  // one micro-batch's [s, b, h] on this rank
-  if (t > 1) {
-    // Two all-reduces forward and two backward per layer (or as many all-gathers and reduce-scatters with SP,
-    // half the bytes each); full recomputation runs the forward's two again.
-    const double collectives = layout.recompute == Recompute::kFull ? 6 : 4;
-    c.tensorParallel = collectives * 2 * (t - 1.0) / t * activation * layersHere * m;
-  }
+  if (t > 1)
+    c.tensorParallel = tensorParallelAllReduces(layout, model.layers) * 2 * (t - 1.0) / t * activation * layersHere * m;
   if (p > 1) c.pipeline = 2 * activation / (layout.sequenceParallel ? t : 1) * m * v;  // forward out, backward out
   if (e > 1) {
     // Dispatch and combine, forward and backward: four all-to-alls of the top-k copies of every token.

@@ -76,7 +76,7 @@ bool parseSchedule(const std::string& text, Schedule* out);  // gpipe, 1f1b, int
 // third of 1F1B's assumes F, B and W of equal cost and m >= p (parallel/pipeline/schedule.h measures it).
 double bubbleFraction(Schedule schedule, int p, int m, int v = 1);
 // The most micro-batches whose activations a stage holds at once: the first stage's, which bounds memory
-// (GPipe: all m; 1F1B and ZB-H1: p; interleaved: p, plus (v - 1) / v of a stage's worth more, rounded up).
+// (GPipe: all m; 1F1B and ZB-H1: p; interleaved: p (1 + (p - 1) / (p v)), Korthikanti et al.'s factor).
 double microBatchesInFlight(Schedule schedule, int p, int m, int v = 1);
 
 // A parallel layout: tensor (t), sequence parallelism with it, context (cp), pipeline (p) over m micro-batches of
@@ -102,6 +102,15 @@ struct Communication {
   double expert = 0;          // the MoE layers' dispatch and combine all-to-alls
   double total() const { return dataParallel + tensorParallel + pipeline + expert; }
 };
+
+// A step's data-parallel traffic in passes over a GPU's parameters ((d - 1)/d of them each): 2 for DDP and ZeRO-1,
+// m + 1 for ZeRO-2 (a reduce-scatter per micro-batch, one all-gather), 3m for ZeRO-3 (two gathers and a
+// reduce-scatter per micro-batch).
+double dataParallelPasses(const Layout& layout);
+// A step's tensor-parallel traffic per layer and micro-batch, in all-reduces of one micro-batch's activations
+// (with sequence parallelism an all-gather or reduce-scatter counts half), the embedding's and head's spread over
+// the stage's layers.
+double tensorParallelAllReduces(const Layout& layout, int layers);
 
 // Everything one GPU of a layout holds and does, for one model.
 struct Estimate {

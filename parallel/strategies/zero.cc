@@ -41,11 +41,9 @@ ZeroTrainer::ZeroTrainer(Gpt& model, loomComm_t comm, ZeroOptions options)
     gradSlices_ = Tensor::zeros({static_cast<int64_t>(sharding_.shardElements)}, ops_.dtype(), &ops_);
   std::vector<float> initial(model.layout().total);
   ops_.downloadFloats(initial.data(), model.params().data(), initial.size());
-  size_t largestSlice = 0;
   for (const UnitShard& shard : sharding_.units) {
     optimizers_.emplace_back(model.layout(), options.adamw, shard.begin, shard.end, ops_);
     optimizers_.back().setMasterWeights(initial.data() + shard.begin);
-    largestSlice = std::max(largestSlice, shard.slice);
   }
   const size_t units = sharding_.units.size();
   unitGrads_.resize(units);
@@ -57,7 +55,7 @@ ZeroTrainer::ZeroTrainer(Gpt& model, loomComm_t comm, ZeroOptions options)
       ops_.copy(at(paramSlices_, shard.shardOffset), elementAt(ops_, model.params().data(), shard.begin),
                 (shard.end - shard.begin) * ops_.elementBytes());
   } else {
-    paramSlice_ = Tensor::zeros({static_cast<int64_t>(largestSlice)}, ops_.dtype(), &ops_);
+    zeroComm_.keepPaddedCopies();  // the all-gathers (and stage 1's reduce-scatters) of units the ranks do not divide
   }
   if (options.stage >= 2) {
     model.dropStorage(options.stage == 3, true);
@@ -182,11 +180,8 @@ StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const st
       continue;
     }
     if (shard.end > shard.begin) optimizers_[u].step(params, 0, grads, shard.begin, clip);
-    // The rank's updated slice, padded with zeros past the unit's end, then every rank's into the unit.
-    paramSlice_.zero();
-    ops_.copy(paramSlice_.data(), elementAt(ops_, params, shard.begin),
-              (shard.end - shard.begin) * ops_.elementBytes());
-    zeroComm_.allGather(static_cast<int>(u), paramSlice_.data(), elementAt(ops_, params, shard.unitBegin));
+    // Every rank's updated slice into the unit, in place.
+    zeroComm_.allGatherInPlace(static_cast<int>(u), elementAt(ops_, params, shard.unitBegin));
   }
   StepReport report{};
   report.loss = zeroComm_.average(static_cast<float>(localLoss / micro));
@@ -216,13 +211,8 @@ double ZeroTrainer::communicationAlone() {
   if (options_.stage != 3) {
     // The all-gathers give every rank back the parameters it has: the state stays as it was.
     void* params = model_.params().data();
-    for (size_t u = 0; u < sharding_.units.size(); ++u) {
-      const UnitShard& shard = sharding_.units[u];
-      paramSlice_.zero();
-      ops_.copy(paramSlice_.data(), elementAt(ops_, params, shard.begin),
-                (shard.end - shard.begin) * ops_.elementBytes());
-      zeroComm_.allGather(static_cast<int>(u), paramSlice_.data(), elementAt(ops_, params, shard.unitBegin));
-    }
+    for (size_t u = 0; u < sharding_.units.size(); ++u)
+      zeroComm_.allGatherInPlace(static_cast<int>(u), elementAt(ops_, params, sharding_.units[u].unitBegin));
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -286,10 +276,9 @@ MemoryReport ZeroTrainer::memory() const {
   const size_t element = ops_.elementBytes();
   const size_t whole = model_.layout().total * element, slices = sharding_.shardElements * element;
   report.paramBytes = options_.stage == 3 ? slices : whole;
-  report.gradBytes =
-      (options_.stage == 1 ? whole + zeroComm_.paddedBytes() : 0) + gradSlices_.bytes() + incoming_.bytes();
+  report.gradBytes = (options_.stage == 1 ? whole : 0) + gradSlices_.bytes() + incoming_.bytes();
   for (const AdamW& optimizer : optimizers_) report.optimizerBytes += optimizer.stateBytes();
-  report.peakTransientBytes = peakBytes_;
+  report.peakTransientBytes = peakBytes_ + zeroComm_.paddedBytes();  // and the padded units' copies, throughout
   return report;
 }
 

@@ -77,7 +77,6 @@ class ZeroTrainer : public Trainer {
   Tensor gradSlices_;              // this rank's slice of every unit's averaged gradients
   Tensor incoming_;                // reduce-scatters land here when micro-batches accumulate (stage 2, 3)
   Tensor paramSlices_;             // stage 3: the parameters this rank owns, padded slices
-  Tensor paramSlice_;              // stages 1, 2: one unit's slice, padded, for the all-gather
   // Stages 2 and 3: per unit, its gradient buffer (padded) while backward or a reduce-scatter uses it, and (stage
   // 3) its gathered parameters while forward or backward does.
   std::vector<Tensor> unitGrads_, unitParams_;

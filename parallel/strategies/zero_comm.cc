@@ -30,7 +30,6 @@ ZeroComm::ZeroComm(loomComm_t comm, Ops& ops, const Sharding& sharding)
   loomCommCount(comm_, &nranks_);
   loomCommUserRank(comm_, &rank_);
   stream_ = ops_.createStream();
-  gathered_ = Tensor::zeros({static_cast<int64_t>(sharding.largestUnit)}, ops.dtype(), &ops);
 }
 
 ZeroComm::~ZeroComm() { ops_.destroyStream(stream_); }
@@ -64,11 +63,29 @@ size_t ZeroComm::paddedBytes() const {
   return bytes;
 }
 
-void ZeroComm::allGather(int unit, const void* slice, void* unitParams) {
+void ZeroComm::keepPaddedCopies() {
+  for (size_t u = 0; u < sharding_.units.size(); ++u) {
+    const UnitShard& shard = sharding_.units[u];
+    if (shard.slice * nranks_ != shard.unitEnd - shard.unitBegin && !padded_[u].defined())
+      padded_[u] = Tensor::zeros({static_cast<int64_t>(shard.slice * nranks_)}, ops_.dtype(), &ops_);
+  }
+}
+
+void ZeroComm::allGatherInPlace(int unit, void* unitParams) {
   const UnitShard& shard = sharding_.units[unit];
-  gather(unit, slice, gathered_.data());
+  const size_t n = shard.unitEnd - shard.unitBegin, mine = static_cast<size_t>(rank_) * shard.slice;
+  void* buffer = unitParams;
+  if (shard.slice * nranks_ != n) {  // this rank's elements into its slice of the copy; its padding stays zero
+    keepPaddedCopies();
+    buffer = padded_[unit].data();
+    ops_.copy(elementAt(ops_, buffer, mine), elementAt(ops_, unitParams, mine),
+              (shard.end - shard.begin) * ops_.elementBytes());
+  }
+  ops_.commAfterCompute(stream_);
+  LOOM_PAR_CHECK(comm_, loomAllGather(elementAt(ops_, buffer, mine), buffer, shard.slice, loomTypeOf(ops_.dtype()),
+                                      comm_, stream_));
   wait();
-  ops_.copy(unitParams, gathered_.data(), (shard.unitEnd - shard.unitBegin) * ops_.elementBytes());
+  if (buffer != unitParams) ops_.copy(unitParams, buffer, n * ops_.elementBytes());
 }
 
 void ZeroComm::gather(int unit, const void* slice, void* padded) {

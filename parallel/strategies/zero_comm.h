@@ -45,10 +45,14 @@ class ZeroComm {
   // place in `unitGrads` (the unpadded unit), or, for a unit that needs padding, in a padded copy kept for it.
   // Returns where the slice is.
   void* reduceScatterInPlace(int unit, void* unitGrads);
-  // Bytes of the padded copies kept.
+  // Bytes of the padded copies kept (stages 1 and 2: one per unit the ranks do not divide).
   size_t paddedBytes() const;
-  // Rebuilds unit u's parameters (`unitParams`: the whole unit) from every rank's slice (`slice`); returns when done.
-  void allGather(int unit, const void* slice, void* unitParams);
+  // Rebuilds unit u's parameters (`unitParams`: the whole unit, this rank's slice already in place) from every
+  // rank's slice, in place (through the unit's padded copy when the ranks do not divide it); returns when done.
+  void allGatherInPlace(int unit, void* unitParams);
+  // Makes the padded copies of the units the ranks do not divide now (stages 1 and 2), so that memory() counts them
+  // from the start.
+  void keepPaddedCopies();
   // Queues the gathering of unit u from every rank's slice into `padded` (slice x nranks elements).
   void gather(int unit, const void* slice, void* padded);
   // The same as allGather for fp32 values on the host (optimizer state, master weights): `slice` holds the unit's
@@ -68,8 +72,7 @@ class ZeroComm {
   int nranks_ = 1, rank_ = 0;
   loomStream_t stream_ = nullptr;
   Scalars scalars_;
-  std::vector<Tensor> padded_;   // stage 1, per unit that needs padding: a zero-padded copy
-  Tensor gathered_;              // a padded unit, for allGather
+  std::vector<Tensor> padded_;   // stages 1 and 2, per unit the ranks do not divide: a zero-padded copy
   Tensor hostSlice_, hostUnit_;  // fp32 staging for allGatherHost, in ops' memory
 };
 

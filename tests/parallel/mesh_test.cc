@@ -82,6 +82,10 @@ TEST(Mesh, ExpertMeshFoldsTheSameStages) {
   EXPECT_EQ(meshes.expert.groups("pp"), meshes.dense.groups("pp"));
   EXPECT_EQ(meshes.expert.group("ep", 0), (std::vector<int>{0, 1, 2, 3}));
   EXPECT_EQ(meshes.expert.group("dp", 0), (std::vector<int>{0, 4}));
+  ParallelSizes dense;  // cp and ep of size 1 may be left out of the order
+  dense.tp = 2, dense.dp = 4, dense.pp = 2, dense.order = "tp-dp-pp";
+  ParallelMeshes denseOnly;
+  EXPECT_TRUE(ParallelMeshes::make(dense, 16, &denseOnly, &error)) << error;
   for (int rank = 0; rank < 16; ++rank)  // an expert group never leaves its stage
     for (int member : meshes.expert.group("ep-dp", rank))
       EXPECT_EQ(meshes.dense.coordinate(member, "pp"), meshes.dense.coordinate(rank, "pp"));
