@@ -78,6 +78,10 @@ TEST(Plan, EstimateShardsAndChecksALayout) {
   const Estimate zero3 = estimate(gpt2, data);
   EXPECT_DOUBLE_EQ(zero3.states.total(), 4.0 * 124439808);
   EXPECT_DOUBLE_EQ(zero3.communication.dataParallel, 3 * 0.75 * 124439808 * 2);
+  data.microBatches = 4;  // ZeRO-3 gathers twice and reduce-scatters once per micro-batch; ZeRO-2 reduce-scatters
+  EXPECT_DOUBLE_EQ(estimate(gpt2, data).communication.dataParallel, 12 * 0.75 * 124439808 * 2);
+  data.zero = 2;
+  EXPECT_DOUBLE_EQ(estimate(gpt2, data).communication.dataParallel, 5 * 0.75 * 124439808 * 2);
 
   Layout tensor;
   tensor.tp = 4;
