@@ -174,6 +174,7 @@ Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequ
   if (tp_ > 1) {
     loomCommUserRank(tpComm_, &tpRank_);
     tpStream_ = ops_.createStream();
+    tpScalars_ = std::make_unique<Scalars>(tpComm_, ops_);
     zeroPositions_ = zeros({config.maxT, config.channels});
   }
   const size_t units = layout_.unitBegin.size() - 1;
@@ -237,14 +238,7 @@ void Gpt::layernormBackward(void* dinp, void* dparams, const void* dout, const v
   ops_.add(dparams, layernormGrads_.data(), 2 * C);
 }
 
-double Gpt::sumOverTensorParallel(double value) {
-  if (tp_ == 1) return value;
-  Tensor slot = Tensor::zeros({2}, DType::kFloat32, &ops_);  // 8 bytes: one double
-  ops_.upload(slot.data(), &value, sizeof(value));
-  tensorParallelAllReduce(slot.data(), 1, loomFloat64, loomSum);
-  ops_.download(&value, slot.data(), sizeof(value));
-  return value;
-}
+double Gpt::sumOverTensorParallel(double value) { return tp_ == 1 ? value : tpScalars_->sum(value); }
 
 double Gpt::gradientSquares(const void* grads, size_t begin, size_t end, size_t gradsBase) const {
   if (tp_ == 1 || tpRank_ == 0)

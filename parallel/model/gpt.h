@@ -31,10 +31,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "parallel/kernels/ops.h"
+#include "parallel/scalars.h"
 #include "parallel/tensor.h"
 
 namespace loom::parallel {
@@ -199,6 +201,7 @@ class Gpt {
   bool sp_ = false;
   int rowsHere_ = 0;  // positions this rank holds outside the tensor-parallel regions
   loomStream_t tpStream_ = nullptr;
+  std::unique_ptr<Scalars> tpScalars_;  // sums of host values over the tensor-parallel ranks
   GptLayout layout_;
   Tensor params_, grads_;
   std::vector<void*> unitParams_, unitGrads_;  // by unit: where element unitBegin[u] lies

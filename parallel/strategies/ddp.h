@@ -13,7 +13,7 @@
 #include "parallel/model/gpt.h"
 #include "parallel/strategies/ddp_comm.h"
 #include "parallel/strategies/optimizer.h"
-#include "parallel/strategies/scalars.h"
+#include "parallel/scalars.h"
 #include "parallel/strategies/trainer.h"
 
 namespace loom::parallel {

@@ -40,21 +40,16 @@ void ZeroComm::reduceScatter(int unit, const void* unitGrads, void* slice) {
                                           loomAvg, comm_, stream_));
 }
 
-void* ZeroComm::reduceScatterInPlace(int unit, void* unitGrads) {
+Tensor* ZeroComm::paddedCopy(int unit) {
   const UnitShard& shard = sharding_.units[unit];
-  const size_t n = shard.unitEnd - shard.unitBegin;
-  void* buffer = unitGrads;
-  if (shard.slice * nranks_ != n) {  // the zeroed padding stays zero: it sums to zero wherever it lands
-    Tensor& copy = padded_[unit];
-    if (!copy.defined()) copy = Tensor::zeros({static_cast<int64_t>(shard.slice * nranks_)}, ops_.dtype(), &ops_);
-    ops_.copy(copy.data(), unitGrads, n * ops_.elementBytes());
-    buffer = copy.data();
-  }
-  void* slice = elementAt(ops_, buffer, static_cast<size_t>(rank_) * shard.slice);
-  ops_.commAfterCompute(stream_);
-  LOOM_PAR_CHECK(comm_,
-                 loomReduceScatter(buffer, slice, shard.slice, loomTypeOf(ops_.dtype()), loomAvg, comm_, stream_));
-  return slice;
+  if (shard.slice * nranks_ == shard.unitEnd - shard.unitBegin) return nullptr;
+  Tensor& copy = padded_[unit];
+  if (!copy.defined()) copy = Tensor::zeros({static_cast<int64_t>(shard.slice * nranks_)}, ops_.dtype(), &ops_);
+  return &copy;
+}
+
+void ZeroComm::keepPaddedCopies() {
+  for (size_t u = 0; u < sharding_.units.size(); ++u) paddedCopy(static_cast<int>(u));
 }
 
 size_t ZeroComm::paddedBytes() const {
@@ -63,29 +58,31 @@ size_t ZeroComm::paddedBytes() const {
   return bytes;
 }
 
-void ZeroComm::keepPaddedCopies() {
-  for (size_t u = 0; u < sharding_.units.size(); ++u) {
-    const UnitShard& shard = sharding_.units[u];
-    if (shard.slice * nranks_ != shard.unitEnd - shard.unitBegin && !padded_[u].defined())
-      padded_[u] = Tensor::zeros({static_cast<int64_t>(shard.slice * nranks_)}, ops_.dtype(), &ops_);
+void* ZeroComm::reduceScatterInPlace(int unit, void* unitGrads) {
+  const UnitShard& shard = sharding_.units[unit];
+  void* buffer = unitGrads;
+  if (Tensor* copy = paddedCopy(unit)) {  // the zeroed padding stays zero: it sums to zero wherever it lands
+    ops_.copy(copy->data(), unitGrads, (shard.unitEnd - shard.unitBegin) * ops_.elementBytes());
+    buffer = copy->data();
   }
+  void* slice = elementAt(ops_, buffer, static_cast<size_t>(rank_) * shard.slice);
+  reduceScatter(unit, buffer, slice);
+  return slice;
 }
 
 void ZeroComm::allGatherInPlace(int unit, void* unitParams) {
   const UnitShard& shard = sharding_.units[unit];
-  const size_t n = shard.unitEnd - shard.unitBegin, mine = static_cast<size_t>(rank_) * shard.slice;
+  const size_t mine = static_cast<size_t>(rank_) * shard.slice;
   void* buffer = unitParams;
-  if (shard.slice * nranks_ != n) {  // this rank's elements into its slice of the copy; its padding stays zero
-    keepPaddedCopies();
-    buffer = padded_[unit].data();
+  Tensor* copy = paddedCopy(unit);
+  if (copy != nullptr) {  // this rank's elements into its slice of the copy; its padding stays zero
+    buffer = copy->data();
     ops_.copy(elementAt(ops_, buffer, mine), elementAt(ops_, unitParams, mine),
               (shard.end - shard.begin) * ops_.elementBytes());
   }
-  ops_.commAfterCompute(stream_);
-  LOOM_PAR_CHECK(comm_, loomAllGather(elementAt(ops_, buffer, mine), buffer, shard.slice, loomTypeOf(ops_.dtype()),
-                                      comm_, stream_));
+  gather(unit, elementAt(ops_, buffer, mine), buffer);
   wait();
-  if (buffer != unitParams) ops_.copy(unitParams, buffer, n * ops_.elementBytes());
+  if (copy != nullptr) ops_.copy(unitParams, buffer, (shard.unitEnd - shard.unitBegin) * ops_.elementBytes());
 }
 
 void ZeroComm::gather(int unit, const void* slice, void* padded) {

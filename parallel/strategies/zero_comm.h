@@ -10,7 +10,7 @@
 #include "loom/loom.h"
 #include "parallel/kernels/ops.h"
 #include "parallel/model/gpt.h"
-#include "parallel/strategies/scalars.h"
+#include "parallel/scalars.h"
 #include "parallel/tensor.h"
 
 namespace loom::parallel {
@@ -66,6 +66,9 @@ class ZeroComm {
   void wait();
 
  private:
+  // Unit u's zero-padded copy (made on first use), or null when the ranks divide it.
+  Tensor* paddedCopy(int unit);
+
   loomComm_t comm_;
   Ops& ops_;
   const Sharding& sharding_;

@@ -1,5 +1,5 @@
 // Scalar reductions across the ranks (scalars.h).
-#include "parallel/strategies/scalars.h"
+#include "parallel/scalars.h"
 
 #include "parallel/check.h"
 

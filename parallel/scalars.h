@@ -1,5 +1,6 @@
-// Sums and averages of one host value across the ranks (the loss, the gradient norm's sum of squares), through a
-// slot in the model's memory: a CUDA communicator reads and writes device memory only.
+// Sums and averages of one host value across the ranks (the loss, the gradient norm's sum of squares, its sum over
+// tensor-parallel ranks), through a slot in the model's memory: a CUDA communicator reads and writes device memory
+// only.
 #pragma once
 
 #include "loom/loom.h"
