@@ -71,6 +71,8 @@ class Ops {
                                  const void* weight, const float* mean, const float* rstd, int N, int C) = 0;
   virtual void matmulForward(void* out, const void* inp, const void* weight, const void* bias, int N, int C,
                              int OC) = 0;
+  // Adds the input's gradient to dinp and the weight's (and bias's) to dweight (dbias); a null dinp or dweight skips
+  // that half (ZB-H1's B and W), a null dbias the bias.
   virtual void matmulBackward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                               const void* weight, int N, int C, int OC) = 0;
   virtual void attentionForward(void* out, void* att, const void* inp, int B, int T, int C, int NH) = 0;

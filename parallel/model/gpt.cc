@@ -73,7 +73,17 @@ std::string GptConfig::check() const {
 
 size_t ParamRange::numel() const { return product(shape); }
 
-GptLayout GptLayout::of(const GptConfig& config, int tensorParallel) {
+std::string PipelineStage::check(int layers) const {
+  if (stages < 1 || chunks < 1 || stage < 0 || stage >= stages)
+    return "stage " + std::to_string(stage) + " of " + std::to_string(stages) + " with " + std::to_string(chunks) +
+           " chunks is no pipeline stage";
+  if (layers % virtualStages() != 0)
+    return std::to_string(layers) + " layers do not split into " + std::to_string(stages) + " x " +
+           std::to_string(chunks) + " virtual stages";
+  return "";
+}
+
+GptLayout GptLayout::of(const GptConfig& config, int tensorParallel, const PipelineStage& stage) {
   GptLayout layout;
   const int64_t C = config.channels, t = tensorParallel;
   using enum TensorSplit;
@@ -84,30 +94,52 @@ GptLayout GptLayout::of(const GptConfig& config, int tensorParallel) {
     layout.total += layout.params.back().numel();
   };
   layout.tensorParallel = tensorParallel;
-  layout.unitBegin.push_back(0);
-  add("wte.weight", {config.vocab, C}, kRows);
-  add("wpe.weight", {config.maxT, C});
-  for (int l = 0; l < config.layers; ++l) {
+  layout.stage = stage;
+  if (stage.holdsEmbeddings()) {
     layout.unitBegin.push_back(layout.total);
-    const std::string prefix = "h." + std::to_string(l) + ".";
-    add(prefix + "ln_1.weight", {C});
-    add(prefix + "ln_1.bias", {C});
-    add(prefix + "attn.c_attn.weight", {3 * C, C}, kRows, 3);
-    add(prefix + "attn.c_attn.bias", {3 * C}, kRows, 3);
-    add(prefix + "attn.c_proj.weight", {C, C}, kColumns);
-    add(prefix + "attn.c_proj.bias", {C});
-    add(prefix + "ln_2.weight", {C});
-    add(prefix + "ln_2.bias", {C});
-    add(prefix + "mlp.c_fc.weight", {4 * C, C}, kRows);
-    add(prefix + "mlp.c_fc.bias", {4 * C}, kRows);
-    add(prefix + "mlp.c_proj.weight", {C, 4 * C}, kColumns);
-    add(prefix + "mlp.c_proj.bias", {C});
+    add("wte.weight", {config.vocab, C}, kRows);
+    add("wpe.weight", {config.maxT, C});
+  }
+  const int perChunk = config.layers / stage.virtualStages();
+  for (int chunk = 0; chunk < stage.chunks; ++chunk)
+    for (int l = stage.virtualStage(chunk) * perChunk; l < (stage.virtualStage(chunk) + 1) * perChunk; ++l) {
+      layout.unitBegin.push_back(layout.total);
+      const std::string prefix = "h." + std::to_string(l) + ".";
+      add(prefix + "ln_1.weight", {C});
+      add(prefix + "ln_1.bias", {C});
+      add(prefix + "attn.c_attn.weight", {3 * C, C}, kRows, 3);
+      add(prefix + "attn.c_attn.bias", {3 * C}, kRows, 3);
+      add(prefix + "attn.c_proj.weight", {C, C}, kColumns);
+      add(prefix + "attn.c_proj.bias", {C});
+      add(prefix + "ln_2.weight", {C});
+      add(prefix + "ln_2.bias", {C});
+      add(prefix + "mlp.c_fc.weight", {4 * C, C}, kRows);
+      add(prefix + "mlp.c_fc.bias", {4 * C}, kRows);
+      add(prefix + "mlp.c_proj.weight", {C, 4 * C}, kColumns);
+      add(prefix + "mlp.c_proj.bias", {C});
+    }
+  if (stage.holdsHead()) {
+    layout.unitBegin.push_back(layout.total);
+    add("ln_f.weight", {C});
+    add("ln_f.bias", {C});
+    if (!stage.holdsEmbeddings()) {  // the tied head's own copy of the token embedding
+      layout.unitBegin.push_back(layout.total);
+      add("wte.weight", {config.vocab, C}, kRows);
+      layout.params.back().tiedCopy = true;
+    }
   }
   layout.unitBegin.push_back(layout.total);
-  add("ln_f.weight", {C});
-  add("ln_f.bias", {C});
-  layout.unitBegin.push_back(layout.total);
   return layout;
+}
+
+const ParamRange* GptLayout::find(const std::string& name) const {
+  const ParamRange* copy = nullptr;
+  for (const ParamRange& range : params) {
+    if (range.name != name) continue;
+    if (!range.tiedCopy) return &range;
+    copy = &range;
+  }
+  return copy;
 }
 
 // Rank `rank`'s elements of the full layout's parameter `full`, as (local offset, full offset, count) runs.
@@ -134,16 +166,18 @@ void forEachRun(const ParamRange& local, const ParamRange& full, int t, int rank
 }
 
 void GptLayout::shard(const GptLayout& full, const float* fullValues, int rank, float* local) const {
-  for (size_t i = 0; i < params.size(); ++i)
-    forEachRun(params[i], full.params[i], tensorParallel, rank, [&](size_t at, size_t from, size_t count) {
+  for (const ParamRange& range : params)
+    forEachRun(range, *full.find(range.name), tensorParallel, rank, [&](size_t at, size_t from, size_t count) {
       std::copy(fullValues + from, fullValues + from + count, local + at);
     });
 }
 
 void GptLayout::unshard(const GptLayout& full, const float* local, int rank, float* fullValues) const {
-  for (size_t i = 0; i < params.size(); ++i)
-    forEachRun(params[i], full.params[i], tensorParallel, rank,
+  for (const ParamRange& range : params) {
+    if (range.tiedCopy) continue;
+    forEachRun(range, *full.find(range.name), tensorParallel, rank,
                [&](size_t at, size_t to, size_t count) { std::copy(local + at, local + at + count, fullValues + to); });
+  }
 }
 
 namespace {
@@ -154,32 +188,56 @@ int countOf(loomComm_t comm) {
   return count;
 }
 
+int rankOf(loomComm_t comm) {
+  int rank = 0;
+  if (comm != nullptr) loomCommUserRank(comm, &rank);
+  return rank;
+}
+
 }  // namespace
 
-Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequenceParallel)
+Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequenceParallel, loomComm_t pipeline,
+         int chunks)
     : config_(config),
       ops_(ops),
       tpComm_(tensorParallel),
       tp_(countOf(tensorParallel)),
       sp_(sequenceParallel && tp_ > 1),
-      layout_(GptLayout::of(config, tp_)) {
+      ppComm_(pipeline),
+      layout_(GptLayout::of(config, tp_, PipelineStage{countOf(pipeline), rankOf(pipeline), chunks})) {
   std::string problem = config.check();
   if (problem.empty() && (config.heads % tp_ != 0 || config.vocab % tp_ != 0))
     problem = "tensor parallelism over " + std::to_string(tp_) + " ranks needs heads (" + std::to_string(config.heads) +
               ") and vocab (" + std::to_string(config.vocab) + ") divisible by it";
+  if (problem.empty()) problem = layout_.stage.check(config.layers);
   if (!problem.empty()) {
     std::fprintf(stderr, "gpt: %s\n", problem.c_str());
     std::abort();
   }
   if (tp_ > 1) {
-    loomCommUserRank(tpComm_, &tpRank_);
+    tpRank_ = rankOf(tpComm_);
     tpStream_ = ops_.createStream();
     tpScalars_ = std::make_unique<Scalars>(tpComm_, ops_);
     zeroPositions_ = zeros({config.maxT, config.channels});
   }
-  const size_t units = layout_.unitBegin.size() - 1;
-  unitParams_.assign(units, nullptr);
-  unitGrads_.assign(units, nullptr);
+  if (layout_.stage.stages > 1) {
+    ppStream_ = ops_.createStream();
+    ppScalars_ = std::make_unique<Scalars>(ppComm_, ops_);
+  }
+  // The units in GptLayout::of's order.
+  const PipelineStage& stage = layout_.stage;
+  layersPerChunk_ = config.layers / stage.virtualStages();
+  int unit = 0;
+  if (stage.holdsEmbeddings()) embeddingUnit_ = unit++;
+  blockUnit_.assign(config.layers, -1);
+  for (int chunk = 0; chunk < stage.chunks; ++chunk)
+    for (int l = 0; l < layersPerChunk_; ++l) blockUnit_[firstLayer(chunk) + l] = unit++;
+  if (stage.holdsHead()) {
+    lnfUnit_ = unit++;
+    headUnit_ = stage.holdsEmbeddings() ? embeddingUnit_ : unit++;
+  }
+  unitParams_.assign(unit, nullptr);
+  unitGrads_.assign(unit, nullptr);
   params_ = zeros({static_cast<int64_t>(layout_.total)});
   grads_ = zeros({static_cast<int64_t>(layout_.total)});
   bindDefault();
@@ -187,6 +245,7 @@ Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequ
 
 Gpt::~Gpt() {
   if (tpStream_ != nullptr) ops_.destroyStream(tpStream_);
+  if (ppStream_ != nullptr) ops_.destroyStream(ppStream_);
 }
 
 void Gpt::tensorParallelAllReduce(void* data, size_t n, loomDataType_t type, loomRedOp_t op) {
@@ -238,14 +297,20 @@ void Gpt::layernormBackward(void* dinp, void* dparams, const void* dout, const v
   ops_.add(dparams, layernormGrads_.data(), 2 * C);
 }
 
-double Gpt::sumOverTensorParallel(double value) { return tp_ == 1 ? value : tpScalars_->sum(value); }
+double Gpt::sumOverModelParallel(double value) {
+  if (tp_ > 1) value = tpScalars_->sum(value);
+  if (ppScalars_) value = ppScalars_->sum(value);
+  return value;
+}
 
 double Gpt::gradientSquares(const void* grads, size_t begin, size_t end, size_t gradsBase) const {
-  if (tp_ == 1 || tpRank_ == 0)
+  const bool tiedCopy = headUnit_ >= 0 && headUnit_ != embeddingUnit_;
+  if ((tp_ == 1 || tpRank_ == 0) && !tiedCopy)
     return end > begin ? ops_.sumOfSquares(elementAt(ops_, grads, begin - gradsBase), end - begin) : 0;
   double squares = 0;
   for (const ParamRange& range : layout_.params) {
-    if (range.split == TensorSplit::kReplicated) continue;  // counted on tensor-parallel rank 0
+    if (range.tiedCopy) continue;                                           // counted on the first stage
+    if (tpRank_ != 0 && range.split == TensorSplit::kReplicated) continue;  // counted on tensor-parallel rank 0
     const size_t lo = std::max(begin, range.offset), hi = std::min(end, range.offset + range.numel());
     if (lo < hi) squares += ops_.sumOfSquares(elementAt(ops_, grads, lo - gradsBase), hi - lo);
   }
@@ -309,7 +374,7 @@ std::vector<float> Gpt::initialValues(const GptLayout& layout, int layers, uint6
 void Gpt::initialise(uint64_t seed) {
   const GptLayout whole = GptLayout::of(config_);
   std::vector<float> values = initialValues(whole, config_.layers, seed);
-  if (tp_ > 1) {
+  if (tp_ > 1 || pipelined()) {
     std::vector<float> local(layout_.total);
     layout_.shard(whole, values.data(), tpRank_, local.data());
     values = std::move(local);
@@ -346,119 +411,187 @@ size_t bytesOf(const std::initializer_list<const Tensor*>& tensors) {
 }  // namespace
 
 size_t Gpt::activationBytes() const {
-  const Activations& a = acts_;
-  return bytesOf({&a.encoded,   &a.ln1,     &a.ln1Mean, &a.ln1Rstd, &a.qkv,   &a.attY,   &a.att,    &a.attProj,
-                  &a.residual2, &a.ln2,     &a.ln2Mean, &a.ln2Rstd, &a.fc,    &a.fcGelu, &a.fcProj, &a.residual3,
-                  &a.lnf,       &a.lnfMean, &a.lnfRstd, &a.logits,  &a.probs, &a.losses});
+  size_t bytes = 0;
+  for (const auto& slot : slots_) {
+    const Activations& a = slot->acts;
+    bytes += bytesOf({&a.encoded,   &a.ln1,     &a.ln1Mean, &a.ln1Rstd, &a.qkv,   &a.attY,   &a.att,    &a.attProj,
+                      &a.residual2, &a.ln2,     &a.ln2Mean, &a.ln2Rstd, &a.fc,    &a.fcGelu, &a.fcProj, &a.residual3,
+                      &a.lnf,       &a.lnfMean, &a.lnfRstd, &a.logits,  &a.probs, &a.losses});
+  }
+  return bytes;
 }
 
 size_t Gpt::activationGradientBytes() const {
-  const Activations& d = grads2_;
-  return bytesOf({&d.encoded, &d.ln1, &d.qkv, &d.attY, &d.attProj, &d.residual2, &d.ln2, &d.fc, &d.fcGelu, &d.fcProj,
-                  &d.residual3, &d.lnf, &d.logits, &d.losses});
+  size_t bytes = 0;
+  for (const auto& slot : slots_) {
+    const Activations& d = slot->grads;
+    bytes += bytesOf({&d.encoded, &d.ln1, &d.qkv, &d.attY, &d.attProj, &d.residual2, &d.ln2, &d.fc, &d.fcGelu,
+                      &d.fcProj, &d.residual3, &d.lnf, &d.logits, &d.losses});
+  }
+  return bytes;
 }
 
-void Gpt::reserve(int B, int T) {
-  if (B == B_ && T == T_) return;
-  // This rank's heads (NH / t of them, C / t channels), MLP units (4C / t) and vocabulary rows (V / t); with
-  // sequence parallelism, its 1/t of the rows outside the tensor-parallel regions (R).
-  const int64_t L = config_.layers, NH = config_.heads / tp_, C = config_.channels, part = C / tp_,
-                V = config_.vocab / tp_, BT = int64_t{B} * T;
+size_t Gpt::boundaryElements(int B, int T) const {
+  const size_t BT = static_cast<size_t>(B) * T;
+  return (sp_ ? BT / tp_ : BT) * config_.channels;
+}
+
+Gpt::Slot& Gpt::slotAt(int index, const char* pass) {
+  if (index < 0 || static_cast<size_t>(index) >= slots_.size() || slots_[index]->chunk < 0) {
+    std::fprintf(stderr, "gpt: %s on activation slot %d, which no forward pass has filled\n", pass, index);
+    std::abort();
+  }
+  Slot& slot = *slots_[index];
+  rowsHere_ = static_cast<int>(boundaryElements(slot.B, slot.T) / config_.channels);
+  return slot;
+}
+
+void* Gpt::passInput(int chunk, int slot, int B, int T) { return reserve(slot, chunk, B, T).acts.encoded.data(); }
+
+const void* Gpt::passOutput(int index) {
+  Slot& slot = slotAt(index, "passOutput");
+  return at(slot.acts.residual3, (layersPerChunk_ - 1) * boundaryElements(slot.B, slot.T));
+}
+
+void* Gpt::outputGradient(int index) {
+  Slot& slot = slotAt(index, "outputGradient");
+  return at(slot.grads.residual3, (layersPerChunk_ - 1) * boundaryElements(slot.B, slot.T));
+}
+
+const void* Gpt::inputGradient(int slot) { return slotAt(slot, "inputGradient").grads.encoded.data(); }
+
+Gpt::Slot& Gpt::reserve(int index, int chunk, int B, int T) {
+  const int64_t BT = int64_t{B} * T;
   if (sp_ && BT % tp_ != 0) {
     std::fprintf(stderr, "gpt: sequence parallelism over %d ranks needs B x T (%lld) divisible by it\n", tp_,
                  static_cast<long long>(BT));
     std::abort();
   }
-  const int64_t R = sp_ ? BT / tp_ : BT;
-  for (Activations* a : {&acts_, &grads2_}) {
-    const bool values = a == &acts_;  // what only the forward keeps: statistics, probabilities
-    a->encoded = zeros({R, C});
-    a->ln1 = zeros({L, R, C});
-    a->ln1Mean = values ? floats({L, R}) : Tensor();
-    a->ln1Rstd = values ? floats({L, R}) : Tensor();
-    a->qkv = zeros({L, BT, 3 * part});
-    a->attY = zeros({L, BT, part});
-    a->att = values ? zeros({L, B, NH, T, T}) : Tensor();
-    a->attProj = zeros({L, R, C});
-    a->residual2 = zeros({L, R, C});
-    a->ln2 = zeros({L, R, C});
-    a->ln2Mean = values ? floats({L, R}) : Tensor();
-    a->ln2Rstd = values ? floats({L, R}) : Tensor();
-    a->fc = zeros({L, BT, 4 * part});
-    a->fcGelu = zeros({L, BT, 4 * part});
-    a->fcProj = zeros({L, R, C});
-    a->residual3 = zeros({L, R, C});
-    a->lnf = zeros({R, C});
-    a->lnfMean = values ? floats({R}) : Tensor();
-    a->lnfRstd = values ? floats({R}) : Tensor();
-    a->logits = zeros({BT, V});
-    a->probs = values ? zeros({BT, V}) : Tensor();
-    a->losses = floats({BT});
+  if (index < 0 || chunk < 0 || chunk >= layout_.stage.chunks) {
+    std::fprintf(stderr, "gpt: a pass of chunk %d (of %d) on activation slot %d\n", chunk, layout_.stage.chunks, index);
+    std::abort();
   }
-  tokens_ = Tensor::zeros({BT}, DType::kInt32, &ops_);
-  targets_ = Tensor::zeros({BT}, DType::kInt32, &ops_);
-  if (tp_ > 1) {
-    crossMax_ = floats({BT});
-    crossSums_ = floats({BT});
-    crossTargets_ = floats({BT});
+  while (slots_.size() <= static_cast<size_t>(index)) slots_.push_back(std::make_unique<Slot>());
+  Slot& slot = *slots_[index];
+  // This rank's heads (NH / t of them, C / t channels), MLP units (4C / t) and vocabulary rows (V / t); with
+  // sequence parallelism, its 1/t of the rows outside the tensor-parallel regions (R). The chunk's layers only, and
+  // the head's tensors only on the last virtual stage.
+  const int64_t L = layersPerChunk_, NH = config_.heads / tp_, C = config_.channels, part = C / tp_,
+                V = config_.vocab / tp_, R = sp_ ? BT / tp_ : BT;
+  const bool head = lastChunk(chunk);
+  if (slot.chunk != chunk || slot.B != B || slot.T != T) {
+    auto only = [](bool keep, Tensor tensor) { return keep ? std::move(tensor) : Tensor(); };
+    for (Activations* a : {&slot.acts, &slot.grads}) {
+      const bool values = a == &slot.acts;  // what only the forward keeps: statistics, probabilities
+      a->encoded = zeros({R, C});
+      a->ln1 = zeros({L, R, C});
+      a->ln1Mean = only(values, floats({L, R}));
+      a->ln1Rstd = only(values, floats({L, R}));
+      a->qkv = zeros({L, BT, 3 * part});
+      a->attY = zeros({L, BT, part});
+      a->att = only(values, zeros({L, B, NH, T, T}));
+      a->attProj = zeros({L, R, C});
+      a->residual2 = zeros({L, R, C});
+      a->ln2 = zeros({L, R, C});
+      a->ln2Mean = only(values, floats({L, R}));
+      a->ln2Rstd = only(values, floats({L, R}));
+      a->fc = zeros({L, BT, 4 * part});
+      a->fcGelu = zeros({L, BT, 4 * part});
+      a->fcProj = zeros({L, R, C});
+      a->residual3 = zeros({L, R, C});
+      a->lnf = only(head, zeros({R, C}));
+      a->lnfMean = only(head && values, floats({R}));
+      a->lnfRstd = only(head && values, floats({R}));
+      a->logits = only(head, zeros({BT, V}));
+      a->probs = only(head && values, zeros({BT, V}));
+      a->losses = only(head, floats({BT}));
+    }
+    slot.tokens = only(firstChunk(chunk), Tensor::zeros({BT}, DType::kInt32, &ops_));
+    slot.targets = only(head, Tensor::zeros({BT}, DType::kInt32, &ops_));
+    slot.crossMax = only(head && tp_ > 1, floats({BT}));
+    slot.crossSums = only(head && tp_ > 1, floats({BT}));
+    slot.crossTargets = only(head && tp_ > 1, floats({BT}));
+    slot.losses.assign(head ? BT : 0, 0.0f);
+    slot.chunk = chunk;
+    slot.B = B;
+    slot.T = T;
   }
-  if (sp_) {
+  if (sp_ && scratchBT_ != BT) {
     gathered_ = zeros({BT, C});
     partial_ = zeros({BT, C});
     layernormGrads_ = zeros({2 * C});
+    scratchBT_ = static_cast<int>(BT);
   }
-  losses_.assign(BT, 0.0f);
   rowsHere_ = static_cast<int>(R);
-  B_ = B;
-  T_ = T;
+  return slot;
 }
 
-float Gpt::crossEntropy(int BT, int V) {
-  Activations& a = acts_;
+float Gpt::crossEntropy(Slot& slot, int BT, int V) {
+  Activations& a = slot.acts;
   if (tp_ == 1) {
-    ops_.crossEntropyForward(a.losses.f32(), a.probs.data(), a.logits.data(), targets_.i32(), BT, V);
+    ops_.crossEntropyForward(a.losses.f32(), a.probs.data(), a.logits.data(), slot.targets.i32(), BT, V);
   } else {  // the vocabulary's parts: the maximum, then the sum of exponentials and the target's logit
-    ops_.crossEntropyMax(crossMax_.f32(), a.logits.data(), BT, V);
-    tensorParallelAllReduce(crossMax_.data(), BT, loomFloat32, loomMax);
-    ops_.crossEntropyExp(crossSums_.f32(), crossTargets_.f32(), a.probs.data(), a.logits.data(), crossMax_.f32(),
-                         targets_.i32(), BT, V);
-    tensorParallelAllReduce(crossSums_.data(), BT, loomFloat32, loomSum);
-    tensorParallelAllReduce(crossTargets_.data(), BT, loomFloat32, loomSum);
-    ops_.crossEntropyFinish(a.losses.f32(), a.probs.data(), crossSums_.f32(), crossTargets_.f32(), BT, V);
+    ops_.crossEntropyMax(slot.crossMax.f32(), a.logits.data(), BT, V);
+    tensorParallelAllReduce(slot.crossMax.data(), BT, loomFloat32, loomMax);
+    ops_.crossEntropyExp(slot.crossSums.f32(), slot.crossTargets.f32(), a.probs.data(), a.logits.data(),
+                         slot.crossMax.f32(), slot.targets.i32(), BT, V);
+    tensorParallelAllReduce(slot.crossSums.data(), BT, loomFloat32, loomSum);
+    tensorParallelAllReduce(slot.crossTargets.data(), BT, loomFloat32, loomSum);
+    ops_.crossEntropyFinish(a.losses.f32(), a.probs.data(), slot.crossSums.f32(), slot.crossTargets.f32(), BT, V);
   }
-  ops_.download(losses_.data(), a.losses.data(), sizeof(float) * BT);  // fp32 whatever the model's dtype
+  ops_.download(slot.losses.data(), a.losses.data(), sizeof(float) * BT);  // fp32 whatever the model's dtype
   double sum = 0;
-  for (float loss : losses_) sum += loss;
+  for (float loss : slot.losses) sum += loss;
   return static_cast<float>(sum / BT);
 }
 
 float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
+  if (pipelined()) {
+    std::fprintf(stderr, "gpt: forward() runs the whole model; a pipeline stage runs forwardPass()\n");
+    std::abort();
+  }
+  return forwardPass(0, 0, tokens, targets, B, T);
+}
+
+void Gpt::backward(float lossScale) {
+  if (pipelined()) {
+    std::fprintf(stderr, "gpt: backward() runs the whole model; a pipeline stage runs backwardPass()\n");
+    std::abort();
+  }
+  backwardPass(0, lossScale, true);
+}
+
+float Gpt::forwardPass(int chunk, int index, const int32_t* tokens, const int32_t* targets, int B, int T) {
   if (T > config_.maxT || B < 1 || T < 1) {
     std::fprintf(stderr, "gpt: a batch of %d x %d tokens (at most %d per sequence)\n", B, T, config_.maxT);
     std::abort();
   }
-  reserve(B, T);
-  const int L = config_.layers, NH = config_.heads / tp_, C = config_.channels, part = C / tp_, V = config_.vocab / tp_,
-            BT = B * T, R = rowsHere_;
-  uploadLocalIds(tokens_, tokens, BT);
-  haveTargets_ = targets != nullptr;
-  if (haveTargets_) uploadLocalIds(targets_, targets, BT);
-  const int lnfUnit = L + 1;
+  Slot& slot = reserve(index, chunk, B, T);
+  hooksOn_ = !pipelined();
+  const int L = layersPerChunk_, first = firstLayer(chunk), NH = config_.heads / tp_, C = config_.channels,
+            part = C / tp_, V = config_.vocab / tp_, BT = B * T, R = rowsHere_;
+  const bool embed = firstChunk(chunk), head = lastChunk(chunk);
+  if (embed) uploadLocalIds(slot.tokens, tokens, BT);
+  slot.haveTargets = head && targets != nullptr;
+  if (slot.haveTargets) uploadLocalIds(slot.targets, targets, BT);
   const bool lead = tpRank_ == 0;  // adds what the ranks' sum must count once: positions, row-parallel biases
-  acquire(0, false);
-  // Unit 0: wte [V, C] (this rank's rows), then wpe; the final layernorm's unit: its weight, then its bias.
-  void* wte = unitParams_[0];
-  void* wpe = at(unitParams_[0], static_cast<size_t>(V) * C);
-  Activations& a = acts_;
+  Activations& a = slot.acts;
   // rows: this rank's positions of C values (all of them without sequence parallelism); partRows: all positions of
   // this rank's C / t channels, in the tensor-parallel regions.
   const size_t rows = static_cast<size_t>(R) * C, partRows = static_cast<size_t>(BT) * part;
-  void* embedded = partialBuffer(a.encoded.data(), partial_);
-  ops_.embeddingForward(embedded, tokens_.i32(), wte, lead ? wpe : zeroPositions_.data(), B, T, C);
-  finishRows(embedded, a.encoded.data());
+  if (embed) {  // else a.encoded holds the previous virtual stage's output
+    acquire(embeddingUnit_, false);
+    // The embeddings' unit: wte [V, C] (this rank's rows), then wpe.
+    void* wte = unitParams_[embeddingUnit_];
+    void* wpe = at(wte, static_cast<size_t>(V) * C);
+    void* embedded = partialBuffer(a.encoded.data(), partial_);
+    ops_.embeddingForward(embedded, slot.tokens.i32(), wte, lead ? wpe : zeroPositions_.data(), B, T, C);
+    finishRows(embedded, a.encoded.data());
+  }
   for (int l = 0; l < L; ++l) {
-    acquire(l + 1, false);
-    const Block w = block(unitParams_[l + 1]);
+    const int unit = blockUnit_[first + l];
+    acquire(unit, false);
+    const Block w = block(unitParams_[unit]);
     void* x = l == 0 ? a.encoded.data() : at(a.residual3, (l - 1) * rows);
     void* ln1 = at(a.ln1, l * rows);
     void* qkv = at(a.qkv, l * 3 * partRows);
@@ -485,81 +618,155 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
     ops_.matmulForward(mlpPartial, fcGelu, w.fcProjw, lead ? w.fcProjb : nullptr, BT, 4 * part, C);
     finishRows(mlpPartial, fcProj);
     ops_.residualForward(residual3, residual2, fcProj, rows);
-    release(l + 1, false);
+    release(unit, false);
   }
-  void* last = at(a.residual3, (L - 1) * rows);
-  acquire(lnfUnit, false);
-  void* lnfw = unitParams_[lnfUnit];
-  void* lnfb = at(lnfw, C);
-  ops_.layernormForward(a.lnf.data(), a.lnfMean.f32(), a.lnfRstd.f32(), last, lnfw, lnfb, R, C);
-  release(lnfUnit, false);
-  ops_.matmulForward(a.logits.data(), gatherRows(a.lnf.data(), gathered_), wte, nullptr, BT, C, V);
-  release(0, false);
-  return haveTargets_ ? crossEntropy(BT, V) : 0.0f;
+  if (head) {
+    void* last = at(a.residual3, (L - 1) * rows);
+    acquire(lnfUnit_, false);
+    void* lnfw = unitParams_[lnfUnit_];
+    void* lnfb = at(lnfw, C);
+    ops_.layernormForward(a.lnf.data(), a.lnfMean.f32(), a.lnfRstd.f32(), last, lnfw, lnfb, R, C);
+    release(lnfUnit_, false);
+    if (headUnit_ != embeddingUnit_) acquire(headUnit_, false);
+    ops_.matmulForward(a.logits.data(), gatherRows(a.lnf.data(), gathered_), unitParams_[headUnit_], nullptr, BT, C,
+                       V);
+    release(headUnit_, false);
+  }
+  if (embed && embeddingUnit_ != headUnit_) release(embeddingUnit_, false);
+  return slot.haveTargets ? crossEntropy(slot, BT, V) : 0.0f;
 }
 
-void Gpt::backward(float lossScale) {
-  if (!haveTargets_) {
-    std::fprintf(stderr, "gpt: backward() needs a forward() with targets\n");
-    std::abort();
-  }
-  const int B = B_, T = T_, L = config_.layers, NH = config_.heads / tp_, C = config_.channels, part = C / tp_,
-            V = config_.vocab / tp_, BT = B * T, R = rowsHere_;
-  const size_t rows = static_cast<size_t>(R) * C, partRows = static_cast<size_t>(BT) * part;
-  Activations& a = acts_;
-  Activations& d = grads2_;
-  for (Tensor* t : {&d.encoded, &d.ln1, &d.qkv, &d.attY, &d.attProj, &d.residual2, &d.ln2, &d.fc, &d.fcGelu, &d.fcProj,
-                    &d.residual3, &d.lnf, &d.logits})
-    t->zero();
-  const int lnfUnit = L + 1;
-  acquire(0, true);
-  acquire(lnfUnit, true);
-  void* wte = unitParams_[0];
-  void* dwte = unitGrads_[0];
-  void* dwpe = at(unitGrads_[0], static_cast<size_t>(V) * C);
-  // The mean over B * T positions.
-  const std::vector<float> dlosses(BT, lossScale / BT);
-  ops_.upload(d.losses.data(), dlosses.data(), sizeof(float) * BT);
-  ops_.crossEntropyBackward(d.logits.data(), d.losses.f32(), a.probs.data(), targets_.i32(), BT, V);
+void Gpt::headBackward(Slot& slot, bool input, bool weights) {
+  const int C = config_.channels, V = config_.vocab / tp_, BT = slot.B * slot.T;
+  Activations& a = slot.acts;
+  Activations& d = slot.grads;
+  const void* lnf = gatherRows(a.lnf.data(), gathered_);
   // The head's input: each rank's vocabulary adds its part (the dual of gathering the rows).
-  void* headPartial = partialBuffer(d.lnf.data(), partial_);
-  ops_.matmulBackward(headPartial, dwte, nullptr, d.logits.data(), gatherRows(a.lnf.data(), gathered_), wte, BT, C, V);
-  finishRows(headPartial, d.lnf.data());
-  layernormBackward(at(d.residual3, (L - 1) * rows), unitGrads_[lnfUnit], d.lnf.data(), at(a.residual3, (L - 1) * rows),
-                    unitParams_[lnfUnit], a.lnfMean.f32(), a.lnfRstd.f32());
-  release(lnfUnit, true);
-  for (int l = L - 1; l >= 0; --l) {
-    acquire(l + 1, true);
-    const Block w = block(unitParams_[l + 1]);
-    const Block dw = block(unitGrads_[l + 1]);
-    void* x = l == 0 ? a.encoded.data() : at(a.residual3, (l - 1) * rows);
-    void* dx = l == 0 ? d.encoded.data() : at(d.residual3, (l - 1) * rows);
-    const size_t r = l * rows, pr = l * partRows;
-    ops_.residualBackward(at(d.residual2, r), at(d.fcProj, r), at(d.residual3, r), rows);
-    // g's dual: the output's gradient over all rows.
-    ops_.matmulBackward(at(d.fcGelu, 4 * pr), dw.fcProjw, dw.fcProjb, gatherRows(at(d.fcProj, r), gathered_),
-                        at(a.fcGelu, 4 * pr), w.fcProjw, BT, 4 * part, C);
-    ops_.geluBackward(at(d.fc, 4 * pr), at(d.fcGelu, 4 * pr), at(a.fc, 4 * pr), 4 * partRows);
-    void* mlpInput = partialBuffer(at(d.ln2, r), partial_);  // f's dual: the ranks' parts summed
-    ops_.matmulBackward(mlpInput, dw.fcw, dw.fcb, at(d.fc, 4 * pr), gatherRows(at(a.ln2, r), gathered_), w.fcw, BT, C,
-                        4 * part);
+  void* headPartial = input ? partialBuffer(d.lnf.data(), partial_) : nullptr;
+  ops_.matmulBackward(headPartial, weights ? unitGrads_[headUnit_] : nullptr, nullptr, d.logits.data(), lnf,
+                      unitParams_[headUnit_], BT, C, V);
+  if (input) finishRows(headPartial, d.lnf.data());
+}
+
+void Gpt::blockBackward(Slot& slot, int l, bool input, bool weights) {
+  const int B = slot.B, T = slot.T, NH = config_.heads / tp_, C = config_.channels, part = C / tp_, BT = B * T,
+            R = rowsHere_;
+  const size_t rows = static_cast<size_t>(R) * C, partRows = static_cast<size_t>(BT) * part;
+  const int unit = blockUnit_[firstLayer(slot.chunk) + l];
+  Activations& a = slot.acts;
+  Activations& d = slot.grads;
+  const Block w = block(unitParams_[unit]);
+  const Block dw = block(unitGrads_[unit]);
+  // A linear layer's backward: the input's gradient, the weights', or both.
+  auto linear = [&](void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* weight,
+                    int inputs, int outputs) {
+    ops_.matmulBackward(input ? dinp : nullptr, weights ? dweight : nullptr, weights ? dbias : nullptr, dout, inp,
+                        weight, BT, inputs, outputs);
+  };
+  void* x = l == 0 ? a.encoded.data() : at(a.residual3, (l - 1) * rows);
+  void* dx = l == 0 ? d.encoded.data() : at(d.residual3, (l - 1) * rows);
+  const size_t r = l * rows, pr = l * partRows;
+  if (input) ops_.residualBackward(at(d.residual2, r), at(d.fcProj, r), at(d.residual3, r), rows);
+  // g's dual: the output's gradient over all rows.
+  linear(at(d.fcGelu, 4 * pr), dw.fcProjw, dw.fcProjb, gatherRows(at(d.fcProj, r), gathered_), at(a.fcGelu, 4 * pr),
+         w.fcProjw, 4 * part, C);
+  if (input) ops_.geluBackward(at(d.fc, 4 * pr), at(d.fcGelu, 4 * pr), at(a.fc, 4 * pr), 4 * partRows);
+  void* mlpInput = input ? partialBuffer(at(d.ln2, r), partial_) : nullptr;  // f's dual: the ranks' parts summed
+  linear(mlpInput, dw.fcw, dw.fcb, at(d.fc, 4 * pr), gatherRows(at(a.ln2, r), gathered_), w.fcw, C, 4 * part);
+  if (input) {
     finishRows(mlpInput, at(d.ln2, r));
     layernormBackward(at(d.residual2, r), dw.ln2w, at(d.ln2, r), at(a.residual2, r), w.ln2w, a.ln2Mean.f32() + l * R,
                       a.ln2Rstd.f32() + l * R);
     ops_.residualBackward(dx, at(d.attProj, r), at(d.residual2, r), rows);
-    ops_.matmulBackward(at(d.attY, pr), dw.projw, dw.projb, gatherRows(at(d.attProj, r), gathered_), at(a.attY, pr),
-                        w.projw, BT, part, C);
+  }
+  linear(at(d.attY, pr), dw.projw, dw.projb, gatherRows(at(d.attProj, r), gathered_), at(a.attY, pr), w.projw, part,
+         C);
+  if (input)
     ops_.attentionBackward(at(d.qkv, 3 * pr), at(d.attY, pr), at(a.qkv, 3 * pr),
                            at(a.att, static_cast<size_t>(l) * B * NH * T * T), B, T, part, NH);
-    void* attentionInput = partialBuffer(at(d.ln1, r), partial_);
-    ops_.matmulBackward(attentionInput, dw.qkvw, dw.qkvb, at(d.qkv, 3 * pr), gatherRows(at(a.ln1, r), gathered_),
-                        w.qkvw, BT, C, 3 * part);
+  void* attentionInput = input ? partialBuffer(at(d.ln1, r), partial_) : nullptr;
+  linear(attentionInput, dw.qkvw, dw.qkvb, at(d.qkv, 3 * pr), gatherRows(at(a.ln1, r), gathered_), w.qkvw, C,
+         3 * part);
+  if (input) {
     finishRows(attentionInput, at(d.ln1, r));
     layernormBackward(dx, dw.ln1w, at(d.ln1, r), x, w.ln1w, a.ln1Mean.f32() + l * R, a.ln1Rstd.f32() + l * R);
-    release(l + 1, true);
   }
-  ops_.embeddingBackward(dwte, dwpe, gatherRows(d.encoded.data(), gathered_), tokens_.i32(), B, T, C, V);
-  release(0, true);
+}
+
+void Gpt::embeddingBackward(Slot& slot) {
+  const int C = config_.channels, V = config_.vocab / tp_;
+  void* dwte = unitGrads_[embeddingUnit_];
+  void* dwpe = at(dwte, static_cast<size_t>(V) * C);
+  ops_.embeddingBackward(dwte, dwpe, gatherRows(slot.grads.encoded.data(), gathered_), slot.tokens.i32(), slot.B,
+                         slot.T, C, V);
+}
+
+void Gpt::backwardPass(int index, float lossScale, bool weights) {
+  Slot& slot = slotAt(index, "backwardPass");
+  const bool embed = firstChunk(slot.chunk), head = lastChunk(slot.chunk);
+  if (head && !slot.haveTargets) {
+    std::fprintf(stderr, "gpt: backward needs a forward with targets\n");
+    std::abort();
+  }
+  hooksOn_ = !pipelined() && weights;
+  const int L = layersPerChunk_, C = config_.channels, V = config_.vocab / tp_, BT = slot.B * slot.T;
+  const size_t rows = static_cast<size_t>(rowsHere_) * C;
+  Activations& a = slot.acts;
+  Activations& d = slot.grads;
+  // The kernels add into the gradients: all zero but the output's, which the next virtual stage sent.
+  for (Tensor* t : {&d.encoded, &d.ln1, &d.qkv, &d.attY, &d.attProj, &d.residual2, &d.ln2, &d.fc, &d.fcGelu,
+                    &d.fcProj, &d.lnf, &d.logits})
+    t->zero();
+  ops_.zero(d.residual3.data(), (head ? L : L - 1) * rows * ops_.elementBytes());
+  if (head) {
+    acquire(headUnit_, true);
+    acquire(lnfUnit_, true);
+    // The mean over B * T positions.
+    const std::vector<float> dlosses(BT, lossScale / BT);
+    ops_.upload(d.losses.data(), dlosses.data(), sizeof(float) * BT);
+    ops_.crossEntropyBackward(d.logits.data(), d.losses.f32(), a.probs.data(), slot.targets.i32(), BT, V);
+    headBackward(slot, true, weights);
+    layernormBackward(at(d.residual3, (L - 1) * rows), unitGrads_[lnfUnit_], d.lnf.data(),
+                      at(a.residual3, (L - 1) * rows), unitParams_[lnfUnit_], a.lnfMean.f32(), a.lnfRstd.f32());
+    release(lnfUnit_, true);
+  }
+  for (int l = L - 1; l >= 0; --l) {
+    const int unit = blockUnit_[firstLayer(slot.chunk) + l];
+    acquire(unit, true);
+    blockBackward(slot, l, true, weights);
+    release(unit, true);
+  }
+  if (embed && weights) {
+    if (embeddingUnit_ != headUnit_) acquire(embeddingUnit_, true);
+    embeddingBackward(slot);
+  }
+  if (head) release(headUnit_, true);
+  if (embed && embeddingUnit_ != headUnit_) release(embeddingUnit_, true);
+}
+
+void Gpt::weightPass(int index) {
+  Slot& slot = slotAt(index, "weightPass");
+  hooksOn_ = false;
+  if (lastChunk(slot.chunk)) headBackward(slot, false, true);
+  for (int l = layersPerChunk_ - 1; l >= 0; --l) blockBackward(slot, l, false, true);
+  if (firstChunk(slot.chunk)) embeddingBackward(slot);
+}
+
+void Gpt::synchronizeTiedGradients() {
+  const PipelineStage& stage = layout_.stage;
+  if (stage.stages == 1 || (!stage.holdsEmbeddings() && !stage.holdsHead())) return;
+  const size_t n = static_cast<size_t>(config_.vocab / tp_) * config_.channels;
+  void* mine = unitGrads_[stage.holdsEmbeddings() ? embeddingUnit_ : headUnit_];
+  const int peer = stage.holdsEmbeddings() ? stage.stages - 1 : 0;
+  if (!tiedIncoming_.defined()) tiedIncoming_ = zeros({static_cast<int64_t>(n)});
+  const loomDataType_t type = loomTypeOf(ops_.dtype());
+  ops_.commAfterCompute(ppStream_);
+  LOOM_PAR_CHECK(ppComm_, loomGroupStart());
+  LOOM_PAR_CHECK(ppComm_, loomSend(mine, n, type, peer, ppComm_, ppStream_));
+  LOOM_PAR_CHECK(ppComm_, loomRecv(tiedIncoming_.data(), n, type, peer, ppComm_, ppStream_));
+  LOOM_PAR_CHECK(ppComm_, loomGroupEnd());
+  LOOM_PAR_CHECK(ppComm_, ops_.synchronize(ppStream_, ppComm_));
+  ops_.add(mine, tiedIncoming_.data(), n);  // a + b on one stage, b + a on the other: the same bits
 }
 
 }  // namespace loom::parallel

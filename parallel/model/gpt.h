@@ -27,6 +27,15 @@
 // all-gather of the output's). Layernorm gradients, summed over a rank's rows only, are all-reduced across the
 // ranks before their unit is released (in the model's element type: in bf16 that rounds twice, where a layernorm
 // without sequence parallelism rounds once). B x T must be a multiple of t.
+//
+// Pipeline parallelism: given its place in a pipeline (PipelineStage), a rank holds only its layers. The L blocks
+// are cut into p v equal runs, the virtual stages; stage s holds chunks c = 0..v-1, virtual stage c p + s (v = 1
+// but for the interleaved schedule). Virtual stage 0 also holds the embeddings, the last one the final layernorm
+// and a copy of the token embedding for the tied head (Megatron's): both copies start equal, and the executor sums
+// their gradients across the two stages after each step's backward (synchronizeTiedGradients), so that they stay
+// equal. A chunk's passes run on an activation slot, one per micro-batch in flight, so that a schedule keeps as
+// many micro-batches' activations as it has in flight, and no more. A chunk's backward may stop at the inputs'
+// gradients (ZB-H1's B) and leave the weights' to weightPass (its W).
 #pragma once
 
 #include <cstdint>
@@ -60,6 +69,18 @@ struct GptConfig {
 // (QKV: q, k and v each give every rank its heads); or by columns (a row-parallel layer's input features).
 enum class TensorSplit { kReplicated, kRows, kColumns };
 
+// A rank's place in a pipeline: stage `stage` of `stages`, holding `chunks` model chunks (virtual stages c stages +
+// stage).
+struct PipelineStage {
+  int stages = 1, stage = 0, chunks = 1;
+  int virtualStages() const { return stages * chunks; }
+  int virtualStage(int chunk) const { return chunk * stages + stage; }
+  bool holdsEmbeddings() const { return stage == 0; }        // virtual stage 0: chunk 0 of stage 0
+  bool holdsHead() const { return stage == stages - 1; }     // the last virtual stage: chunk v-1 of stage p-1
+  // Empty, or why `layers` blocks do not cut into this pipeline ("8 layers do not split into 3 x 2 virtual stages").
+  std::string check(int layers) const;
+};
+
 // A named range of the flat parameter buffer.
 struct ParamRange {
   std::string name;            // "h.0.attn.qkv.weight", in PyTorch's naming of the same model
@@ -67,6 +88,8 @@ struct ParamRange {
   std::vector<int64_t> shape;  // this rank's part
   TensorSplit split = TensorSplit::kReplicated;
   int parts = 1;
+  // The last stage's copy of the token embedding (tied to the first stage's): its gradient is counted there only.
+  bool tiedCopy = false;
   size_t numel() const;
 };
 
@@ -74,14 +97,20 @@ struct ParamRange {
 struct GptLayout {
   std::vector<ParamRange> params;
   size_t total = 0;
-  // Elements [layerBegin[u], layerBegin[u + 1]) form unit u: 0 the embeddings, 1..L the blocks, L+1 the final
-  // layernorm.
+  // Elements [unitBegin[u], unitBegin[u + 1]) form unit u. The whole model: 0 the embeddings, 1..L the blocks, L+1
+  // the final layernorm. A pipeline stage: the units it holds in that order (the embeddings, its blocks, the final
+  // layernorm), then the head's copy of the token embedding on a last stage that is not also the first.
   std::vector<size_t> unitBegin;
   int tensorParallel = 1;
-  // The layout of one rank's part of the model when it is cut over `tensorParallel` ranks (1: the whole model).
-  static GptLayout of(const GptConfig& config, int tensorParallel = 1);
-  // Rank `rank`'s part of parameters in the whole model's layout (`full`, tensorParallel 1), and back: unshard
-  // writes this rank's elements into the whole buffer.
+  PipelineStage stage;
+  // The layout of one rank's part of the model when it is cut over `tensorParallel` ranks and holds `stage`'s layers
+  // (the defaults: the whole model).
+  static GptLayout of(const GptConfig& config, int tensorParallel = 1, const PipelineStage& stage = {});
+  // The parameter named `name` (the head's copy of the token embedding is found as the first one only when no other
+  // is held); null when this layout holds none.
+  const ParamRange* find(const std::string& name) const;
+  // Rank `rank`'s part of parameters in the whole model's layout (`full`, tensorParallel 1, one stage), and back:
+  // unshard writes this rank's elements into the whole buffer (a tied copy writes nothing).
   void shard(const GptLayout& full, const float* fullValues, int rank, float* local) const;
   void unshard(const GptLayout& full, const float* local, int rank, float* fullValues) const;
 };
@@ -91,7 +120,8 @@ struct GptLayout {
 // embeddings (unit 0), each block in turn, then the final layernorm; it releases each block after it, and the final
 // layernorm and the embeddings (which the tied head reads last) at the end. Backward acquires the embeddings and
 // the final layernorm first (the head and the last layernorm), releases the final layernorm, then acquires and
-// releases each block from the last, and releases the embeddings at the end.
+// releases each block from the last, and releases the embeddings at the end. Only a model that is not pipelined
+// calls them, and only in forward() and backward().
 struct UnitHooks {
   std::function<void(int unit, bool backward)> acquire;
   std::function<void(int unit, bool backward)> release;
@@ -100,15 +130,18 @@ struct UnitHooks {
 class Gpt {
  public:
   // Parameters, gradients and activations in `ops`' memory and element type; with `tensorParallel`, this rank's
-  // part of the model cut over that communicator's ranks (its kind must be the Ops' memory's).
+  // part of the model cut over that communicator's ranks (its kind must be the Ops' memory's); with `pipeline`, the
+  // layers of stage `stage` of that communicator's ranks (rank s is stage s).
   explicit Gpt(const GptConfig& config, Ops& ops = cpuOps(), loomComm_t tensorParallel = nullptr,
-               bool sequenceParallel = false);
+               bool sequenceParallel = false, loomComm_t pipeline = nullptr, int chunks = 1);
   ~Gpt();
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
   int tensorParallelSize() const { return tp_; }
   int tensorParallelRank() const { return tpRank_; }
   bool sequenceParallel() const { return sp_; }
+  const PipelineStage& stage() const { return layout_.stage; }
+  bool pipelined() const { return layout_.stage.virtualStages() > 1; }
   const GptConfig& config() const { return config_; }
   const GptLayout& layout() const { return layout_; }
   Ops& ops() const { return ops_; }
@@ -136,23 +169,47 @@ class Gpt {
   Tensor& grads() { return grads_; }
 
   // Runs the model on tokens [B, T] (B * T int32, T <= maxT); with targets, returns the mean cross-entropy, else 0.
-  // Keeps the activations for backward().
+  // Keeps the activations for backward(). A model that is not pipelined only.
   float forward(const int32_t* tokens, const int32_t* targets, int B, int T);
   // The logits [B, T, V] of the last forward() (ops() memory and element type).
-  const Tensor& logits() const { return acts_.logits; }
+  const Tensor& logits() const { return slots_.front()->acts.logits; }
   // Adds the gradients of lossScale times the last forward's mean loss to the units' gradients (zeroGrads() first
   // for a fresh step; lossScale 1/k for one of k accumulated micro-batches).
   void backward(float lossScale = 1.0f);
   void zeroGrads() { grads_.zero(); }
+
+  // A pipeline's passes over chunk `chunk` for the micro-batch on activation slot `slot` (any small number; slots
+  // are made as they are first used and kept for reuse). forwardPass takes the tokens on the first virtual stage
+  // and otherwise the previous one's output, written at passInput(chunk, slot, B, T) beforehand; on the last virtual stage it
+  // needs the targets and returns the mean loss (else 0), and elsewhere leaves its output at passOutput(slot).
+  // backwardPass starts from the loss (times lossScale) on the last virtual stage, and otherwise from the gradient
+  // of the output written at outputGradient(slot) beforehand; it leaves the input's gradient at inputGradient(slot)
+  // (but on the first virtual stage). With weights false it computes only what the input's gradient needs
+  // (layernorm parameters included), and weightPass(slot) later adds the linear layers' and embeddings' weight
+  // gradients from the same slot. The tokens given to forwardPass must stay readable until the slot's last pass.
+  float forwardPass(int chunk, int slot, const int32_t* tokens, const int32_t* targets, int B, int T);
+  void backwardPass(int slot, float lossScale, bool weights);
+  void weightPass(int slot);
+  // B x T x C values (this rank's rows of them with sequence parallelism) at each boundary between virtual stages.
+  size_t boundaryElements(int B, int T) const;
+  void* passInput(int chunk, int slot, int B, int T);
+  const void* passOutput(int slot);
+  void* outputGradient(int slot);
+  const void* inputGradient(int slot);
+  // Adds the head's token-embedding gradients to the embeddings' across the pipeline's first and last stages, so
+  // that both hold the sum (in place, on those two stages; nothing elsewhere or without a pipeline).
+  void synchronizeTiedGradients();
   // The sum of squares of the gradients of elements [begin, end) of this rank's buffer (`grads` holding element
   // gradsBase at [0]), counting parameters that every tensor-parallel rank holds whole only on its rank 0; and the
-  // sum over the tensor-parallel ranks of such a value. Together: this rank's share of the global norm.
+  // sum over the tensor-parallel and pipeline ranks of such a value (the tied copy of the token embedding counted
+  // on the first stage only). Together: this rank's share of the global norm.
   double gradientSquares(const void* grads, size_t begin, size_t end, size_t gradsBase) const;
-  double sumOverTensorParallel(double value);
-  // Bytes of the activations the last forward keeps for backward (all layers, the logits and probabilities
-  // included), and of the buffers backward computes their gradients in.
+  double sumOverModelParallel(double value);
+  // Bytes of the activations kept for backward over every activation slot (one without a pipeline: all layers, the
+  // logits and probabilities included), and of the buffers backward computes their gradients in.
   size_t activationBytes() const;
   size_t activationGradientBytes() const;
+  int slots() const { return static_cast<int>(slots_.size()); }
 
  private:
   struct Activations {
@@ -161,6 +218,17 @@ class Gpt {
   };
   struct Block {
     void *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcProjw, *fcProjb;
+  };
+  // One micro-batch's activations and their gradients on one chunk, with its tokens and loss statistics.
+  struct Slot {
+    Activations acts, grads;
+    Tensor tokens, targets;                     // int32 [B, T] (this rank's vocabulary ids with tensor parallelism)
+    Tensor crossMax, crossSums, crossTargets;   // the vocabulary-parallel cross-entropy's [B T] statistics
+    std::vector<float> losses;                  // per-position losses, on the host
+    const int32_t* hostTokens = nullptr;        // the embedding backward's ids, uploaded again by weightPass
+    float lossScale = 1;
+    bool haveTargets = false;
+    int chunk = -1, B = 0, T = 0;
   };
   // A block's tensors in a unit's storage.
   Block block(void* unit) const;
@@ -184,14 +252,26 @@ class Gpt {
                          const float* mean, const float* rstd);
   // Uploads tokens as this rank's rows of the vocabulary see them: id - first row, or -1 for another rank's.
   void uploadLocalIds(Tensor& ids, const int32_t* tokens, int n);
-  float crossEntropy(int BT, int V);  // this forward's mean loss, from the logits
+  float crossEntropy(Slot& slot, int BT, int V);  // the slot's mean loss, from its logits
   Tensor floats(std::vector<int64_t> shape) { return Tensor::zeros(std::move(shape), DType::kFloat32, &ops_); }
-  void reserve(int B, int T);
+  // Slot `slot`, shaped for `chunk` and B x T; the scratch buffers for B x T.
+  Slot& reserve(int slot, int chunk, int B, int T);
+  Slot& slotAt(int slot, const char* pass);
+  bool firstChunk(int chunk) const { return layout_.stage.virtualStage(chunk) == 0; }
+  bool lastChunk(int chunk) const {
+    return layout_.stage.virtualStage(chunk) == layout_.stage.virtualStages() - 1;
+  }
+  int firstLayer(int chunk) const { return layout_.stage.virtualStage(chunk) * layersPerChunk_; }
+  // The head's matmul backward, the blocks' linear layers' and the embeddings', for backwardPass and weightPass:
+  // with `input` the input's gradient, with `weights` the weights' (both, but for ZB-H1's split).
+  void headBackward(Slot& slot, bool input, bool weights);
+  void blockBackward(Slot& slot, int layer, bool input, bool weights);
+  void embeddingBackward(Slot& slot);
   void acquire(int unit, bool backward) {
-    if (hooks_.acquire) hooks_.acquire(unit, backward);
+    if (hooksOn_ && hooks_.acquire) hooks_.acquire(unit, backward);
   }
   void release(int unit, bool backward) {
-    if (hooks_.release) hooks_.release(unit, backward);
+    if (hooksOn_ && hooks_.release) hooks_.release(unit, backward);
   }
 
   GptConfig config_;
@@ -202,19 +282,25 @@ class Gpt {
   int rowsHere_ = 0;  // positions this rank holds outside the tensor-parallel regions
   loomStream_t tpStream_ = nullptr;
   std::unique_ptr<Scalars> tpScalars_;  // sums of host values over the tensor-parallel ranks
+  loomComm_t ppComm_ = nullptr;
+  loomStream_t ppStream_ = nullptr;
+  std::unique_ptr<Scalars> ppScalars_;  // and over the pipeline's stages
   GptLayout layout_;
+  int layersPerChunk_ = 0;
+  // Units by role: the embeddings', block l's (by global layer; -1 when another stage holds it), the final
+  // layernorm's, and the one the tied head reads the token embedding from (the embeddings', or their copy).
+  int embeddingUnit_ = -1, lnfUnit_ = -1, headUnit_ = -1;
+  std::vector<int> blockUnit_;
   Tensor params_, grads_;
   std::vector<void*> unitParams_, unitGrads_;  // by unit: where element unitBegin[u] lies
   UnitHooks hooks_;
-  Activations acts_, grads2_;  // grads2_: the activations' gradients, same shapes
-  Tensor tokens_, targets_;    // int32 [B, T] in ops() memory (this rank's vocabulary ids with tensor parallelism)
-  Tensor crossMax_, crossSums_, crossTargets_;  // the vocabulary-parallel cross-entropy's [B T] statistics
+  bool hooksOn_ = true;  // the hooks are for a model that is not pipelined, in unsplit passes
+  std::vector<std::unique_ptr<Slot>> slots_;
   Tensor zeroPositions_;       // tensor-parallel ranks other than 0 add no position embedding before the all-reduce
   Tensor gathered_, partial_;  // sequence parallelism: all B x T rows of C, gathered and before reduce-scatter
   Tensor layernormGrads_;      // sequence parallelism: one layernorm's weight and bias gradients, 2C
-  std::vector<float> losses_;  // the last forward's per-position losses, on the host
-  bool haveTargets_ = false;
-  int B_ = 0, T_ = 0;
+  Tensor tiedIncoming_;        // the other stage's token-embedding gradients, while they are summed
+  int scratchBT_ = 0;
 };
 
 }  // namespace loom::parallel

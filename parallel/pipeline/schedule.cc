@@ -196,14 +196,15 @@ double Timeline::bubble() const {
   return (makespan * stages - busy) / busy;
 }
 
-std::string Timeline::render(int columnsPerUnit) const {
+std::string Timeline::render(int columnsPerUnit, double unit) const {
   int stages = 0;
   for (const Span& span : spans) stages = std::max(stages, span.stage + 1);
-  const int width = static_cast<int>(std::ceil(makespan * columnsPerUnit));
+  const double scale = columnsPerUnit / unit;
+  const int width = static_cast<int>(std::ceil(makespan * scale - 1e-9));
   std::vector<std::string> rows(stages, std::string(width, '.'));
   for (const Span& span : spans) {
-    const int from = static_cast<int>(std::lround(span.start * columnsPerUnit));
-    const int to = static_cast<int>(std::lround(span.end * columnsPerUnit));
+    const int from = static_cast<int>(std::lround(span.start * scale));
+    const int to = static_cast<int>(std::lround(span.end * scale));
     const std::string label = std::string(opName(span.action.op)) + std::to_string(span.action.microBatch);
     for (int c = from; c < to && c < width; ++c)
       rows[span.stage][c] = label[std::min<size_t>(c - from, label.size() - 1)];

@@ -65,8 +65,9 @@ struct Timeline {
   double busy = 0;  // summed compute time over all stages
   // Idle time over busy time: the pipeline bubble.
   double bubble() const;
-  // A text chart, one row per stage: F, B and W by micro-batch along the time axis, '.' idle.
-  std::string render(int columnsPerUnit = 1) const;
+  // A text chart, one row per stage: F, B and W by micro-batch along the time axis, '.' idle; `columnsPerUnit`
+  // columns for each `unit` of time (a measured timeline's seconds: unit = makespan / 120 for 120 columns).
+  std::string render(int columnsPerUnit = 1, double unit = 1) const;
 };
 
 // Runs `plan`: each stage in its order, a compute action taking its cost, a receive starting when its send is

@@ -12,6 +12,7 @@ namespace loom::parallel {
 DdpTrainer::DdpTrainer(Gpt& model, loomComm_t comm, DdpOptions options)
     : model_(model),
       comm_(comm),
+      pipeline_(options.pipeline),
       buckets_(comm, model.ops(), model.layout(), options.bucketBytes),
       optimizer_(model.layout(), options.adamw, 0, model.layout().total, model.ops()),
       scalars_(comm, model.ops()) {
@@ -33,7 +34,13 @@ StepReport DdpTrainer::step(const std::vector<const int32_t*>& inputs, const std
   void* grads = model_.grads().data();
   double localLoss = 0;
   StepReport report{};
-  for (size_t k = 0; k < micro; ++k) {
+  if (pipeline_ != nullptr) {
+    localLoss = pipeline_->run(inputs, targets, B, T) * static_cast<double>(micro);
+    buckets_.start(grads);
+    buckets_.unitDone(0);  // every gradient final: every bucket queued at once
+    report.exposedSeconds = buckets_.finish();
+  }
+  for (size_t k = 0; k < micro && pipeline_ == nullptr; ++k) {
     localLoss += model_.forward(inputs[k], targets[k], B, T);
     if (k + 1 < micro) {
       model_.backward(lossScale);
@@ -53,7 +60,7 @@ StepReport DdpTrainer::step(const std::vector<const int32_t*>& inputs, const std
   // Every rank has the same averaged gradients, so the same clipping factor and the same step.
   const size_t n = model_.layout().total;
   const float clip = optimizer_.options().clipNorm > 0
-                         ? cpu::clipFactor(model_.sumOverTensorParallel(model_.gradientSquares(grads, 0, n, 0)),
+                         ? cpu::clipFactor(model_.sumOverModelParallel(model_.gradientSquares(grads, 0, n, 0)),
                                            optimizer_.options().clipNorm)
                          : 1.0f;
   optimizer_.step(model_.params().data(), 0, grads, 0, clip);

@@ -21,6 +21,9 @@ namespace loom::parallel {
 struct DdpOptions {
   size_t bucketBytes = size_t{25} << 20;  // PyTorch DDP's default
   AdamWOptions adamw;
+  // A pipeline's executor runs the micro-batches over the stages; the gradients are then averaged at once (the
+  // buckets queued together) after the pipeline's last backward.
+  MicroBatchRunner* pipeline = nullptr;
 };
 
 class DdpTrainer : public Trainer {
@@ -44,6 +47,7 @@ class DdpTrainer : public Trainer {
 
   Gpt& model_;
   loomComm_t comm_;
+  MicroBatchRunner* pipeline_;
   BucketedAllReduce buckets_;
   AdamW optimizer_;
   Scalars scalars_;

@@ -27,6 +27,18 @@ struct MemoryReport {
   size_t peak() const { return total() + peakTransientBytes; }
 };
 
+// How a step's micro-batches run forward and backward when a strategy does not run them itself on the whole model:
+// a pipeline schedule over the stages (parallel/pipeline/executor.h). After run() the model's gradients hold the
+// sum over the micro-batches of the gradients of each one's mean loss over k micro-batches (loss scale 1/k), as
+// they would on one rank.
+class MicroBatchRunner {
+ public:
+  virtual ~MicroBatchRunner() = default;
+  // The mean over the micro-batches of their mean losses, the same on every rank of the pipeline.
+  virtual double run(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets, int B,
+                     int T) = 0;
+};
+
 class Trainer {
  public:
   virtual ~Trainer() = default;

@@ -31,6 +31,10 @@ ZeroTrainer::ZeroTrainer(Gpt& model, loomComm_t comm, ZeroOptions options)
     std::fprintf(stderr, "zero: stage %d (1, 2 or 3)\n", options.stage);
     std::exit(1);
   }
+  if (options.stage >= 2 && (options.pipeline != nullptr || model.pipelined())) {
+    std::fprintf(stderr, "zero: stage %d does not combine with pipeline parallelism (stage 1 does)\n", options.stage);
+    std::exit(1);
+  }
   if (!model.ownsStorage()) {
     std::fprintf(stderr, "zero: the model must hold its initial parameters\n");
     std::exit(1);
@@ -145,7 +149,8 @@ StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const st
   if (options_.stage >= 2 && micro > 1 && !incoming_.defined())
     incoming_ = Tensor::zeros({static_cast<int64_t>(sharding_.shardElements)}, ops_.dtype(), &ops_);
   double localLoss = 0;
-  for (size_t k = 0; k < micro; ++k) {
+  if (options_.pipeline != nullptr) localLoss = options_.pipeline->run(inputs, targets, B, T) * static_cast<double>(micro);
+  for (size_t k = 0; k < micro && options_.pipeline == nullptr; ++k) {
     firstMicro_ = k == 0;
     localLoss += model_.forward(inputs[k], targets[k], B, T);
     model_.backward(1.0f / static_cast<float>(micro));
@@ -168,7 +173,7 @@ StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const st
   for (size_t u = 0; u < sharding_.units.size(); ++u)
     squares +=
         model_.gradientSquares(slices[u], sharding_.units[u].begin, sharding_.units[u].end, sharding_.units[u].begin);
-  const float clip = options_.adamw.clipNorm > 0 ? cpu::clipFactor(model_.sumOverTensorParallel(zeroComm_.sum(squares)),
+  const float clip = options_.adamw.clipNorm > 0 ? cpu::clipFactor(model_.sumOverModelParallel(zeroComm_.sum(squares)),
                                                                    options_.adamw.clipNorm)
                                                  : 1.0f;
   for (size_t u = 0; u < sharding_.units.size(); ++u) {

@@ -29,6 +29,10 @@ namespace loom::parallel {
 struct ZeroOptions {
   int stage = 1;  // 1, 2 or 3
   AdamWOptions adamw;
+  // Stage 1 only: a pipeline's executor runs the micro-batches over the stages. Stages 2 and 3 shard each unit's
+  // gradients (and parameters) as backward releases it, once per micro-batch, which a pipeline's interleaved
+  // backwards would turn into a reduce-scatter (and gathers) per micro-batch and unit: they take no pipeline.
+  MicroBatchRunner* pipeline = nullptr;
 };
 
 class ZeroTrainer : public Trainer {

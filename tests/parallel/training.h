@@ -1,6 +1,7 @@
-// Data-parallel training runs for the tests: the same model, seed and global batch trained with a strategy (DDP,
-// ZeRO-1, 2 or 3) on ranks that are threads of this process, each with its own Ops (the CPU's, or a CUDA device's).
-// Used by tests/parallel/data_parallel_test.cc and tests/gpu/parallel_train_test.cc.
+// Training runs for the tests: the same model, seed and global batch trained with a data-parallel strategy (DDP,
+// ZeRO-1, 2 or 3), tensor (and sequence) parallelism and a pipeline on ranks that are threads of this process, each
+// with its own Ops (the CPU's, or a CUDA device's). Used by tests/parallel/data_parallel_test.cc,
+// tests/parallel/pipeline_test.cc and tests/gpu/parallel_train_test.cc.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 
 #include "parallel/check.h"
 #include "parallel/kernels/ops.h"
+#include "parallel/pipeline/executor.h"
 #include "parallel/strategies/ddp.h"
 #include "parallel/strategies/zero.h"
 
@@ -46,13 +48,22 @@ struct Training {
   std::vector<float> params;  // fp32 (the master weights where the model computes in bf16)
   size_t buckets = 0;
   MemoryReport memory;
+  int inFlight = 0;            // pipeline stage 0: the most micro-batches it held at once
+  size_t activationBytes = 0;  // stage 0's model: every activation slot it kept
+  pipeline::Timeline timeline;  // the last step's, measured (with Run::timeline)
 };
 
 enum class Strategy { kDdp, kZero1, kZero2, kZero3 };
 
 struct Run {
   int nranks = 1;
-  int tp = 1;  // tensor-parallel ranks (consecutive ranks form a group); the data-parallel size is nranks / tp
+  // Tensor-parallel and pipeline ranks in Megatron's order (rank = tp + TP (dp + DP pp)); the data-parallel size is
+  // nranks / (tp pp).
+  int tp = 1;
+  int pp = 1;
+  plan::Schedule schedule = plan::Schedule::k1F1B;
+  int chunks = 1;         // per stage (the interleaved schedule)
+  bool timeline = false;  // time the pipeline's actions
   bool sequenceParallel = false;
   int micro = 1;  // micro-batches per step
   size_t bucketBytes = size_t{25} << 20;
@@ -80,13 +91,24 @@ inline Training train(const Run& run) {
     config.device = run.loomDevice;
     loomComm_t world = nullptr;
     LOOM_PAR_CHECK(world, loomCommInitRankConfig(&world, nranks, id, rank, &config));
-    loomComm_t comm = world, tensor = nullptr;  // data-parallel and tensor-parallel groups
-    if (run.tp > 1) {
-      LOOM_PAR_CHECK(world, loomCommSplit(world, rank / run.tp, rank % run.tp, &tensor, nullptr));
-      LOOM_PAR_CHECK(world, loomCommSplit(world, rank % run.tp, rank / run.tp, &comm, nullptr));
+    const int tp = run.tp, dp = nranks / (run.tp * run.pp), tpRank = rank % tp, dataRank = rank / tp % dp,
+              stage = rank / (tp * dp);
+    loomComm_t comm = world, tensor = nullptr, pipe = nullptr;  // data-parallel, tensor-parallel, pipeline groups
+    if (run.tp > 1 || run.pp > 1) {
+      LOOM_PAR_CHECK(world, loomCommSplit(world, rank / tp, tpRank, &tensor, nullptr));
+      LOOM_PAR_CHECK(world, loomCommSplit(world, tpRank + tp * stage, dataRank, &comm, nullptr));
+      LOOM_PAR_CHECK(world, loomCommSplit(world, rank % (tp * dp), stage, &pipe, nullptr));
     }
-    Gpt model(run.config, ops, tensor, run.sequenceParallel);
+    Gpt model(run.config, ops, tensor, run.sequenceParallel, pipe, run.chunks);
     model.initialise(42);
+    std::unique_ptr<pipeline::Executor> executor;
+    if (run.pp > 1) {
+      pipeline::Plan plan;
+      std::string error;
+      EXPECT_TRUE(pipeline::makePlan(run.schedule, run.pp, micro, run.chunks, &plan, &error)) << error;
+      executor = std::make_unique<pipeline::Executor>(model, pipe, plan);
+      executor->setTiming(run.timeline);
+    }
     AdamWOptions adamw;
     adamw.learningRate = 3e-3f;
     // The attention's key bias has an exact gradient of zero (softmax ignores a shift shared by a query's scores),
@@ -100,15 +122,17 @@ inline Training train(const Run& run) {
       DdpOptions options;
       options.bucketBytes = run.bucketBytes;
       options.adamw = adamw;
+      options.pipeline = executor.get();
       trainer = std::make_unique<DdpTrainer>(model, comm, options);
       ddp = static_cast<DdpTrainer*>(trainer.get());
     } else {
       ZeroOptions options;
       options.stage = run.strategy == Strategy::kZero1 ? 1 : run.strategy == Strategy::kZero2 ? 2 : 3;
       options.adamw = adamw;
+      options.pipeline = executor.get();
       trainer = std::make_unique<ZeroTrainer>(model, comm, options);
     }
-    const int dataRank = rank / run.tp, perRank = kGlobalBatch / (nranks / run.tp), perMicro = perRank / micro;
+    const int perRank = kGlobalBatch / dp, perMicro = perRank / micro;
     for (int step = 0; step < run.steps; ++step) {
       // Micro-batch k: perMicro sequences of B x (T + 1) tokens, laid out so inputs and targets are B x T each.
       std::vector<std::vector<int32_t>> inputs(micro), targets(micro);
@@ -132,25 +156,47 @@ inline Training train(const Run& run) {
     trainer->exportState(&runs[rank].params, &m, &v);
     if (ddp != nullptr) runs[rank].buckets = ddp->buckets().buckets().size();
     runs[rank].memory = trainer->memory();
+    runs[rank].activationBytes = model.activationBytes();
+    if (executor) {
+      runs[rank].inFlight = executor->peakInFlight();
+      if (run.timeline) runs[rank].timeline = executor->gatherTimeline();
+    }
     trainer.reset();
-    if (run.tp > 1) {
+    executor.reset();
+    if (run.tp > 1 || run.pp > 1) {
       loomCommDestroy(tensor);
       loomCommDestroy(comm);
+      loomCommDestroy(pipe);
     }
     loomCommDestroy(world);
   };
   std::vector<std::thread> threads;
   for (int r = 0; r < nranks; ++r) threads.emplace_back(rankMain, r);
   for (auto& thread : threads) thread.join();
+  const int tp = run.tp, dp = nranks / (run.tp * run.pp);
+  auto peerInGroup0 = [&](int r) { return r % tp + tp * dp * (r / (tp * dp)); };  // same tp rank and stage, dp 0
   for (int r = 1; r < nranks; ++r) {
     EXPECT_EQ(runs[r].losses, runs[0].losses) << "rank " << r << " reports another loss than rank 0";
-    EXPECT_EQ(runs[r].params, runs[r % run.tp].params)
-        << "rank " << r << " ends with other parameters than its tensor-parallel peer in data-parallel group 0";
+    EXPECT_EQ(runs[r].params, runs[peerInGroup0(r)].params)
+        << "rank " << r << " ends with other parameters than its peer in data-parallel group 0";
   }
-  if (run.tp > 1) {  // the whole model from the tensor-parallel ranks' parts
-    const GptLayout whole = GptLayout::of(run.config), part = GptLayout::of(run.config, run.tp);
+  if (run.tp > 1 || run.pp > 1) {  // the whole model from the tensor-parallel ranks' parts of every stage
+    const GptLayout whole = GptLayout::of(run.config);
     std::vector<float> params(whole.total);
-    for (int r = 0; r < run.tp; ++r) part.unshard(whole, runs[r].params.data(), r, params.data());
+    for (int stage = 0; stage < run.pp; ++stage) {
+      const GptLayout part = GptLayout::of(run.config, tp, PipelineStage{run.pp, stage, run.chunks});
+      for (int t = 0; t < tp; ++t) part.unshard(whole, runs[t + tp * dp * stage].params.data(), t, params.data());
+    }
+    for (int t = 0; t < tp && run.pp > 1; ++t) {  // the tied head's copy of the token embedding stayed equal
+      const GptLayout firstStage = GptLayout::of(run.config, tp, PipelineStage{run.pp, 0, run.chunks}),
+                      lastStage = GptLayout::of(run.config, tp, PipelineStage{run.pp, run.pp - 1, run.chunks});
+      const ParamRange* embedding = firstStage.find("wte.weight");
+      const ParamRange* head = lastStage.find("wte.weight");
+      EXPECT_TRUE(head->tiedCopy);
+      const float* first = runs[t].params.data() + embedding->offset;
+      const float* last = runs[t + tp * dp * (run.pp - 1)].params.data() + head->offset;
+      EXPECT_TRUE(std::equal(first, first + embedding->numel(), last)) << "the head's token embedding drifted";
+    }
     runs[0].params = std::move(params);
   }
   return runs[0];

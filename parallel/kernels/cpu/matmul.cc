@@ -20,9 +20,11 @@ void matmulForward(float* out, const float* inp, const float* weight, const floa
 void matmulBackward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
                     int N, int C, int OC) {
   // dinp[N, C] += dout[N, OC] x weight[OC, C]
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+  if (dinp != nullptr)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
   // dweight[OC, C] += dout^T[OC, N] x inp[N, C]
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  if (dweight != nullptr)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
   if (dbias != nullptr)
     for (int i = 0; i < N; ++i)
       for (int o = 0; o < OC; ++o) dbias[o] += dout[static_cast<size_t>(i) * OC + o];

@@ -554,10 +554,12 @@ template <typename E>
 void matmulBackward(E* dinp, E* dweight, std::type_identity_t<E*> dbias, const E* dout, const E* inp, const E* weight,
                     int N, int C, int OC, void* stream) {
   cublasHandle_t handle = blas(stream);
-  gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, dev(weight), C, dev(dout), OC, 1.0f, dev(dinp), C,
-       "matmul backward (input)");
-  gemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, dev(inp), C, dev(dout), OC, 1.0f, dev(dweight), C,
-       "matmul backward (weight)");
+  if (dinp != nullptr)
+    gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, dev(weight), C, dev(dout), OC, 1.0f, dev(dinp), C,
+         "matmul backward (input)");
+  if (dweight != nullptr)
+    gemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, dev(inp), C, dev(dout), OC, 1.0f, dev(dweight), C,
+         "matmul backward (weight)");
   if (dbias != nullptr)
     biasGradientKernel<<<(OC + kThreads - 1) / kThreads, kThreads, 0, asStream(stream)>>>(dev(dbias), dev(dout), N, OC);
 }
