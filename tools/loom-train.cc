@@ -1,7 +1,13 @@
-// loom-train: trains the reference GPT with data parallelism (DDP, or ZeRO stage 1, 2 or 3) on loom, on the CPU
-// (fp32) or on CUDA devices (--device cuda: bf16 with fp32 master weights, or fp32).
+// loom-train: trains the reference GPT with data parallelism (DDP, or ZeRO stage 1, 2 or 3), tensor and sequence
+// parallelism (--tp, --sp) and pipeline parallelism (--pp, --pp-schedule) on loom, on the CPU (fp32) or on CUDA
+// devices (--device cuda: bf16 with fp32 master weights, or fp32).
 //
 //   loomrun -n 2 build/tools/loom-train --model gpt-tiny --dp 2 --zero 2 --steps 300 --data synthetic
+//   loomrun -n 4 build/tools/loom-train --pp 2 --pp-schedule zb-h1 --accumulation 8 --pp-timeline tl.png
+//
+// The ranks form Megatron's mesh, tp fastest, then dp, then pp. With a pipeline the step's --accumulation
+// micro-batches are the schedule's; the last step is timed action by action, and rank 0 prints its timeline with
+// the measured bubble beside the formula's (and draws it: --pp-timeline FILE.png, or FILE.txt for the text).
 //
 // Under a launcher each process is a rank (loomCommInitFromEnv); without one it runs as one rank. It prints a header
 // (model, parallel layout, memory per rank, data), a progress line every --log-every steps, and a final summary;
@@ -30,6 +36,8 @@
 #include "parallel/mesh/mesh.h"
 #include "parallel/model/checkpoint.h"
 #include "parallel/model/gpt.h"
+#include "parallel/pipeline/executor.h"
+#include "parallel/plan/accounting.h"
 #include "parallel/strategies/ddp.h"
 #include "parallel/strategies/zero.h"
 #include "parallel/train/data.h"
@@ -43,11 +51,16 @@ using namespace loom::parallel;
 
 struct Options {
   std::string model = "gpt-tiny";
+  int layers = 0;  // 0: the preset's
   std::string device = "cpu";
   std::string dtype;  // "": fp32 on the CPU, bf16 on CUDA
   int dp = 0;         // 0: the world size over tp
   int tp = 1;
   bool sequenceParallel = false;
+  int pp = 1;
+  std::string ppSchedule = "1f1b";
+  int ppChunks = 0;  // 0: 2 for the interleaved schedule, else 1
+  std::string ppTimeline;
   int zero = 0;
   int steps = 100;
   int batch = 4;  // sequences per rank per micro-batch
@@ -67,8 +80,10 @@ struct Options {
 [[noreturn]] void usage(const char* problem) {
   if (problem != nullptr) std::fprintf(stderr, "loom-train: %s\n", problem);
   std::fprintf(stderr,
-               "usage: loom-train [--model gpt-tiny|gpt2-124m] [--device cpu|cuda] [--dtype fp32|bf16]\n"
-               "                  [--tp N] [--sp] [--dp N] [--zero 0|1|2|3] [--steps N] [--batch B]\n"
+               "usage: loom-train [--model gpt-tiny|gpt2-124m] [--layers L] [--device cpu|cuda] [--dtype fp32|bf16]\n"
+               "                  [--tp N] [--sp] [--dp N] [--zero 0|1|2|3]\n"
+               "                  [--pp N] [--pp-schedule gpipe|1f1b|interleaved|zb-h1] [--pp-chunks V]\n"
+               "                  [--pp-timeline FILE.png|FILE.txt] [--steps N] [--batch B]\n"
                "                  [--seq T] [--accumulation K] [--lr X] [--seed S] [--data synthetic|FILE]\n"
                "                  [--tokenizer byte|char] [--log-every N] [--metrics FILE.csv|FILE.json]\n"
                "                  [--plot FILE.png] [--save FILE] [--save-every N] [--resume FILE]\n"
@@ -90,11 +105,16 @@ int intArg(const char* text, const char* name, int min, int max) {
 Options parse(int argc, char** argv) {
   Options o;
   static const option longOptions[] = {{"model", required_argument, nullptr, 'm'},
+                                       {"layers", required_argument, nullptr, 'n'},
                                        {"device", required_argument, nullptr, 'G'},
                                        {"dtype", required_argument, nullptr, 'y'},
                                        {"dp", required_argument, nullptr, 'd'},
                                        {"tp", required_argument, nullptr, 'P'},
                                        {"sp", no_argument, nullptr, 'Q'},
+                                       {"pp", required_argument, nullptr, 'Y'},
+                                       {"pp-schedule", required_argument, nullptr, 'H'},
+                                       {"pp-chunks", required_argument, nullptr, 'C'},
+                                       {"pp-timeline", required_argument, nullptr, 'I'},
                                        {"zero", required_argument, nullptr, 'z'},
                                        {"steps", required_argument, nullptr, 's'},
                                        {"batch", required_argument, nullptr, 'b'},
@@ -119,6 +139,9 @@ Options parse(int argc, char** argv) {
       case 'm':
         o.model = optarg;
         break;
+      case 'n':
+        o.layers = intArg(optarg, "layers", 1, 1 << 12);
+        break;
       case 'G':
         o.device = optarg;
         break;
@@ -133,6 +156,18 @@ Options parse(int argc, char** argv) {
         break;
       case 'Q':
         o.sequenceParallel = true;
+        break;
+      case 'Y':
+        o.pp = intArg(optarg, "pp", 1, 1 << 16);
+        break;
+      case 'H':
+        o.ppSchedule = optarg;
+        break;
+      case 'C':
+        o.ppChunks = intArg(optarg, "pp-chunks", 1, 1 << 10);
+        break;
+      case 'I':
+        o.ppTimeline = optarg;
         break;
       case 'z':
         o.zero = intArg(optarg, "zero", 0, 3);
@@ -205,6 +240,16 @@ Options parse(int argc, char** argv) {
     usage("--dtype bf16: the CPU kernels compute in fp32 (bf16 is for --device cuda)");
   if (!o.metrics.empty() && !o.metrics.ends_with(".csv") && !o.metrics.ends_with(".json"))
     usage("--metrics: a file name ending in .csv or .json");
+  plan::Schedule schedule;
+  if (!plan::parseSchedule(o.ppSchedule, &schedule)) usage("--pp-schedule: gpipe, 1f1b, interleaved or zb-h1");
+  if (o.ppChunks == 0) o.ppChunks = schedule == plan::Schedule::kInterleaved ? 2 : 1;
+  if (o.pp > 1 && o.zero >= 2)
+    usage("--zero 2 and 3 shard gradients unit by unit as backward releases them, which a pipeline's interleaved "
+          "micro-batches do not allow: with --pp use --zero 0 or 1");
+  if (o.pp > 1 && o.evalEvery > 0)
+    usage("--eval-every runs the whole model on each rank: not with --pp");
+  if (!o.ppTimeline.empty() && (o.pp == 1 || (!o.ppTimeline.ends_with(".png") && !o.ppTimeline.ends_with(".txt"))))
+    usage("--pp-timeline: a file name ending in .png or .txt, with --pp 2 or more");
   return o;
 }
 
@@ -217,6 +262,12 @@ std::string humanBytes(double bytes) {
   }
   char text[32];
   std::snprintf(text, sizeof(text), "%.1f %s", bytes, units[unit]);
+  return text;
+}
+
+std::string fixed(double value, int decimals) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.*f", decimals, value);
   return text;
 }
 
@@ -297,6 +348,39 @@ void plotLoss(const std::string& path, const std::vector<Metric>& metrics, doubl
   std::remove(validation.c_str());
 }
 
+// The measured timeline as a PNG (through gnuplot): a row per stage, a box per action (F blue, B green, W orange).
+void plotTimeline(const std::string& path, const pipeline::Timeline& timeline, const std::string& title) {
+  int stages = 0;
+  for (const pipeline::Span& span : timeline.spans) stages = std::max(stages, span.stage + 1);
+  std::string script = "set terminal pngcairo size 1200," + std::to_string(160 + 60 * stages) + "; set output '" +
+                       path + "'; set title '" + title + "'; set xlabel 'ms'; set ylabel 'stage'; set yrange [-0.6:";
+  script += std::to_string(stages - 0.4) + "] reverse; set ytics 1; set xrange [0:" +
+            std::to_string(timeline.makespan * 1e3) + "]; ";
+  for (const pipeline::Span& span : timeline.spans) {
+    const char* color = span.action.op == pipeline::Op::kForward    ? "#3b6fb6"
+                        : span.action.op == pipeline::Op::kBackward ? "#3f9b4a"
+                                                                    : "#e08a2c";
+    char box[200];
+    std::snprintf(box, sizeof(box),
+                  "set object rect from %.6f,%.2f to %.6f,%.2f fc rgb '%s' fs solid 0.9 border lc rgb 'white'; ",
+                  span.start * 1e3, span.stage - 0.35, span.end * 1e3, span.stage + 0.35, color);
+    script += box;
+  }
+  script += "set key outside right; plot NaN title 'F' lc rgb '#3b6fb6' lw 8, NaN title 'B' lc rgb '#3f9b4a' lw 8, NaN title 'W' lc rgb "
+            "'#e08a2c' lw 8";
+  const std::string scriptPath = path + ".gp";
+  FILE* file = std::fopen(scriptPath.c_str(), "w");
+  if (file == nullptr) {
+    std::fprintf(stderr, "loom-train: cannot write %s\n", scriptPath.c_str());
+    return;
+  }
+  std::fprintf(file, "%s\n", script.c_str());
+  std::fclose(file);
+  if (std::system(("gnuplot '" + scriptPath + "' 2>&1").c_str()) != 0)
+    std::fprintf(stderr, "loom-train: gnuplot could not draw %s (is gnuplot installed?)\n", path.c_str());
+  std::remove(scriptPath.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -305,6 +389,7 @@ int main(int argc, char** argv) {
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
   GptConfig config;
   if (!GptConfig::preset(o.model, &config)) usage(("--model " + o.model + ": gpt-tiny or gpt2-124m").c_str());
+  if (o.layers > 0) config.layers = o.layers;
 
   // The world: under a launcher from its variables, else one rank in this process.
   loomComm_t comm = nullptr;
@@ -319,18 +404,31 @@ int main(int argc, char** argv) {
   int rank = 0, nranks = 1;
   loomCommUserRank(comm, &rank);
   loomCommCount(comm, &nranks);
-  // The mesh: tensor-parallel groups of consecutive ranks, data parallelism across them.
+  // The mesh: tensor-parallel groups of consecutive ranks, data parallelism across them, pipeline stages slowest.
   Mesh mesh;
   std::string meshError;
-  if (nranks % o.tp != 0 || (o.dp != 0 && o.dp * o.tp != nranks) ||
-      !Mesh::make("tp-dp", {{"tp", o.tp}, {"dp", nranks / o.tp}}, nranks, &mesh, &meshError)) {
+  const int modelParallel = o.tp * o.pp;
+  if (nranks % modelParallel != 0 || (o.dp != 0 && o.dp * modelParallel != nranks) ||
+      !Mesh::make("tp-dp-pp", {{"tp", o.tp}, {"dp", nranks / modelParallel}, {"pp", o.pp}}, nranks, &mesh,
+                  &meshError)) {
     if (rank == 0)
-      std::fprintf(stderr, "loom-train: --tp %d%s does not lay out the job's %d ranks%s%s\n", o.tp,
-                   o.dp != 0 ? (" x --dp " + std::to_string(o.dp)).c_str() : "", nranks, meshError.empty() ? "" : ": ",
-                   meshError.c_str());
+      std::fprintf(stderr, "loom-train: --tp %d%s x --pp %d does not lay out the job's %d ranks%s%s\n", o.tp,
+                   o.dp != 0 ? (" x --dp " + std::to_string(o.dp)).c_str() : "", o.pp, nranks,
+                   meshError.empty() ? "" : ": ", meshError.c_str());
     return 2;
   }
-  const int dpSize = nranks / o.tp, dpRank = mesh.coordinate(rank, "dp");
+  const int dpSize = nranks / modelParallel, dpRank = mesh.coordinate(rank, "dp");
+  plan::Schedule schedule = plan::Schedule::k1F1B;
+  plan::parseSchedule(o.ppSchedule, &schedule);
+  pipeline::Plan plan;
+  if (o.pp > 1) {
+    std::string error = PipelineStage{o.pp, 0, o.ppChunks}.check(config.layers);
+    if (error.empty()) pipeline::makePlan(schedule, o.pp, o.accumulation, o.ppChunks, &plan, &error);
+    if (!error.empty()) {
+      if (rank == 0) std::fprintf(stderr, "loom-train: --pp %d: %s\n", o.pp, error.c_str());
+      return 2;
+    }
+  }
 
   // Data: the synthetic source, or a text file's tokens.
   std::unique_ptr<MarkovSource> synthetic;
@@ -401,24 +499,30 @@ int main(int argc, char** argv) {
 #endif
   }
 
-  // The groups' communicators, of the model's kind; and a host one for the tensor-parallel checkpoint gathers.
-  auto groups = std::make_unique<MeshComms>(trainComm, mesh, std::vector<std::string>{"tp", "dp"});
+  // The groups' communicators, of the model's kind; and a host one over the model-parallel ranks (tensor and
+  // pipeline) for the checkpoints' gathers.
+  auto groups = std::make_unique<MeshComms>(trainComm, mesh, std::vector<std::string>{"tp", "dp", "pp"});
   std::unique_ptr<MeshComms> hostGroups;
-  if (o.tp > 1) hostGroups = std::make_unique<MeshComms>(comm, mesh, std::vector<std::string>{"tp"});
-  Gpt model(config, *ops, o.tp > 1 ? groups->get("tp") : nullptr, o.sequenceParallel);
+  if (modelParallel > 1) hostGroups = std::make_unique<MeshComms>(comm, mesh, std::vector<std::string>{"tp-pp"});
+  Gpt model(config, *ops, o.tp > 1 ? groups->get("tp") : nullptr, o.sequenceParallel,
+            o.pp > 1 ? groups->get("pp") : nullptr, o.ppChunks);
   model.initialise(o.seed);
   const GptLayout whole = GptLayout::of(config);
+  std::unique_ptr<pipeline::Executor> executor;
+  if (o.pp > 1) executor = std::make_unique<pipeline::Executor>(model, groups->get("pp"), plan);
   AdamWOptions adamw;
   adamw.learningRate = o.learningRate;
   std::unique_ptr<Trainer> trainer;
   if (o.zero == 0) {
     DdpOptions options;
     options.adamw = adamw;
+    options.pipeline = executor.get();
     trainer = std::make_unique<DdpTrainer>(model, groups->get("dp"), options);
   } else {
     ZeroOptions options;
     options.stage = o.zero;
     options.adamw = adamw;
+    options.pipeline = executor.get();
     trainer = std::make_unique<ZeroTrainer>(model, groups->get("dp"), options);
   }
 
@@ -436,7 +540,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "loom-train: --resume %s holds another model, or no optimizer state\n", o.resume.c_str());
       return 2;
     }
-    if (o.tp > 1) {  // this rank's part of the whole model's state
+    if (modelParallel > 1) {  // this rank's part of the whole model's state
       const int part = model.tensorParallelRank();
       for (std::vector<float>* values : {&checkpoint.params, &checkpoint.m, &checkpoint.v}) {
         std::vector<float> local(model.layout().total);
@@ -452,14 +556,22 @@ int main(int argc, char** argv) {
     Checkpoint checkpoint;
     checkpoint.config = config;
     trainer->exportState(&checkpoint.params, &checkpoint.m, &checkpoint.v);
-    if (o.tp > 1) {  // every tensor-parallel rank's part, gathered over the host, into the whole model's layout
-      const size_t n = model.layout().total;
+    if (modelParallel > 1) {
+      // Every model-parallel rank's part (tp rank t of stage s is part t + tp s), padded to the largest, gathered
+      // over the host into the whole model's layout.
+      std::vector<GptLayout> layouts;
+      size_t largest = 0;
+      for (int part = 0; part < modelParallel; ++part) {
+        layouts.push_back(GptLayout::of(config, o.tp, PipelineStage{o.pp, part / o.tp, o.ppChunks}));
+        largest = std::max(largest, layouts.back().total);
+      }
       for (std::vector<float>* values : {&checkpoint.params, &checkpoint.m, &checkpoint.v}) {
-        std::vector<float> parts(n * o.tp), full(whole.total);
-        LOOM_PAR_CHECK(comm,
-                       loomAllGather(values->data(), parts.data(), n, loomFloat32, hostGroups->get("tp"), nullptr));
-        for (int part = 0; part < o.tp; ++part)
-          model.layout().unshard(whole, parts.data() + part * n, part, full.data());
+        std::vector<float> parts(largest * modelParallel), full(whole.total);
+        values->resize(largest);
+        LOOM_PAR_CHECK(comm, loomAllGather(values->data(), parts.data(), largest, loomFloat32,
+                                           hostGroups->get("tp-pp"), nullptr));
+        for (int part = 0; part < modelParallel; ++part)
+          layouts[part].unshard(whole, parts.data() + part * largest, part % o.tp, full.data());
         *values = std::move(full);
       }
     }
@@ -475,13 +587,17 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     std::printf("# loom-train: %s, %zu parameters (L=%d H=%d C=%d T=%d V=%d)", o.model.c_str(), whole.total,
                 config.layers, config.heads, config.channels, config.maxT, config.vocab);
-    if (o.tp > 1) std::printf(", %zu on each tensor-parallel rank", model.layout().total);
+    if (modelParallel > 1) std::printf(", %zu on rank 0", model.layout().total);
     std::printf("\n");
+    std::string pipelineText;
+    if (o.pp > 1)
+      pipelineText = " pp=" + std::to_string(o.pp) + " (" + plan::scheduleName(schedule) +
+                     (o.ppChunks > 1 ? ", " + std::to_string(o.ppChunks) + " chunks per stage" : "") + ")";
     std::printf(
-        "# layout: tp=%d%s dp=%d, %s; %d x %d sequences of %d tokens per data-parallel rank and step (%zu "
+        "# layout: tp=%d%s dp=%d%s, %s; %d x %d sequences of %d tokens per data-parallel rank and step (%zu "
         "tokens per step)\n",
-        o.tp, o.sequenceParallel ? " sp" : "", dpSize, o.zero == 0 ? "DDP" : ("ZeRO-" + std::to_string(o.zero)).c_str(),
-        o.accumulation, o.batch, T, tokensPerStep);
+        o.tp, o.sequenceParallel ? " sp" : "", dpSize, pipelineText.c_str(),
+        o.zero == 0 ? "DDP" : ("ZeRO-" + std::to_string(o.zero)).c_str(), o.accumulation, o.batch, T, tokensPerStep);
     std::printf("# device: %s%s\n", ops->describe().c_str(),
                 ops->dtype() == DType::kBfloat16 ? " (AdamW on fp32 master weights)" : "");
     std::printf("# memory per rank: parameters %s, gradients %s, optimizer %s, total %s (%.2f bytes per parameter)\n",
@@ -514,6 +630,10 @@ int main(int argc, char** argv) {
 
   std::vector<Metric> metrics;
   double computeSeconds = 0, exposedSeconds = 0;
+  // A pipeline's last steps are timed action by action: the last one's timeline, and each one's bubble.
+  constexpr int kTimedSteps = 5;
+  pipeline::Timeline timeline;
+  std::vector<double> bubbles;
   const auto started = std::chrono::steady_clock::now();
   for (int step = firstStep; step < o.steps; ++step) {
     std::vector<Batch> batches;
@@ -527,10 +647,15 @@ int main(int argc, char** argv) {
       inputs.push_back(batch.inputs.data());
       targets.push_back(batch.targets.data());
     }
+    if (executor) executor->setTiming(step + kTimedSteps >= o.steps);  // the last steps, action by action
     const StepReport report = trainer->step(inputs, targets, o.batch, T);
     computeSeconds += report.seconds - report.exposedSeconds;
     exposedSeconds += report.exposedSeconds;
     const bool last = step + 1 == o.steps;
+    if (executor && step + kTimedSteps >= o.steps) {  // every stage at once
+      timeline = executor->gatherTimeline();
+      bubbles.push_back(timeline.bubble());
+    }
     float validation = std::nanf("");
     if (text && o.evalEvery > 0 && ((step + 1) % o.evalEvery == 0 || last)) validation = validationLoss();
     metrics.push_back(Metric{step + 1, report.loss, report.seconds * 1e3, tokensPerStep / report.seconds, validation});
@@ -573,6 +698,40 @@ int main(int argc, char** argv) {
     if (stepsRun > 0)
       std::printf("# activations per rank: %s kept for backward, %s of buffers for their gradients\n",
                   humanBytes(model.activationBytes()).c_str(), humanBytes(model.activationGradientBytes()).c_str());
+    if (executor && stepsRun > 0) {
+      const double formula = plan::bubbleFraction(schedule, o.pp, o.accumulation, o.ppChunks);
+      std::sort(bubbles.begin(), bubbles.end());
+      const double measured = bubbles[bubbles.size() / 2];
+      // The plan replayed with the measured mean cost of F, B and W, without the messages' waits and the noise.
+      const pipeline::Costs costs = timeline.meanCosts();
+      pipeline::Timeline replay;
+      std::string error;
+      const double simulated = pipeline::simulate(plan, costs, &replay, &error) ? replay.bubble() : -1;
+      std::printf("# pipeline: stage 0 held %d micro-batches' activations at once; the last step, measured:\n",
+                  executor->peakInFlight());
+      std::printf("%s", timeline.render(1, timeline.makespan / 120).c_str());
+      std::printf("# mean action: F %.3f ms, B %.3f ms, W %.3f ms\n", costs.forward * 1e3, costs.backward * 1e3,
+                  costs.weight * 1e3);
+      std::printf(
+          "# bubble (idle over busy time): %.3f measured (median of the last %zu steps), %.3f the plan replayed with "
+          "these costs, %.3f by the formula for %s at p=%d m=%d%s\n",
+          measured, bubbles.size(), simulated, formula, plan::scheduleName(schedule), o.pp, o.accumulation,
+          o.ppChunks > 1 ? (" v=" + std::to_string(o.ppChunks)).c_str() : "");
+      if (o.ppTimeline.ends_with(".png"))
+        plotTimeline(o.ppTimeline, timeline,
+                     std::string(plan::scheduleName(schedule)) + ", p=" + std::to_string(o.pp) +
+                         ", m=" + std::to_string(o.accumulation) + ": bubble " + fixed(timeline.bubble(), 3) +
+                         " measured in this step, " + fixed(formula, 3) + " by the formula");
+      if (o.ppTimeline.ends_with(".txt")) {
+        FILE* file = std::fopen(o.ppTimeline.c_str(), "w");
+        if (file == nullptr) {
+          std::fprintf(stderr, "loom-train: cannot write %s\n", o.ppTimeline.c_str());
+        } else {
+          std::fprintf(file, "%s", timeline.render(1, timeline.makespan / 120).c_str());
+          std::fclose(file);
+        }
+      }
+    }
     if (!o.metrics.empty()) writeMetrics(o.metrics, metrics);
     if (!o.plot.empty()) plotLoss(o.plot, metrics, synthetic ? synthetic->entropyRate() : 0.0);
   }

@@ -196,6 +196,21 @@ double Timeline::bubble() const {
   return (makespan * stages - busy) / busy;
 }
 
+Costs Timeline::meanCosts() const {
+  double sums[3] = {0, 0, 0};
+  int counts[3] = {0, 0, 0};
+  for (const Span& span : spans) {
+    const int kind = span.action.op == Op::kForward ? 0 : span.action.op == Op::kBackward ? 1 : 2;
+    sums[kind] += span.end - span.start;
+    ++counts[kind];
+  }
+  Costs costs;
+  costs.forward = counts[0] > 0 ? sums[0] / counts[0] : 0;
+  costs.backward = counts[1] > 0 ? sums[1] / counts[1] : 0;
+  costs.weight = counts[2] > 0 ? sums[2] / counts[2] : 0;
+  return costs;
+}
+
 std::string Timeline::render(int columnsPerUnit, double unit) const {
   int stages = 0;
   for (const Span& span : spans) stages = std::max(stages, span.stage + 1);

@@ -65,6 +65,9 @@ struct Timeline {
   double busy = 0;  // summed compute time over all stages
   // Idle time over busy time: the pipeline bubble.
   double bubble() const;
+  // The mean time of each kind of action (for a measured timeline: what simulate() needs to replay its plan with
+  // these costs, apart from the waits for messages and the noise of the machine).
+  Costs meanCosts() const;
   // A text chart, one row per stage: F, B and W by micro-batch along the time axis, '.' idle; `columnsPerUnit`
   // columns for each `unit` of time (a measured timeline's seconds: unit = makespan / 120 for 120 columns).
   std::string render(int columnsPerUnit = 1, double unit = 1) const;

@@ -4,15 +4,18 @@
 # under loomrun) with DDP and with ZeRO-2 and ZeRO-3, whose checkpoints gather the sharded parameters and moments,
 # and with tensor (and sequence) parallelism over 2 ranks, whose checkpoints assemble the ranks' parts; a tensor-
 # parallel run's checkpoint also resumes as a one-rank run, to the same losses within fp32 relative error 1e-5 (the
-# two layouts sum in different orders).
+# two layouts sum in different orders). The same with pipeline parallelism (2 stages; and 2 stages of 2 tensor-
+# parallel ranks under ZeRO-1, resumed on one rank). Then the layouts loom-train must refuse, each with its reason.
+# Every run takes its steps in 2 micro-batches (the pipeline's).
 #   tests/parallel/loom_train_resume.sh BUILD_DIR
 set -euo pipefail
 build=$1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-common=(--model gpt-tiny --seq 16 --batch 2 --lr 3e-3 --log-every 100)
+common=(--model gpt-tiny --seq 16 --batch 2 --accumulation 2 --lr 3e-3 --log-every 100)
 status=0
-for config in "1 0" "2 0" "2 2" "2 3" "2 0 --tp 2 --sp" "2 0 --tp 2 =1"; do
+for config in "1 0" "2 0" "2 2" "2 3" "2 0 --tp 2 --sp" "2 0 --tp 2 =1" "2 0 --pp 2 --pp-schedule zb-h1" \
+  "4 1 --tp 2 --pp 2 =1"; do
   read -r ranks zero layout <<<"$config"
   resumeRanks=$ranks
   if [[ $layout == *=1 ]]; then  # resume on one rank without tensor parallelism
@@ -53,4 +56,20 @@ for config in "1 0" "2 0" "2 2" "2 3" "2 0 --tp 2 --sp" "2 0 --tp 2 =1"; do
     status=1
   fi
 done
+refuse() {  # refuse RANKS REASON ARGS...: loom-train exits with status 2 and names the reason
+  local n=$1 reason=$2
+  shift 2
+  local out code=0
+  out=$("$build/tools/loomrun" -n "$n" "$build/tools/loom-train" "${common[@]}" --steps 1 "$@" 2>&1) || code=$?
+  if [ $code -ne 0 ] && grep -q -- "$reason" <<<"$out"; then
+    echo "refused: $*: $reason"
+  else
+    echo "NOT REFUSED as expected ($reason): $* (status $code)"; echo "$out" | tail -3
+    status=1
+  fi
+}
+refuse 2 "with --pp use --zero 0 or 1" --pp 2 --zero 2
+refuse 2 "2 layers do not split into 2 x 2 virtual stages" --pp 2 --pp-schedule interleaved
+refuse 1 "does not lay out the job's 1 ranks" --pp 2
+refuse 2 "not a multiple of 2" --layers 4 --pp 2 --pp-schedule interleaved --accumulation 3
 exit $status
