@@ -95,6 +95,12 @@ class Ops {
                                const int32_t* targets, int N, int V) = 0;
   virtual void crossEntropyFinish(float* losses, void* probs, const float* sums, const float* targetLogits, int N,
                                   int V) = 0;
+  // The mixture-of-experts layer's row movements (parallel/kernels/cpu/kernels.h); rows, slots, scales and gates
+  // are int32 and fp32 arrays in this Ops' memory, rowDots' out fp32.
+  virtual void gatherRows(void* out, const void* inp, const int32_t* rows, const float* scales, int n, int C) = 0;
+  virtual void combineRows(void* out, const void* inp, const int32_t* slots, const float* gates, int tokens, int k,
+                           int C) = 0;
+  virtual void rowDots(float* out, const void* a, const int32_t* rows, const void* b, int n, int C) = 0;
   // dst[i] += src[i].
   void add(void* dst, const void* src, size_t n) { residualForward(dst, dst, src, n); }
   // One AdamW step on n parameters, each gradient scaled by step.gradScale first (in fp32). master null: the

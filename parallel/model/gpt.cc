@@ -58,6 +58,14 @@ bool GptConfig::preset(const std::string& name, GptConfig* out) {
     *out = GptConfig{12, 12, 768, 1024, 50257};
     return true;
   }
+  if (name == "moe-tiny") {
+    *out = GptConfig{2, 4, 128, 64, 256};
+    out->experts = 4;
+    out->topk = 2;
+    out->ffn = 256;
+    out->capacityFactor = 1.25f;
+    return true;
+  }
   return false;
 }
 
@@ -68,6 +76,9 @@ std::string GptConfig::check() const {
            std::to_string(vocab) + ")";
   if (channels % heads != 0)
     return "channels " + std::to_string(channels) + " is not divisible by heads " + std::to_string(heads);
+  if (experts < 0 || (experts > 0 && (topk < 1 || topk > experts)))
+    return "top-" + std::to_string(topk) + " routing over " + std::to_string(experts) + " experts";
+  if (capacityFactor < 0 || ffn < 0) return "a negative capacity factor or MLP width";
   return "";
 }
 
@@ -83,7 +94,8 @@ std::string PipelineStage::check(int layers) const {
   return "";
 }
 
-GptLayout GptLayout::of(const GptConfig& config, int tensorParallel, const PipelineStage& stage) {
+GptLayout GptLayout::of(const GptConfig& config, int tensorParallel, const PipelineStage& stage, int expertParallel,
+                        int expertRank) {
   GptLayout layout;
   const int64_t C = config.channels, t = tensorParallel;
   using enum TensorSplit;
@@ -95,15 +107,21 @@ GptLayout GptLayout::of(const GptConfig& config, int tensorParallel, const Pipel
   };
   layout.tensorParallel = tensorParallel;
   layout.stage = stage;
-  if (stage.holdsEmbeddings()) {
+  layout.expertParallel = expertParallel;
+  layout.expertRank = expertRank;
+  auto unit = [&](bool expert) {
     layout.unitBegin.push_back(layout.total);
+    layout.expertUnit.push_back(expert);
+  };
+  if (stage.holdsEmbeddings()) {
+    unit(false);
     add("wte.weight", {config.vocab, C}, kRows);
     add("wpe.weight", {config.maxT, C});
   }
   const int perChunk = config.layers / stage.virtualStages();
   for (int chunk = 0; chunk < stage.chunks; ++chunk)
     for (int l = stage.virtualStage(chunk) * perChunk; l < (stage.virtualStage(chunk) + 1) * perChunk; ++l) {
-      layout.unitBegin.push_back(layout.total);
+      unit(false);
       const std::string prefix = "h." + std::to_string(l) + ".";
       add(prefix + "ln_1.weight", {C});
       add(prefix + "ln_1.bias", {C});
@@ -113,17 +131,31 @@ GptLayout GptLayout::of(const GptConfig& config, int tensorParallel, const Pipel
       add(prefix + "attn.c_proj.bias", {C});
       add(prefix + "ln_2.weight", {C});
       add(prefix + "ln_2.bias", {C});
-      add(prefix + "mlp.c_fc.weight", {4 * C, C}, kRows);
-      add(prefix + "mlp.c_fc.bias", {4 * C}, kRows);
-      add(prefix + "mlp.c_proj.weight", {C, 4 * C}, kColumns);
-      add(prefix + "mlp.c_proj.bias", {C});
+      if (config.experts == 0) {
+        add(prefix + "mlp.c_fc.weight", {4 * C, C}, kRows);
+        add(prefix + "mlp.c_fc.bias", {4 * C}, kRows);
+        add(prefix + "mlp.c_proj.weight", {C, 4 * C}, kColumns);
+        add(prefix + "mlp.c_proj.bias", {C});
+        continue;
+      }
+      add(prefix + "mlp.router.weight", {config.experts, C});
+      unit(true);
+      const int local = config.experts / expertParallel, F = config.hidden();
+      for (int e = expertRank * local; e < (expertRank + 1) * local; ++e) {
+        const std::string expert = prefix + "mlp.experts." + std::to_string(e) + ".";
+        add(expert + "c_fc.weight", {F, C});
+        add(expert + "c_fc.bias", {F});
+        add(expert + "c_proj.weight", {C, F});
+        add(expert + "c_proj.bias", {C});
+        for (int i = 0; i < 4; ++i) layout.params[layout.params.size() - 1 - i].expert = true;
+      }
     }
   if (stage.holdsHead()) {
-    layout.unitBegin.push_back(layout.total);
+    unit(false);
     add("ln_f.weight", {C});
     add("ln_f.bias", {C});
     if (!stage.holdsEmbeddings()) {  // the tied head's own copy of the token embedding
-      layout.unitBegin.push_back(layout.total);
+      unit(false);
       add("wte.weight", {config.vocab, C}, kRows);
       layout.params.back().tiedCopy = true;
     }
@@ -197,19 +229,25 @@ int rankOf(loomComm_t comm) {
 }  // namespace
 
 Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequenceParallel, loomComm_t pipeline,
-         int chunks)
+         int chunks, loomComm_t expertParallel)
     : config_(config),
       ops_(ops),
       tpComm_(tensorParallel),
       tp_(countOf(tensorParallel)),
       sp_(sequenceParallel && tp_ > 1),
       ppComm_(pipeline),
-      layout_(GptLayout::of(config, tp_, PipelineStage{countOf(pipeline), rankOf(pipeline), chunks})) {
+      layout_(GptLayout::of(config, tp_, PipelineStage{countOf(pipeline), rankOf(pipeline), chunks},
+                            countOf(expertParallel), rankOf(expertParallel))) {
   std::string problem = config.check();
   if (problem.empty() && (config.heads % tp_ != 0 || config.vocab % tp_ != 0))
     problem = "tensor parallelism over " + std::to_string(tp_) + " ranks needs heads (" + std::to_string(config.heads) +
               ") and vocab (" + std::to_string(config.vocab) + ") divisible by it";
   if (problem.empty()) problem = layout_.stage.check(config.layers);
+  if (problem.empty() && config.experts > 0 && tp_ > 1)
+    problem = "experts do not combine with tensor parallelism (spread them with expert parallelism)";
+  if (problem.empty() && config.experts % countOf(expertParallel) != 0)
+    problem = std::to_string(config.experts) + " experts do not spread evenly over " +
+              std::to_string(countOf(expertParallel)) + " expert-parallel ranks";
   if (!problem.empty()) {
     std::fprintf(stderr, "gpt: %s\n", problem.c_str());
     std::abort();
@@ -224,14 +262,27 @@ Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequ
     ppStream_ = ops_.createStream();
     ppScalars_ = std::make_unique<Scalars>(ppComm_, ops_);
   }
+  if (config.experts > 0) {
+    epComm_ = expertParallel;
+    ep_ = countOf(expertParallel);
+    epRank_ = rankOf(expertParallel);
+    if (ep_ > 1) epScalars_ = std::make_unique<Scalars>(epComm_, ops_);
+    moe_ = std::make_unique<MoeLayer>(MoeShape{config.experts, config.topk, config.channels, config.hidden(),
+                                               config.capacityFactor, config.dropPolicy, config.auxLossCoefficient},
+                                      ops_, ep_ > 1 ? epComm_ : nullptr);
+  }
   // The units in GptLayout::of's order.
   const PipelineStage& stage = layout_.stage;
   layersPerChunk_ = config.layers / stage.virtualStages();
   int unit = 0;
   if (stage.holdsEmbeddings()) embeddingUnit_ = unit++;
   blockUnit_.assign(config.layers, -1);
+  expertUnit_.assign(config.layers, -1);
   for (int chunk = 0; chunk < stage.chunks; ++chunk)
-    for (int l = 0; l < layersPerChunk_; ++l) blockUnit_[firstLayer(chunk) + l] = unit++;
+    for (int l = 0; l < layersPerChunk_; ++l) {
+      blockUnit_[firstLayer(chunk) + l] = unit++;
+      if (config.experts > 0) expertUnit_[firstLayer(chunk) + l] = unit++;
+    }
   if (stage.holdsHead()) {
     lnfUnit_ = unit++;
     headUnit_ = stage.holdsEmbeddings() ? embeddingUnit_ : unit++;
@@ -300,16 +351,18 @@ void Gpt::layernormBackward(void* dinp, void* dparams, const void* dout, const v
 double Gpt::sumOverModelParallel(double value) {
   if (tp_ > 1) value = tpScalars_->sum(value);
   if (ppScalars_) value = ppScalars_->sum(value);
+  if (epScalars_) value = epScalars_->sum(value);
   return value;
 }
 
 double Gpt::gradientSquares(const void* grads, size_t begin, size_t end, size_t gradsBase) const {
   const bool tiedCopy = headUnit_ >= 0 && headUnit_ != embeddingUnit_;
-  if ((tp_ == 1 || tpRank_ == 0) && !tiedCopy)
+  if ((tp_ == 1 || tpRank_ == 0) && !tiedCopy && epRank_ == 0)
     return end > begin ? ops_.sumOfSquares(elementAt(ops_, grads, begin - gradsBase), end - begin) : 0;
   double squares = 0;
   for (const ParamRange& range : layout_.params) {
-    if (range.tiedCopy) continue;                                           // counted on the first stage
+    if (range.tiedCopy) continue;                      // counted on the first stage
+    if (epRank_ != 0 && !range.expert) continue;       // counted on expert-parallel rank 0
     if (tpRank_ != 0 && range.split == TensorSplit::kReplicated) continue;  // counted on tensor-parallel rank 0
     const size_t lo = std::max(begin, range.offset), hi = std::min(end, range.offset + range.numel());
     if (lo < hi) squares += ops_.sumOfSquares(elementAt(ops_, grads, lo - gradsBase), hi - lo);
@@ -374,7 +427,7 @@ std::vector<float> Gpt::initialValues(const GptLayout& layout, int layers, uint6
 void Gpt::initialise(uint64_t seed) {
   const GptLayout whole = GptLayout::of(config_);
   std::vector<float> values = initialValues(whole, config_.layers, seed);
-  if (tp_ > 1 || pipelined()) {
+  if (tp_ > 1 || pipelined() || ep_ > 1) {
     std::vector<float> local(layout_.total);
     layout_.shard(whole, values.data(), tpRank_, local.data());
     values = std::move(local);
@@ -394,6 +447,7 @@ Gpt::Block Gpt::block(void* p) const {
   b.ln2w = at(b.projb, C);
   b.ln2b = at(b.ln2w, C);
   b.fcw = at(b.ln2b, C);
+  b.router = b.fcw;  // with experts the router follows the layernorm
   b.fcb = at(b.fcw, 4 * part * C);
   b.fcProjw = at(b.fcb, 4 * part);
   b.fcProjb = at(b.fcProjw, 4 * part * C);
@@ -417,6 +471,7 @@ size_t Gpt::activationBytes() const {
     bytes += bytesOf({&a.encoded,   &a.ln1,     &a.ln1Mean, &a.ln1Rstd, &a.qkv,   &a.attY,   &a.att,    &a.attProj,
                       &a.residual2, &a.ln2,     &a.ln2Mean, &a.ln2Rstd, &a.fc,    &a.fcGelu, &a.fcProj, &a.residual3,
                       &a.lnf,       &a.lnfMean, &a.lnfRstd, &a.logits,  &a.probs, &a.losses});
+    for (const MoeState& state : slot->moe) bytes += state.bytes();  // its routing's rows, the experts' activations
   }
   return bytes;
 }
@@ -478,7 +533,7 @@ Gpt::Slot& Gpt::reserve(int index, int chunk, int B, int T) {
   // the head's tensors only on the last virtual stage.
   const int64_t L = layersPerChunk_, NH = config_.heads / tp_, C = config_.channels, part = C / tp_,
                 V = config_.vocab / tp_, R = sp_ ? BT / tp_ : BT;
-  const bool head = lastChunk(chunk);
+  const bool head = lastChunk(chunk), dense = config_.experts == 0;
   if (slot.chunk != chunk || slot.B != B || slot.T != T) {
     auto only = [](bool keep, Tensor tensor) { return keep ? std::move(tensor) : Tensor(); };
     for (Activations* a : {&slot.acts, &slot.grads}) {
@@ -495,8 +550,8 @@ Gpt::Slot& Gpt::reserve(int index, int chunk, int B, int T) {
       a->ln2 = zeros({L, R, C});
       a->ln2Mean = only(values, floats({L, R}));
       a->ln2Rstd = only(values, floats({L, R}));
-      a->fc = zeros({L, BT, 4 * part});
-      a->fcGelu = zeros({L, BT, 4 * part});
+      a->fc = only(dense, zeros({L, BT, 4 * part}));
+      a->fcGelu = only(dense, zeros({L, BT, 4 * part}));
       a->fcProj = zeros({L, R, C});
       a->residual3 = zeros({L, R, C});
       a->lnf = only(head, zeros({R, C}));
@@ -512,6 +567,7 @@ Gpt::Slot& Gpt::reserve(int index, int chunk, int B, int T) {
     slot.crossSums = only(head && tp_ > 1, floats({BT}));
     slot.crossTargets = only(head && tp_ > 1, floats({BT}));
     slot.losses.assign(head ? BT : 0, 0.0f);
+    slot.moe.assign(dense ? 0 : L, MoeState{});
     slot.chunk = chunk;
     slot.B = B;
     slot.T = T;
@@ -568,6 +624,7 @@ float Gpt::forwardPass(int chunk, int index, const int32_t* tokens, const int32_
   }
   Slot& slot = reserve(index, chunk, B, T);
   hooksOn_ = !pipelined();
+  lastAuxLoss_ = 0;
   const int L = layersPerChunk_, first = firstLayer(chunk), NH = config_.heads / tp_, C = config_.channels,
             part = C / tp_, V = config_.vocab / tp_, BT = B * T, R = rowsHere_;
   const bool embed = firstChunk(chunk), head = lastChunk(chunk);
@@ -600,8 +657,8 @@ float Gpt::forwardPass(int chunk, int index, const int32_t* tokens, const int32_
     void* attProj = at(a.attProj, l * rows);
     void* residual2 = at(a.residual2, l * rows);
     void* ln2 = at(a.ln2, l * rows);
-    void* fc = at(a.fc, l * 4 * partRows);
-    void* fcGelu = at(a.fcGelu, l * 4 * partRows);
+    void* fc = moe_ ? nullptr : at(a.fc, l * 4 * partRows);
+    void* fcGelu = moe_ ? nullptr : at(a.fcGelu, l * 4 * partRows);
     void* fcProj = at(a.fcProj, l * rows);
     void* residual3 = at(a.residual3, l * rows);
     ops_.layernormForward(ln1, a.ln1Mean.f32() + l * R, a.ln1Rstd.f32() + l * R, x, w.ln1w, w.ln1b, R, C);
@@ -612,11 +669,21 @@ float Gpt::forwardPass(int chunk, int index, const int32_t* tokens, const int32_
     finishRows(attPartial, attProj);  // g
     ops_.residualForward(residual2, x, attProj, rows);
     ops_.layernormForward(ln2, a.ln2Mean.f32() + l * R, a.ln2Rstd.f32() + l * R, residual2, w.ln2w, w.ln2b, R, C);
-    ops_.matmulForward(fc, gatherRows(ln2, gathered_), w.fcw, w.fcb, BT, C, 4 * part);
-    ops_.geluForward(fcGelu, fc, 4 * partRows);
-    void* mlpPartial = partialBuffer(fcProj, partial_);
-    ops_.matmulForward(mlpPartial, fcGelu, w.fcProjw, lead ? w.fcProjb : nullptr, BT, 4 * part, C);
-    finishRows(mlpPartial, fcProj);
+    if (moe_) {
+      const int experts = expertUnit_[first + l];
+      acquire(experts, false);
+      MoeState& state = slot.moe[l];
+      lastAuxLoss_ += moe_->forward(state, fcProj, ln2, BT, MoeParams{w.router, unitParams_[experts]});
+      routed_ += static_cast<int64_t>(BT) * config_.topk;
+      dropped_ += state.dropped;
+      release(experts, false);
+    } else {
+      ops_.matmulForward(fc, gatherRows(ln2, gathered_), w.fcw, w.fcb, BT, C, 4 * part);
+      ops_.geluForward(fcGelu, fc, 4 * partRows);
+      void* mlpPartial = partialBuffer(fcProj, partial_);
+      ops_.matmulForward(mlpPartial, fcGelu, w.fcProjw, lead ? w.fcProjb : nullptr, BT, 4 * part, C);
+      finishRows(mlpPartial, fcProj);
+    }
     ops_.residualForward(residual3, residual2, fcProj, rows);
     release(unit, false);
   }
@@ -667,14 +734,20 @@ void Gpt::blockBackward(Slot& slot, int l, bool input, bool weights) {
   void* dx = l == 0 ? d.encoded.data() : at(d.residual3, (l - 1) * rows);
   const size_t r = l * rows, pr = l * partRows;
   if (input) ops_.residualBackward(at(d.residual2, r), at(d.fcProj, r), at(d.residual3, r), rows);
-  // g's dual: the output's gradient over all rows.
-  linear(at(d.fcGelu, 4 * pr), dw.fcProjw, dw.fcProjb, gatherRows(at(d.fcProj, r), gathered_), at(a.fcGelu, 4 * pr),
-         w.fcProjw, 4 * part, C);
-  if (input) ops_.geluBackward(at(d.fc, 4 * pr), at(d.fcGelu, 4 * pr), at(a.fc, 4 * pr), 4 * partRows);
-  void* mlpInput = input ? partialBuffer(at(d.ln2, r), partial_) : nullptr;  // f's dual: the ranks' parts summed
-  linear(mlpInput, dw.fcw, dw.fcb, at(d.fc, 4 * pr), gatherRows(at(a.ln2, r), gathered_), w.fcw, C, 4 * part);
+  if (moe_) {
+    const int experts = expertUnit_[firstLayer(slot.chunk) + l];
+    moe_->backward(slot.moe[l], at(d.ln2, r), at(d.fcProj, r), at(a.ln2, r), MoeParams{w.router, unitParams_[experts]},
+                   MoeGrads{dw.router, unitGrads_[experts]}, slot.lossScale, input, weights);
+  } else {
+    // g's dual: the output's gradient over all rows.
+    linear(at(d.fcGelu, 4 * pr), dw.fcProjw, dw.fcProjb, gatherRows(at(d.fcProj, r), gathered_),
+           at(a.fcGelu, 4 * pr), w.fcProjw, 4 * part, C);
+    if (input) ops_.geluBackward(at(d.fc, 4 * pr), at(d.fcGelu, 4 * pr), at(a.fc, 4 * pr), 4 * partRows);
+    void* mlpInput = input ? partialBuffer(at(d.ln2, r), partial_) : nullptr;  // f's dual: the ranks' parts summed
+    linear(mlpInput, dw.fcw, dw.fcb, at(d.fc, 4 * pr), gatherRows(at(a.ln2, r), gathered_), w.fcw, C, 4 * part);
+    if (input) finishRows(mlpInput, at(d.ln2, r));
+  }
   if (input) {
-    finishRows(mlpInput, at(d.ln2, r));
     layernormBackward(at(d.residual2, r), dw.ln2w, at(d.ln2, r), at(a.residual2, r), w.ln2w, a.ln2Mean.f32() + l * R,
                       a.ln2Rstd.f32() + l * R);
     ops_.residualBackward(dx, at(d.attProj, r), at(d.residual2, r), rows);
@@ -709,6 +782,7 @@ void Gpt::backwardPass(int index, float lossScale, bool weights) {
     std::abort();
   }
   hooksOn_ = !pipelined() && weights;
+  slot.lossScale = lossScale;
   const int L = layersPerChunk_, C = config_.channels, V = config_.vocab / tp_, BT = slot.B * slot.T;
   const size_t rows = static_cast<size_t>(rowsHere_) * C;
   Activations& a = slot.acts;
@@ -731,9 +805,11 @@ void Gpt::backwardPass(int index, float lossScale, bool weights) {
     release(lnfUnit_, true);
   }
   for (int l = L - 1; l >= 0; --l) {
-    const int unit = blockUnit_[firstLayer(slot.chunk) + l];
+    const int unit = blockUnit_[firstLayer(slot.chunk) + l], experts = expertUnit_[firstLayer(slot.chunk) + l];
+    if (experts >= 0) acquire(experts, true);  // the MLP's first: the unit after the block's
     acquire(unit, true);
     blockBackward(slot, l, true, weights);
+    if (experts >= 0) release(experts, true);
     release(unit, true);
   }
   if (embed && weights) {

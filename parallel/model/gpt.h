@@ -36,6 +36,12 @@
 // equal. A chunk's passes run on an activation slot, one per micro-batch in flight, so that a schedule keeps as
 // many micro-batches' activations as it has in flight, and no more. A chunk's backward may stop at the inputs'
 // gradients (ZB-H1's B) and leave the weights' to weightPass (its W).
+//
+// Mixture of experts (GptConfig::experts > 0, parallel/model/moe.h): each block's MLP is E expert MLPs behind a
+// top-k router. The router lives with the block's other parameters; the experts a rank holds (all, or its E/ep with
+// an expert-parallel communicator) form a unit of their own after the block's, an expert unit (GptLayout::
+// expertUnit), so that a data-parallel strategy averages them over the ranks that hold the same experts. Not with
+// tensor parallelism.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +51,7 @@
 #include <vector>
 
 #include "parallel/kernels/ops.h"
+#include "parallel/model/moe.h"
 #include "parallel/scalars.h"
 #include "parallel/tensor.h"
 
@@ -56,9 +63,17 @@ struct GptConfig {
   int channels = 128;
   int maxT = 64;  // the longest sequence (rows of the position embedding)
   int vocab = 256;
+  // A mixture of experts in place of each MLP (0: the dense MLP): experts of `ffn` hidden units (0: 4 C), each token
+  // routed to its top `topk`, at most capacityFactor N k / E tokens per expert (0: no limit), the load-balancing
+  // loss weighted by auxLossCoefficient.
+  int experts = 0, topk = 1, ffn = 0;
+  float capacityFactor = 0;
+  DropPolicy dropPolicy = DropPolicy::kPosition;
+  float auxLossCoefficient = 0.01f;
+  int hidden() const { return ffn > 0 ? ffn : 4 * channels; }
 
-  // "gpt-tiny" (L=2, H=4, C=128, T=64, V=256) or "gpt2-124m" (L=12, H=12, C=768, T=1024, V=50257); false for any
-  // other name.
+  // "gpt-tiny" (L=2, H=4, C=128, T=64, V=256), "gpt2-124m" (L=12, H=12, C=768, T=1024, V=50257) or "moe-tiny"
+  // (gpt-tiny with 4 experts of 256 hidden units, top-2, capacity factor 1.25); false for any other name.
   static bool preset(const std::string& name, GptConfig* out);
   // Empty, or what is wrong ("channels 100 is not divisible by heads 3").
   std::string check() const;
@@ -90,6 +105,7 @@ struct ParamRange {
   int parts = 1;
   // The last stage's copy of the token embedding (tied to the first stage's): its gradient is counted there only.
   bool tiedCopy = false;
+  bool expert = false;  // one of this rank's experts' parameters
   size_t numel() const;
 };
 
@@ -103,9 +119,12 @@ struct GptLayout {
   std::vector<size_t> unitBegin;
   int tensorParallel = 1;
   PipelineStage stage;
-  // The layout of one rank's part of the model when it is cut over `tensorParallel` ranks and holds `stage`'s layers
-  // (the defaults: the whole model).
-  static GptLayout of(const GptConfig& config, int tensorParallel = 1, const PipelineStage& stage = {});
+  int expertParallel = 1, expertRank = 0;
+  std::vector<bool> expertUnit;  // by unit: whether it holds experts (after its block's unit)
+  // The layout of one rank's part of the model when it is cut over `tensorParallel` ranks, holds `stage`'s layers
+  // and the experts of `expertRank` of `expertParallel` (the defaults: the whole model).
+  static GptLayout of(const GptConfig& config, int tensorParallel = 1, const PipelineStage& stage = {},
+                      int expertParallel = 1, int expertRank = 0);
   // The parameter named `name` (the head's copy of the token embedding is found as the first one only when no other
   // is held); null when this layout holds none.
   const ParamRange* find(const std::string& name) const;
@@ -132,8 +151,10 @@ class Gpt {
   // Parameters, gradients and activations in `ops`' memory and element type; with `tensorParallel`, this rank's
   // part of the model cut over that communicator's ranks (its kind must be the Ops' memory's); with `pipeline`, the
   // layers of stage `stage` of that communicator's ranks (rank s is stage s).
+  // With `expertParallel`, the experts of this rank of that communicator's.
   explicit Gpt(const GptConfig& config, Ops& ops = cpuOps(), loomComm_t tensorParallel = nullptr,
-               bool sequenceParallel = false, loomComm_t pipeline = nullptr, int chunks = 1);
+               bool sequenceParallel = false, loomComm_t pipeline = nullptr, int chunks = 1,
+               loomComm_t expertParallel = nullptr);
   ~Gpt();
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
@@ -210,6 +231,11 @@ class Gpt {
   size_t activationBytes() const;
   size_t activationGradientBytes() const;
   int slots() const { return static_cast<int>(slots_.size()); }
+  // Mixture of experts: the load-balancing loss of the last forward pass (summed over its layers, this rank's
+  // tokens), and the expert assignments routed and dropped over capacity since the model was made.
+  float lastAuxLoss() const { return lastAuxLoss_; }
+  int64_t assignmentsRouted() const { return routed_; }
+  int64_t assignmentsDropped() const { return dropped_; }
 
  private:
   struct Activations {
@@ -218,6 +244,7 @@ class Gpt {
   };
   struct Block {
     void *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcProjw, *fcProjb;
+    void* router;  // with experts, in place of the dense MLP's
   };
   // One micro-batch's activations and their gradients on one chunk, with its tokens and loss statistics.
   struct Slot {
@@ -225,8 +252,8 @@ class Gpt {
     Tensor tokens, targets;                     // int32 [B, T] (this rank's vocabulary ids with tensor parallelism)
     Tensor crossMax, crossSums, crossTargets;   // the vocabulary-parallel cross-entropy's [B T] statistics
     std::vector<float> losses;                  // per-position losses, on the host
-    const int32_t* hostTokens = nullptr;        // the embedding backward's ids, uploaded again by weightPass
-    float lossScale = 1;
+    std::vector<MoeState> moe;                  // each layer's routing and experts' activations
+    float lossScale = 1;                        // the last backward's (the load-balancing loss's gradient in W)
     bool haveTargets = false;
     int chunk = -1, B = 0, T = 0;
   };
@@ -290,7 +317,13 @@ class Gpt {
   // Units by role: the embeddings', block l's (by global layer; -1 when another stage holds it), the final
   // layernorm's, and the one the tied head reads the token embedding from (the embeddings', or their copy).
   int embeddingUnit_ = -1, lnfUnit_ = -1, headUnit_ = -1;
-  std::vector<int> blockUnit_;
+  std::vector<int> blockUnit_, expertUnit_;  // expertUnit_: by global layer, its experts' unit (-1: none here)
+  loomComm_t epComm_ = nullptr;
+  int ep_ = 1, epRank_ = 0;
+  std::unique_ptr<Scalars> epScalars_;
+  std::unique_ptr<MoeLayer> moe_;
+  float lastAuxLoss_ = 0;
+  int64_t routed_ = 0, dropped_ = 0;
   Tensor params_, grads_;
   std::vector<void*> unitParams_, unitGrads_;  // by unit: where element unitBegin[u] lies
   UnitHooks hooks_;

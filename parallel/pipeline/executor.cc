@@ -107,11 +107,11 @@ void Executor::receive(void* data, size_t elements, loomComm_t comm) {
 }
 
 double Executor::run(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets, int B,
-                     int T) {
+                     int T, float scale) {
   const int m = plan_.microBatches;
   if (static_cast<int>(inputs.size()) != m || static_cast<int>(targets.size()) != m)
     fail("a step of " + std::to_string(inputs.size()) + " micro-batches for a plan of " + std::to_string(m));
-  const float lossScale = 1.0f / static_cast<float>(m);
+  const float lossScale = scale / static_cast<float>(m);
   const size_t boundary = model_.boundaryElements(B, T);
   const bool split = plan_.splitBackward;
   if (timing_) {
@@ -163,7 +163,6 @@ double Executor::run(const std::vector<const int32_t*>& inputs, const std::vecto
   if (!slots_.empty()) fail("the plan left micro-batches without their backward");
   LOOM_PAR_CHECK(sendActivations_, ops_.synchronize(activationSends_, sendActivations_));
   LOOM_PAR_CHECK(sendGradients_, ops_.synchronize(gradientSends_, sendGradients_));
-  model_.synchronizeTiedGradients();
   return scalars_.sum(losses) / m;  // only the last stage's forwards have losses
 }
 

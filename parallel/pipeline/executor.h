@@ -11,8 +11,8 @@
 // it. A send is queued on a stream per kind and never waited for within the step, which is what schedule.h's
 // simulation assumes (sends buffered), so that no plan it accepts can deadlock here: the data to send is copied to
 // a buffer of its own first, so the activation slot it came from may be reused at once, and the send streams are
-// drained when the step ends. After the last action the tied token embedding's gradients are summed across the
-// first and last stages (Gpt::synchronizeTiedGradients).
+// drained when the step ends. The trainer then sums the tied token embedding's gradients across the first and last
+// stages (Gpt::synchronizeTiedGradients).
 //
 // Memory. Each micro-batch in flight on a chunk takes an activation slot of the model, from its forward (or the
 // receive before it) to its backward (with ZB-H1: its W); a slot freed is reused by the next micro-batch, so a
@@ -49,9 +49,9 @@ class Executor : public MicroBatchRunner {
   Executor& operator=(const Executor&) = delete;
 
   // One step: inputs.size() must be the plan's micro-batches. Adds their gradients to the model's (zero them first
-  // for a fresh step) and returns the mean loss.
-  double run(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets, int B,
-             int T) override;
+  // for a fresh step; the tied embedding's two halves are left apart) and returns the mean loss.
+  double run(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets, int B, int T,
+             float lossScale = 1.0f) override;
   const Plan& plan() const { return plan_; }
   void setTiming(bool on) { timing_ = on; }
   // The last timed run's compute actions on every stage, in seconds from its start. Collective over the pipeline.

@@ -13,10 +13,15 @@ DdpTrainer::DdpTrainer(Gpt& model, loomComm_t comm, DdpOptions options)
     : model_(model),
       comm_(comm),
       pipeline_(options.pipeline),
-      buckets_(comm, model.ops(), model.layout(), options.bucketBytes),
+      buckets_(comm, model.ops(), model.layout(), options.bucketBytes, options.expertComm),
       optimizer_(model.layout(), options.adamw, 0, model.layout().total, model.ops()),
       scalars_(comm, model.ops()) {
   if (optimizer_.mixed()) optimizer_.setMasterWeights(downloadParams().data());
+  if (options.expertComm != nullptr) {
+    int ranks = 1;
+    loomCommCount(comm, &ranks);
+    lossScale_ = 1.0f / static_cast<float>(ranks);
+  }
 }
 
 std::vector<float> DdpTrainer::downloadParams() const {
@@ -29,16 +34,18 @@ StepReport DdpTrainer::step(const std::vector<const int32_t*>& inputs, const std
                             int B, int T) {
   const auto start = std::chrono::steady_clock::now();
   const size_t micro = inputs.size();
-  const float lossScale = 1.0f / static_cast<float>(micro);
+  const float lossScale = lossScale_ / static_cast<float>(micro);
   model_.zeroGrads();
   void* grads = model_.grads().data();
   double localLoss = 0;
   StepReport report{};
   if (pipeline_ != nullptr) {
-    localLoss = pipeline_->run(inputs, targets, B, T) * static_cast<double>(micro);
+    localLoss = pipeline_->run(inputs, targets, B, T, lossScale_) * static_cast<double>(micro);
     buckets_.start(grads);
     buckets_.unitDone(0);  // every gradient final: every bucket queued at once
     report.exposedSeconds = buckets_.finish();
+    // After the data-parallel sums, so that the first and last stages add the same two halves: equal bits.
+    model_.synchronizeTiedGradients();
   }
   for (size_t k = 0; k < micro && pipeline_ == nullptr; ++k) {
     localLoss += model_.forward(inputs[k], targets[k], B, T);

@@ -22,8 +22,11 @@ struct DdpOptions {
   size_t bucketBytes = size_t{25} << 20;  // PyTorch DDP's default
   AdamWOptions adamw;
   // A pipeline's executor runs the micro-batches over the stages; the gradients are then averaged at once (the
-  // buckets queued together) after the pipeline's last backward.
+  // buckets queued together) after the pipeline's last backward, and the tied embedding's halves summed across the
+  // first and last stages.
   MicroBatchRunner* pipeline = nullptr;
+  // With experts spread over expert-parallel ranks: the ranks that hold the same experts (BucketedAllReduce).
+  loomComm_t expertComm = nullptr;
 };
 
 class DdpTrainer : public Trainer {
@@ -48,6 +51,7 @@ class DdpTrainer : public Trainer {
   Gpt& model_;
   loomComm_t comm_;
   MicroBatchRunner* pipeline_;
+  float lossScale_ = 1;  // 1, or 1 / the data-parallel ranks with an expert communicator
   BucketedAllReduce buckets_;
   AdamW optimizer_;
   Scalars scalars_;

@@ -8,24 +8,31 @@
 
 namespace loom::parallel {
 
-BucketedAllReduce::BucketedAllReduce(loomComm_t comm, Ops& ops, const GptLayout& layout, size_t bucketBytes)
-    : comm_(comm), ops_(ops), unitBegin_(layout.unitBegin) {
+BucketedAllReduce::BucketedAllReduce(loomComm_t comm, Ops& ops, const GptLayout& layout, size_t bucketBytes,
+                                     loomComm_t expertComm)
+    : comm_(comm), expertComm_(expertComm), ops_(ops), unitBegin_(layout.unitBegin) {
   const size_t perBucket = std::max<size_t>(1, bucketBytes / ops.elementBytes());
-  // From the last unit to the first: a unit's elements join the open bucket while it has room; a unit larger
-  // than a bucket is cut into bucket-sized pieces.
+  // From the last unit to the first: a unit's elements join the open bucket while it has room (and, with an expert
+  // communicator, is of the same kind); a unit larger than a bucket is cut into bucket-sized pieces.
   size_t end = layout.total, open = layout.total;
+  bool openExpert = false;
+  auto close = [&](bool expert) {
+    buckets_.push_back({end, open});
+    expertBuckets_.push_back(expert);
+    open = end;
+  };
   for (size_t unit = unitBegin_.size() - 1; unit-- > 0;) {
     const size_t begin = unitBegin_[unit];
+    const bool expert = expertComm_ != nullptr && layout.expertUnit[unit];
+    if (open > end && expert != openExpert) close(openExpert);
+    openExpert = expert;
     while (end - begin > 0) {
       const size_t take = std::min(end - begin, perBucket - (open - end));
       end -= take;
-      if (open - end == perBucket) {
-        buckets_.push_back({end, open});
-        open = end;
-      }
+      if (open - end == perBucket) close(expert);
     }
   }
-  if (open > 0) buckets_.push_back({0, open});
+  if (open > 0) close(openExpert);
   stream_ = ops_.createStream();
 }
 
@@ -46,10 +53,12 @@ void BucketedAllReduce::launchReady() {
   if (launched_ == buckets_.size() || buckets_[launched_].first < finalFrom_) return;
   ops_.commAfterCompute(stream_);
   while (launched_ < buckets_.size() && buckets_[launched_].first >= finalFrom_) {
+    const bool expert = expertBuckets_[launched_];
     const auto [begin, end] = buckets_[launched_++];
     void* bucket = elementAt(ops_, grads_, begin);
-    LOOM_PAR_CHECK(comm_,
-                   loomAllReduce(bucket, bucket, end - begin, loomTypeOf(ops_.dtype()), loomAvg, comm_, stream_));
+    loomComm_t comm = expert ? expertComm_ : comm_;
+    const loomRedOp_t op = expertComm_ != nullptr ? loomSum : loomAvg;
+    LOOM_PAR_CHECK(comm, loomAllReduce(bucket, bucket, end - begin, loomTypeOf(ops_.dtype()), op, comm, stream_));
   }
 }
 

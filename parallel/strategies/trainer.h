@@ -34,9 +34,10 @@ struct MemoryReport {
 class MicroBatchRunner {
  public:
   virtual ~MicroBatchRunner() = default;
-  // The mean over the micro-batches of their mean losses, the same on every rank of the pipeline.
+  // The mean over the micro-batches of their mean losses, the same on every rank of the pipeline. Each micro-batch's
+  // gradient is of its loss times lossScale / k.
   virtual double run(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets, int B,
-                     int T) = 0;
+                     int T, float lossScale = 1.0f) = 0;
 };
 
 class Trainer {

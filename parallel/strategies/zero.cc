@@ -35,6 +35,11 @@ ZeroTrainer::ZeroTrainer(Gpt& model, loomComm_t comm, ZeroOptions options)
     std::fprintf(stderr, "zero: stage %d does not combine with pipeline parallelism (stage 1 does)\n", options.stage);
     std::exit(1);
   }
+  if (model.layout().expertParallel > 1) {
+    std::fprintf(stderr, "zero: experts spread over expert-parallel ranks need DDP (their data-parallel group is "
+                 "another)\n");
+    std::exit(1);
+  }
   if (!model.ownsStorage()) {
     std::fprintf(stderr, "zero: the model must hold its initial parameters\n");
     std::exit(1);
@@ -149,7 +154,13 @@ StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const st
   if (options_.stage >= 2 && micro > 1 && !incoming_.defined())
     incoming_ = Tensor::zeros({static_cast<int64_t>(sharding_.shardElements)}, ops_.dtype(), &ops_);
   double localLoss = 0;
-  if (options_.pipeline != nullptr) localLoss = options_.pipeline->run(inputs, targets, B, T) * static_cast<double>(micro);
+  if (options_.pipeline != nullptr) {
+    localLoss = options_.pipeline->run(inputs, targets, B, T) * static_cast<double>(micro);
+    // Before the reduce-scatters, which leave each rank a slice of its own units (the embeddings' on the first
+    // stage, the head's copy on the last: other slices). With more than 2 data-parallel ranks the two stages' sums
+    // may then differ in order, and the copies in the last bit.
+    model_.synchronizeTiedGradients();
+  }
   for (size_t k = 0; k < micro && options_.pipeline == nullptr; ++k) {
     firstMicro_ = k == 0;
     localLoss += model_.forward(inputs[k], targets[k], B, T);

@@ -49,6 +49,7 @@ struct Training {
   size_t buckets = 0;
   MemoryReport memory;
   int inFlight = 0;            // pipeline stage 0: the most micro-batches it held at once
+  int64_t routed = 0, dropped = 0;  // rank 0's expert assignments, and those dropped over capacity
   size_t activationBytes = 0;  // stage 0's model: every activation slot it kept
   pipeline::Timeline timeline;  // the last step's, measured (with Run::timeline)
 };
@@ -63,6 +64,7 @@ struct Run {
   int pp = 1;
   plan::Schedule schedule = plan::Schedule::k1F1B;
   int chunks = 1;         // per stage (the interleaved schedule)
+  int ep = 1;             // expert-parallel ranks, consecutive data-parallel ranks (with DDP)
   bool timeline = false;  // time the pipeline's actions
   bool sequenceParallel = false;
   int micro = 1;  // micro-batches per step
@@ -92,14 +94,20 @@ inline Training train(const Run& run) {
     loomComm_t world = nullptr;
     LOOM_PAR_CHECK(world, loomCommInitRankConfig(&world, nranks, id, rank, &config));
     const int tp = run.tp, dp = nranks / (run.tp * run.pp), tpRank = rank % tp, dataRank = rank / tp % dp,
-              stage = rank / (tp * dp);
-    loomComm_t comm = world, tensor = nullptr, pipe = nullptr;  // data-parallel, tensor-parallel, pipeline groups
+              stage = rank / (tp * dp), ep = run.ep;
+    // Data-parallel, tensor-parallel, pipeline, expert-parallel and expert-data-parallel groups.
+    loomComm_t comm = world, tensor = nullptr, pipe = nullptr, experts = nullptr, expertData = nullptr;
     if (run.tp > 1 || run.pp > 1) {
       LOOM_PAR_CHECK(world, loomCommSplit(world, rank / tp, tpRank, &tensor, nullptr));
       LOOM_PAR_CHECK(world, loomCommSplit(world, tpRank + tp * stage, dataRank, &comm, nullptr));
       LOOM_PAR_CHECK(world, loomCommSplit(world, rank % (tp * dp), stage, &pipe, nullptr));
     }
-    Gpt model(run.config, ops, tensor, run.sequenceParallel, pipe, run.chunks);
+    if (ep > 1) {
+      LOOM_PAR_CHECK(world, loomCommSplit(world, rank / (tp * ep), dataRank % ep, &experts, nullptr));
+      LOOM_PAR_CHECK(world, loomCommSplit(world, tpRank + tp * (dataRank % ep + ep * stage), dataRank / ep,
+                                          &expertData, nullptr));
+    }
+    Gpt model(run.config, ops, tensor, run.sequenceParallel, pipe, run.chunks, experts);
     model.initialise(42);
     std::unique_ptr<pipeline::Executor> executor;
     if (run.pp > 1) {
@@ -123,6 +131,7 @@ inline Training train(const Run& run) {
       options.bucketBytes = run.bucketBytes;
       options.adamw = adamw;
       options.pipeline = executor.get();
+      options.expertComm = expertData;
       trainer = std::make_unique<DdpTrainer>(model, comm, options);
       ddp = static_cast<DdpTrainer*>(trainer.get());
     } else {
@@ -157,6 +166,8 @@ inline Training train(const Run& run) {
     if (ddp != nullptr) runs[rank].buckets = ddp->buckets().buckets().size();
     runs[rank].memory = trainer->memory();
     runs[rank].activationBytes = model.activationBytes();
+    runs[rank].routed = model.assignmentsRouted();
+    runs[rank].dropped = model.assignmentsDropped();
     if (executor) {
       runs[rank].inFlight = executor->peakInFlight();
       if (run.timeline) runs[rank].timeline = executor->gatherTimeline();
@@ -168,28 +179,35 @@ inline Training train(const Run& run) {
       loomCommDestroy(comm);
       loomCommDestroy(pipe);
     }
+    if (ep > 1) {
+      loomCommDestroy(experts);
+      loomCommDestroy(expertData);
+    }
     loomCommDestroy(world);
   };
   std::vector<std::thread> threads;
   for (int r = 0; r < nranks; ++r) threads.emplace_back(rankMain, r);
   for (auto& thread : threads) thread.join();
-  const int tp = run.tp, dp = nranks / (run.tp * run.pp);
-  auto peerInGroup0 = [&](int r) { return r % tp + tp * dp * (r / (tp * dp)); };  // same tp rank and stage, dp 0
+  const int tp = run.tp, dp = nranks / (run.tp * run.pp), ep = run.ep;
+  // The rank of the same tensor-parallel rank, stage and experts in expert-data-parallel group 0.
+  auto peerInGroup0 = [&](int r) { return r % tp + tp * (r / tp % dp % ep) + tp * dp * (r / (tp * dp)); };
   for (int r = 1; r < nranks; ++r) {
     EXPECT_EQ(runs[r].losses, runs[0].losses) << "rank " << r << " reports another loss than rank 0";
     EXPECT_EQ(runs[r].params, runs[peerInGroup0(r)].params)
         << "rank " << r << " ends with other parameters than its peer in data-parallel group 0";
   }
-  if (run.tp > 1 || run.pp > 1) {  // the whole model from the tensor-parallel ranks' parts of every stage
+  if (run.tp > 1 || run.pp > 1 || ep > 1) {  // the whole model from the parts of every stage, tp rank and experts
     const GptLayout whole = GptLayout::of(run.config);
     std::vector<float> params(whole.total);
-    for (int stage = 0; stage < run.pp; ++stage) {
-      const GptLayout part = GptLayout::of(run.config, tp, PipelineStage{run.pp, stage, run.chunks});
-      for (int t = 0; t < tp; ++t) part.unshard(whole, runs[t + tp * dp * stage].params.data(), t, params.data());
-    }
+    for (int stage = 0; stage < run.pp; ++stage)
+      for (int e = 0; e < ep; ++e) {
+        const GptLayout part = GptLayout::of(run.config, tp, PipelineStage{run.pp, stage, run.chunks}, ep, e);
+        for (int t = 0; t < tp; ++t)
+          part.unshard(whole, runs[t + tp * e + tp * dp * stage].params.data(), t, params.data());
+      }
     for (int t = 0; t < tp && run.pp > 1; ++t) {  // the tied head's copy of the token embedding stayed equal
-      const GptLayout firstStage = GptLayout::of(run.config, tp, PipelineStage{run.pp, 0, run.chunks}),
-                      lastStage = GptLayout::of(run.config, tp, PipelineStage{run.pp, run.pp - 1, run.chunks});
+      const GptLayout firstStage = GptLayout::of(run.config, tp, PipelineStage{run.pp, 0, run.chunks}, ep, 0),
+                      lastStage = GptLayout::of(run.config, tp, PipelineStage{run.pp, run.pp - 1, run.chunks}, ep, 0);
       const ParamRange* embedding = firstStage.find("wte.weight");
       const ParamRange* head = lastStage.find("wte.weight");
       EXPECT_TRUE(head->tiedCopy);

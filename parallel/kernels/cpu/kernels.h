@@ -71,4 +71,13 @@ double sumOfSquares(const float* grads, size_t n);
 float clipFactor(double globalSumOfSquares, float maxNorm);
 void scale(float* values, size_t n, float factor);
 
+// The mixture-of-experts layer's row movements, rows of C values. gatherRows: out[i] = scales[i] inp[rows[i]]
+// (scales null: 1), the dispatch of tokens to their experts' rows and the combine's backward. combineRows: out[t] +=
+// the sum over j of gates[t k + j] inp[slots[t k + j]], slots below 0 skipped (gates null: 1), the combine of each
+// token's k expert outputs and the dispatch's backward; summed in fp32 in the order of j, then added. rowDots:
+// out[i] = a[rows[i]] . b[i] (fp32, summed in double), the gates' gradients.
+void gatherRows(float* out, const float* inp, const int32_t* rows, const float* scales, int n, int C);
+void combineRows(float* out, const float* inp, const int32_t* slots, const float* gates, int tokens, int k, int C);
+void rowDots(float* out, const float* a, const int32_t* rows, const float* b, int n, int C);
+
 }  // namespace loom::parallel::cpu

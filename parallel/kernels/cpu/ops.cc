@@ -98,6 +98,16 @@ class CpuOps final : public Ops {
     cpu::crossEntropyBackward(f(dlogits), dlosses, f(probs), targets, N, V);
   }
   double sumOfSquares(const void* values, size_t n) override { return cpu::sumOfSquares(f(values), n); }
+  void gatherRows(void* out, const void* inp, const int32_t* rows, const float* scales, int n, int C) override {
+    cpu::gatherRows(f(out), f(inp), rows, scales, n, C);
+  }
+  void combineRows(void* out, const void* inp, const int32_t* slots, const float* gates, int tokens, int k,
+                   int C) override {
+    cpu::combineRows(f(out), f(inp), slots, gates, tokens, k, C);
+  }
+  void rowDots(float* out, const void* a, const int32_t* rows, const void* b, int n, int C) override {
+    cpu::rowDots(out, f(a), rows, f(b), n, C);
+  }
   void crossEntropyMax(float* maxes, const void* logits, int N, int V) override {
     cpu::crossEntropyMax(maxes, f(logits), N, V);
   }

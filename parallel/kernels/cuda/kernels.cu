@@ -451,6 +451,43 @@ __global__ void scaleKernel(D* values, size_t n, float factor) {
   for (size_t i = firstIndex(); i < n; i += gridStride()) values[i] = store<D>(load(values[i]) * factor);
 }
 
+template <typename D>
+__global__ void gatherRowsKernel(D* out, const D* inp, const int32_t* rows, const float* scales, int n, int C) {
+  const size_t total = static_cast<size_t>(n) * C;
+  for (size_t i = firstIndex(); i < total; i += gridStride()) {
+    const size_t row = i / C, c = i % C;
+    const float factor = scales != nullptr ? scales[row] : 1.0f;
+    out[i] = store<D>(factor * load(inp[static_cast<size_t>(rows[row]) * C + c]));
+  }
+}
+
+template <typename D>
+__global__ void combineRowsKernel(D* out, const D* inp, const int32_t* slots, const float* gates, int tokens, int k,
+                                  int C) {
+  const size_t total = static_cast<size_t>(tokens) * C;
+  for (size_t i = firstIndex(); i < total; i += gridStride()) {
+    const size_t t = i / C, c = i % C;
+    float sum = 0;
+    for (int j = 0; j < k; ++j) {
+      const int32_t slot = slots[t * k + j];
+      if (slot < 0) continue;
+      sum += (gates != nullptr ? gates[t * k + j] : 1.0f) * load(inp[static_cast<size_t>(slot) * C + c]);
+    }
+    out[i] = store<D>(load(out[i]) + sum);
+  }
+}
+
+template <typename D>
+__global__ void rowDotsKernel(float* out, const D* a, const int32_t* rows, const D* b, int n, int C) {
+  for (size_t i = firstIndex(); i < static_cast<size_t>(n); i += gridStride()) {
+    const D* x = a + static_cast<size_t>(rows[i]) * C;
+    const D* y = b + i * C;
+    float sum = 0;
+    for (int c = 0; c < C; ++c) sum += load(x[c]) * load(y[c]);
+    out[i] = sum;
+  }
+}
+
 // C (m x n) = alpha op(A) op(B) + beta C in cuBLAS's column-major terms, D elements, fp32 accumulation.
 template <typename D>
 void gemm(cublasHandle_t handle, cublasOperation_t opA, cublasOperation_t opB, int m, int n, int k, float alpha,
@@ -681,6 +718,24 @@ void sumOfSquares(double* sum, const E* grads, size_t n, void* stream) {
   cudaFreeAsync(partial, s);
 }
 template <typename E>
+void gatherRows(E* out, const E* inp, const int32_t* rows, const float* scales, int n, int C, void* stream) {
+  if (n == 0) return;
+  gatherRowsKernel<<<blocksFor(static_cast<size_t>(n) * C), kThreads, 0, asStream(stream)>>>(dev(out), dev(inp), rows,
+                                                                                               scales, n, C);
+}
+template <typename E>
+void combineRows(E* out, const E* inp, const int32_t* slots, const float* gates, int tokens, int k, int C,
+                 void* stream) {
+  if (tokens == 0) return;
+  combineRowsKernel<<<blocksFor(static_cast<size_t>(tokens) * C), kThreads, 0, asStream(stream)>>>(
+      dev(out), dev(inp), slots, gates, tokens, k, C);
+}
+template <typename E>
+void rowDots(float* out, const E* a, const int32_t* rows, const E* b, int n, int C, void* stream) {
+  if (n == 0) return;
+  rowDotsKernel<<<blocksFor(static_cast<size_t>(n)), kThreads, 0, asStream(stream)>>>(out, dev(a), rows, dev(b), n, C);
+}
+template <typename E>
 void scale(E* values, size_t n, float factor, void* stream) {
   scaleKernel<<<blocksFor(n), kThreads, 0, asStream(stream)>>>(dev(values), n, factor);
 }
@@ -737,7 +792,10 @@ bool launchFailed(const char** message) {
   template void crossEntropyExp(float*, float*, E*, const E*, const float*, const int32_t*, int, int, void*);     \
   template void crossEntropyFinish(float*, E*, const float*, const float*, int, int, void*);                      \
   template void sumOfSquares(double*, const E*, size_t, void*);                                                   \
-  template void scale(E*, size_t, float, void*);
+  template void scale(E*, size_t, float, void*);                                                                   \
+  template void gatherRows(E*, const E*, const int32_t*, const float*, int, int, void*);                         \
+  template void combineRows(E*, const E*, const int32_t*, const float*, int, int, int, void*);                   \
+  template void rowDots(float*, const E*, const int32_t*, const E*, int, int, void*);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(Bf16)
 #undef LOOM_INSTANTIATE

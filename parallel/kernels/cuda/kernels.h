@@ -86,6 +86,14 @@ template <typename E>
 void sumOfSquares(double* sum, const E* grads, size_t n, void* stream);
 template <typename E>
 void scale(E* values, size_t n, float factor, void* stream);
+// The mixture-of-experts layer's row movements; the sums in fp32, rowDots' in each thread's order over C.
+template <typename E>
+void gatherRows(E* out, const E* inp, const int32_t* rows, const float* scales, int n, int C, void* stream);
+template <typename E>
+void combineRows(E* out, const E* inp, const int32_t* slots, const float* gates, int tokens, int k, int C,
+                 void* stream);
+template <typename E>
+void rowDots(float* out, const E* a, const int32_t* rows, const E* b, int n, int C, void* stream);
 
 // One AdamW step (torch.optim.AdamW's), fp32 throughout, each gradient multiplied by gradScale first (the clipping
 // factor).

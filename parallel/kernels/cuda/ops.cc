@@ -195,6 +195,19 @@ class CudaOps final : public Ops {
     cuda::crossEntropyFinish(losses, e(probs), sums, targetLogits, N, V, stream_);
     launched("cross-entropy finish");
   }
+  void gatherRows(void* out, const void* inp, const int32_t* rows, const float* scales, int n, int C) override {
+    cuda::gatherRows(e(out), e(inp), rows, scales, n, C, stream_);
+    launched("gather rows");
+  }
+  void combineRows(void* out, const void* inp, const int32_t* slots, const float* gates, int tokens, int k,
+                   int C) override {
+    cuda::combineRows(e(out), e(inp), slots, gates, tokens, k, C, stream_);
+    launched("combine rows");
+  }
+  void rowDots(float* out, const void* a, const int32_t* rows, const void* b, int n, int C) override {
+    cuda::rowDots(out, e(a), rows, e(b), n, C, stream_);
+    launched("row dots");
+  }
   double sumOfSquares(const void* values, size_t n) override {
     zero(sum_, sizeof(double));
     cuda::sumOfSquares(sum_, e(values), n, stream_);
