@@ -58,6 +58,9 @@ struct Options {
   int tp = 1;
   bool sequenceParallel = false;
   int pp = 1;
+  int ep = 1;
+  float capacityFactor = -1;  // below 0: the model's
+  std::string dropPolicy;     // "": the model's
   std::string ppSchedule = "1f1b";
   int ppChunks = 0;  // 0: 2 for the interleaved schedule, else 1
   std::string ppTimeline;
@@ -80,7 +83,8 @@ struct Options {
 [[noreturn]] void usage(const char* problem) {
   if (problem != nullptr) std::fprintf(stderr, "loom-train: %s\n", problem);
   std::fprintf(stderr,
-               "usage: loom-train [--model gpt-tiny|gpt2-124m] [--layers L] [--device cpu|cuda] [--dtype fp32|bf16]\n"
+               "usage: loom-train [--model gpt-tiny|gpt2-124m|moe-tiny] [--layers L] [--device cpu|cuda]\n"
+               "                  [--dtype fp32|bf16] [--ep N] [--capacity-factor X] [--drop-policy position|probability]\n"
                "                  [--tp N] [--sp] [--dp N] [--zero 0|1|2|3]\n"
                "                  [--pp N] [--pp-schedule gpipe|1f1b|interleaved|zb-h1] [--pp-chunks V]\n"
                "                  [--pp-timeline FILE.png|FILE.txt] [--steps N] [--batch B]\n"
@@ -106,6 +110,9 @@ Options parse(int argc, char** argv) {
   Options o;
   static const option longOptions[] = {{"model", required_argument, nullptr, 'm'},
                                        {"layers", required_argument, nullptr, 'n'},
+                                       {"ep", required_argument, nullptr, 'E'},
+                                       {"capacity-factor", required_argument, nullptr, 'c'},
+                                       {"drop-policy", required_argument, nullptr, 'x'},
                                        {"device", required_argument, nullptr, 'G'},
                                        {"dtype", required_argument, nullptr, 'y'},
                                        {"dp", required_argument, nullptr, 'd'},
@@ -141,6 +148,20 @@ Options parse(int argc, char** argv) {
         break;
       case 'n':
         o.layers = intArg(optarg, "layers", 1, 1 << 12);
+        break;
+      case 'E':
+        o.ep = intArg(optarg, "ep", 1, 1 << 12);
+        break;
+      case 'c': {
+        char* end = nullptr;
+        o.capacityFactor = std::strtof(optarg, &end);
+        if (end == optarg || *end != '\0' || !(o.capacityFactor >= 0))
+          usage("--capacity-factor: expected a number, 0 or more (0: no capacity)");
+        break;
+      }
+      case 'x':
+        o.dropPolicy = optarg;
+        if (o.dropPolicy != "position" && o.dropPolicy != "probability") usage("--drop-policy: position or probability");
         break;
       case 'G':
         o.device = optarg;
@@ -246,6 +267,7 @@ Options parse(int argc, char** argv) {
   if (o.pp > 1 && o.zero >= 2)
     usage("--zero 2 and 3 shard gradients unit by unit as backward releases them, which a pipeline's interleaved "
           "micro-batches do not allow: with --pp use --zero 0 or 1");
+  if (o.ep > 1 && o.zero != 0) usage("--ep: experts spread over expert-parallel ranks train with DDP (--zero 0)");
   if (o.pp > 1 && o.evalEvery > 0)
     usage("--eval-every runs the whole model on each rank: not with --pp");
   if (!o.ppTimeline.empty() && (o.pp == 1 || (!o.ppTimeline.ends_with(".png") && !o.ppTimeline.ends_with(".txt"))))
@@ -388,8 +410,15 @@ int main(int argc, char** argv) {
   // One thread per rank for the GEMMs (the kernels' own rule): ranks are processes, one per core.
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
   GptConfig config;
-  if (!GptConfig::preset(o.model, &config)) usage(("--model " + o.model + ": gpt-tiny or gpt2-124m").c_str());
+  if (!GptConfig::preset(o.model, &config))
+    usage(("--model " + o.model + ": gpt-tiny, gpt2-124m or moe-tiny").c_str());
   if (o.layers > 0) config.layers = o.layers;
+  if (config.experts == 0 && (o.ep > 1 || o.capacityFactor >= 0 || !o.dropPolicy.empty()))
+    usage("--ep, --capacity-factor and --drop-policy are for a mixture of experts (--model moe-tiny)");
+  if (config.experts > 0 && o.tp > 1) usage("--tp: experts do not combine with tensor parallelism; use --ep");
+  if (o.capacityFactor >= 0) config.capacityFactor = o.capacityFactor;
+  if (!o.dropPolicy.empty())
+    config.dropPolicy = o.dropPolicy == "position" ? DropPolicy::kPosition : DropPolicy::kProbability;
 
   // The world: under a launcher from its variables, else one rank in this process.
   loomComm_t comm = nullptr;
@@ -404,19 +433,27 @@ int main(int argc, char** argv) {
   int rank = 0, nranks = 1;
   loomCommUserRank(comm, &rank);
   loomCommCount(comm, &nranks);
-  // The mesh: tensor-parallel groups of consecutive ranks, data parallelism across them, pipeline stages slowest.
-  Mesh mesh;
+  // The meshes (Megatron's order): tensor-parallel groups of consecutive ranks, data parallelism across them,
+  // pipeline stages slowest; the experts' expert-parallel groups of consecutive data-parallel ranks, and the ranks
+  // holding the same experts across those.
+  ParallelMeshes meshes;
   std::string meshError;
   const int modelParallel = o.tp * o.pp;
+  ParallelSizes sizes;
+  sizes.tp = o.tp;
+  sizes.pp = o.pp;
+  sizes.dp = nranks % modelParallel == 0 ? nranks / modelParallel : 0;
+  sizes.ep = o.ep;
   if (nranks % modelParallel != 0 || (o.dp != 0 && o.dp * modelParallel != nranks) ||
-      !Mesh::make("tp-dp-pp", {{"tp", o.tp}, {"dp", nranks / modelParallel}, {"pp", o.pp}}, nranks, &mesh,
-                  &meshError)) {
+      sizes.dp % o.ep != 0 || !ParallelMeshes::make(sizes, nranks, &meshes, &meshError)) {
     if (rank == 0)
-      std::fprintf(stderr, "loom-train: --tp %d%s x --pp %d does not lay out the job's %d ranks%s%s\n", o.tp,
-                   o.dp != 0 ? (" x --dp " + std::to_string(o.dp)).c_str() : "", o.pp, nranks,
-                   meshError.empty() ? "" : ": ", meshError.c_str());
+      std::fprintf(stderr, "loom-train: --tp %d%s x --pp %d%s does not lay out the job's %d ranks%s%s\n", o.tp,
+                   o.dp != 0 ? (" x --dp " + std::to_string(o.dp)).c_str() : "", o.pp,
+                   o.ep > 1 ? (" with --ep " + std::to_string(o.ep) + " within data parallelism").c_str() : "",
+                   nranks, meshError.empty() ? "" : ": ", meshError.c_str());
     return 2;
   }
+  const Mesh& mesh = meshes.dense;
   const int dpSize = nranks / modelParallel, dpRank = mesh.coordinate(rank, "dp");
   plan::Schedule schedule = plan::Schedule::k1F1B;
   plan::parseSchedule(o.ppSchedule, &schedule);
@@ -499,13 +536,16 @@ int main(int argc, char** argv) {
 #endif
   }
 
-  // The groups' communicators, of the model's kind; and a host one over the model-parallel ranks (tensor and
-  // pipeline) for the checkpoints' gathers.
+  // The groups' communicators, of the model's kind; and a host one over the ranks whose parts make up the model
+  // (tensor, pipeline and expert parallel: the expert mesh's groups but data parallelism) for the checkpoints'
+  // gathers.
   auto groups = std::make_unique<MeshComms>(trainComm, mesh, std::vector<std::string>{"tp", "dp", "pp"});
-  std::unique_ptr<MeshComms> hostGroups;
-  if (modelParallel > 1) hostGroups = std::make_unique<MeshComms>(comm, mesh, std::vector<std::string>{"tp-pp"});
+  std::unique_ptr<MeshComms> expertGroups, hostGroups;
+  if (o.ep > 1) expertGroups = std::make_unique<MeshComms>(trainComm, meshes.expert, std::vector<std::string>{"ep", "dp"});
+  const int parts = modelParallel * o.ep;
+  if (parts > 1) hostGroups = std::make_unique<MeshComms>(comm, meshes.expert, std::vector<std::string>{"tp-ep-pp"});
   Gpt model(config, *ops, o.tp > 1 ? groups->get("tp") : nullptr, o.sequenceParallel,
-            o.pp > 1 ? groups->get("pp") : nullptr, o.ppChunks);
+            o.pp > 1 ? groups->get("pp") : nullptr, o.ppChunks, o.ep > 1 ? expertGroups->get("ep") : nullptr);
   model.initialise(o.seed);
   const GptLayout whole = GptLayout::of(config);
   std::unique_ptr<pipeline::Executor> executor;
@@ -517,6 +557,7 @@ int main(int argc, char** argv) {
     DdpOptions options;
     options.adamw = adamw;
     options.pipeline = executor.get();
+    options.expertComm = o.ep > 1 ? expertGroups->get("dp") : nullptr;
     trainer = std::make_unique<DdpTrainer>(model, groups->get("dp"), options);
   } else {
     ZeroOptions options;
@@ -535,12 +576,13 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (checkpoint.config.channels != config.channels || checkpoint.config.layers != config.layers ||
-        checkpoint.config.vocab != config.vocab || checkpoint.m.empty()) {
+        checkpoint.config.vocab != config.vocab || checkpoint.config.experts != config.experts ||
+        checkpoint.config.hidden() != config.hidden() || checkpoint.m.empty()) {
       if (rank == 0)
         std::fprintf(stderr, "loom-train: --resume %s holds another model, or no optimizer state\n", o.resume.c_str());
       return 2;
     }
-    if (modelParallel > 1) {  // this rank's part of the whole model's state
+    if (parts > 1) {  // this rank's part of the whole model's state
       const int part = model.tensorParallelRank();
       for (std::vector<float>* values : {&checkpoint.params, &checkpoint.m, &checkpoint.v}) {
         std::vector<float> local(model.layout().total);
@@ -556,22 +598,23 @@ int main(int argc, char** argv) {
     Checkpoint checkpoint;
     checkpoint.config = config;
     trainer->exportState(&checkpoint.params, &checkpoint.m, &checkpoint.v);
-    if (modelParallel > 1) {
-      // Every model-parallel rank's part (tp rank t of stage s is part t + tp s), padded to the largest, gathered
-      // over the host into the whole model's layout.
+    if (parts > 1) {
+      // Every part (tp rank t, experts e, stage s is part t + tp (e + ep s)), padded to the largest, gathered over
+      // the host into the whole model's layout.
       std::vector<GptLayout> layouts;
       size_t largest = 0;
-      for (int part = 0; part < modelParallel; ++part) {
-        layouts.push_back(GptLayout::of(config, o.tp, PipelineStage{o.pp, part / o.tp, o.ppChunks}));
+      for (int part = 0; part < parts; ++part) {
+        layouts.push_back(GptLayout::of(config, o.tp, PipelineStage{o.pp, part / (o.tp * o.ep), o.ppChunks}, o.ep,
+                                        part / o.tp % o.ep));
         largest = std::max(largest, layouts.back().total);
       }
       for (std::vector<float>* values : {&checkpoint.params, &checkpoint.m, &checkpoint.v}) {
-        std::vector<float> parts(largest * modelParallel), full(whole.total);
+        std::vector<float> gathered(largest * parts), full(whole.total);
         values->resize(largest);
-        LOOM_PAR_CHECK(comm, loomAllGather(values->data(), parts.data(), largest, loomFloat32,
-                                           hostGroups->get("tp-pp"), nullptr));
-        for (int part = 0; part < modelParallel; ++part)
-          layouts[part].unshard(whole, parts.data() + part * largest, part % o.tp, full.data());
+        LOOM_PAR_CHECK(comm, loomAllGather(values->data(), gathered.data(), largest, loomFloat32,
+                                           hostGroups->get("tp-ep-pp"), nullptr));
+        for (int part = 0; part < parts; ++part)
+          layouts[part].unshard(whole, gathered.data() + part * largest, part % o.tp, full.data());
         *values = std::move(full);
       }
     }
@@ -587,7 +630,11 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     std::printf("# loom-train: %s, %zu parameters (L=%d H=%d C=%d T=%d V=%d)", o.model.c_str(), whole.total,
                 config.layers, config.heads, config.channels, config.maxT, config.vocab);
-    if (modelParallel > 1) std::printf(", %zu on rank 0", model.layout().total);
+    if (parts > 1) std::printf(", %zu on rank 0", model.layout().total);
+    if (config.experts > 0)
+      std::printf("; %d experts of %d hidden units, top-%d, capacity factor %g (%s drops)%s", config.experts,
+                  config.hidden(), config.topk, config.capacityFactor, dropPolicyName(config.dropPolicy),
+                  o.ep > 1 ? (", over ep=" + std::to_string(o.ep)).c_str() : "");
     std::printf("\n");
     std::string pipelineText;
     if (o.pp > 1)
@@ -698,6 +745,12 @@ int main(int argc, char** argv) {
     if (stepsRun > 0)
       std::printf("# activations per rank: %s kept for backward, %s of buffers for their gradients\n",
                   humanBytes(model.activationBytes()).c_str(), humanBytes(model.activationGradientBytes()).c_str());
+    if (config.experts > 0 && model.assignmentsRouted() > 0)
+      std::printf("# experts: rank 0 dropped %.2f%% of its %lld token assignments over capacity; load-balancing "
+                  "loss %.4f in its last forward (%.4f when balanced)\n",
+                  100.0 * static_cast<double>(model.assignmentsDropped()) / model.assignmentsRouted(),
+                  static_cast<long long>(model.assignmentsRouted()), model.lastAuxLoss(),
+                  config.auxLossCoefficient * config.layers / o.pp);
     if (executor && stepsRun > 0) {
       const double formula = plan::bubbleFraction(schedule, o.pp, o.accumulation, o.ppChunks);
       std::sort(bubbles.begin(), bubbles.end());

@@ -1,13 +1,19 @@
 // Checkpoint files (checkpoint.h). Layout of version 1, every field little-endian:
 //   0   char[8]   "LOOMCKPT"
-//   8   u32       version (1)
-//   12  u32       header bytes (64)
+//   8   u32       version (1, or 2 for a mixture of experts)
+//   12  u32       header bytes (64; 96 in version 2)
 //   16  i32 x 5   layers, heads, channels, maxT, vocab
 //   36  u32       element type (0: fp32)
 //   40  u64       parameter count (must be the config's)
 //   48  u64       optimizer step
 //   56  u64       data position
-//   64  f32 x n   parameters; then, when saved, f32 x n first moments and f32 x n second moments
+//   version 2 only:
+//   64  i32 x 3   experts, top-k, each expert's MLP width
+//   76  f32       capacity factor
+//   80  u32       drop policy (0: position, 1: probability)
+//   84  f32       load-balancing loss coefficient
+//   88  u64       0 (reserved)
+//   64 (96)  f32 x n   parameters; then, when saved, f32 x n first moments and f32 x n second moments
 //   end u64       FNV-1a 64 of every byte before it
 // Whether the moments are there follows from the size, which must fit exactly 1 or 3 arrays.
 #include "parallel/model/checkpoint.h"
@@ -23,7 +29,7 @@ namespace loom::parallel {
 namespace {
 
 constexpr char kMagic[8] = {'L', 'O', 'O', 'M', 'C', 'K', 'P', 'T'};
-constexpr size_t kHeaderBytes = 64;
+constexpr size_t kHeaderBytes = 64, kExpertHeaderBytes = 96;
 
 uint64_t fnv1a(const unsigned char* data, size_t bytes, uint64_t hash = 0xcbf29ce484222325ull) {
   for (size_t i = 0; i < bytes; ++i) hash = (hash ^ data[i]) * 0x100000001b3ull;
@@ -70,11 +76,13 @@ bool writeCheckpoint(const std::string& path, const Checkpoint& checkpoint, std:
     return false;
   }
   const size_t arrays = moments ? 3 : 1;
-  std::vector<unsigned char> bytes(kHeaderBytes + arrays * n * sizeof(float) + sizeof(uint64_t));
-  std::memcpy(bytes.data(), kMagic, sizeof(kMagic));
-  put<uint32_t>(&bytes, 8, kCheckpointVersion);
-  put<uint32_t>(&bytes, 12, kHeaderBytes);
   const GptConfig& c = checkpoint.config;
+  const bool experts = c.experts > 0;
+  const size_t header = experts ? kExpertHeaderBytes : kHeaderBytes;
+  std::vector<unsigned char> bytes(header + arrays * n * sizeof(float) + sizeof(uint64_t));
+  std::memcpy(bytes.data(), kMagic, sizeof(kMagic));
+  put<uint32_t>(&bytes, 8, experts ? 2 : 1);
+  put<uint32_t>(&bytes, 12, static_cast<uint32_t>(header));
   put<int32_t>(&bytes, 16, c.layers);
   put<int32_t>(&bytes, 20, c.heads);
   put<int32_t>(&bytes, 24, c.channels);
@@ -84,7 +92,16 @@ bool writeCheckpoint(const std::string& path, const Checkpoint& checkpoint, std:
   put<uint64_t>(&bytes, 40, n);
   put<uint64_t>(&bytes, 48, checkpoint.step);
   put<uint64_t>(&bytes, 56, checkpoint.dataPosition);
-  size_t at = kHeaderBytes;
+  if (experts) {
+    put<int32_t>(&bytes, 64, c.experts);
+    put<int32_t>(&bytes, 68, c.topk);
+    put<int32_t>(&bytes, 72, c.hidden());
+    put<float>(&bytes, 76, c.capacityFactor);
+    put<uint32_t>(&bytes, 80, c.dropPolicy == DropPolicy::kPosition ? 0 : 1);
+    put<float>(&bytes, 84, c.auxLossCoefficient);
+    put<uint64_t>(&bytes, 88, 0);
+  }
+  size_t at = header;
   for (const std::vector<float>* array : {&checkpoint.params, &checkpoint.m, &checkpoint.v}) {
     if (array->empty()) continue;
     std::memcpy(bytes.data() + at, array->data(), n * sizeof(float));
@@ -143,14 +160,28 @@ bool readCheckpoint(const std::string& path, Checkpoint* checkpoint, std::string
     return false;
   }
   const uint32_t version = get<uint32_t>(bytes, 8);
-  if (version != kCheckpointVersion || get<uint32_t>(bytes, 12) != kHeaderBytes) {
-    *error = "checkpoint: " + path + " is version " + std::to_string(version) + "; this build reads version " +
+  const size_t header = version == 2 ? kExpertHeaderBytes : kHeaderBytes;
+  if (version < 1 || version > kCheckpointVersion || get<uint32_t>(bytes, 12) != header ||
+      bytes.size() < header + sizeof(uint64_t)) {
+    *error = "checkpoint: " + path + " is version " + std::to_string(version) + "; this build reads versions 1 to " +
              std::to_string(kCheckpointVersion);
     return false;
   }
   Checkpoint result;
   result.config = GptConfig{get<int32_t>(bytes, 16), get<int32_t>(bytes, 20), get<int32_t>(bytes, 24),
                             get<int32_t>(bytes, 28), get<int32_t>(bytes, 32)};
+  if (version == 2) {
+    result.config.experts = get<int32_t>(bytes, 64);
+    result.config.topk = get<int32_t>(bytes, 68);
+    result.config.ffn = get<int32_t>(bytes, 72);
+    result.config.capacityFactor = get<float>(bytes, 76);
+    result.config.dropPolicy = get<uint32_t>(bytes, 80) == 0 ? DropPolicy::kPosition : DropPolicy::kProbability;
+    result.config.auxLossCoefficient = get<float>(bytes, 84);
+    if (result.config.experts < 1) {
+      *error = "checkpoint: " + path + " is version 2 without experts";
+      return false;
+    }
+  }
   const std::string problem = result.config.check();
   if (!problem.empty()) {
     *error = "checkpoint: " + path + " holds an invalid model: " + problem;
@@ -163,7 +194,7 @@ bool readCheckpoint(const std::string& path, Checkpoint* checkpoint, std::string
              std::to_string(GptLayout::of(result.config).total) + " fp32 ones";
     return false;
   }
-  const size_t body = bytes.size() - kHeaderBytes - sizeof(uint64_t);
+  const size_t body = bytes.size() - header - sizeof(uint64_t);
   if (body != n * sizeof(float) && body != 3 * n * sizeof(float)) {
     *error = "checkpoint: " + path + " is " + std::to_string(bytes.size()) + " bytes, which fits neither " +
              "parameters alone nor parameters with moments (truncated?)";
@@ -176,7 +207,7 @@ bool readCheckpoint(const std::string& path, Checkpoint* checkpoint, std::string
   }
   result.step = get<uint64_t>(bytes, 48);
   result.dataPosition = get<uint64_t>(bytes, 56);
-  const float* arrays = reinterpret_cast<const float*>(bytes.data() + kHeaderBytes);
+  const float* arrays = reinterpret_cast<const float*>(bytes.data() + header);
   result.params.assign(arrays, arrays + n);
   if (body == 3 * n * sizeof(float)) {
     result.m.assign(arrays + n, arrays + 2 * n);

@@ -57,6 +57,26 @@ TEST(Checkpoint, ReadsBackWhatWasWritten) {
   }
 }
 
+TEST(Checkpoint, KeepsAMixtureOfExpertsConfiguration) {
+  const std::string path = temporaryPath("moe");
+  Checkpoint written;
+  ASSERT_TRUE(GptConfig::preset("moe-tiny", &written.config));
+  written.config.dropPolicy = DropPolicy::kProbability;
+  written.params.assign(GptLayout::of(written.config).total, 0.5f);
+  std::string error;
+  ASSERT_TRUE(writeCheckpoint(path, written, &error)) << error;
+  Checkpoint read;
+  ASSERT_TRUE(readCheckpoint(path, &read, &error)) << error;
+  EXPECT_EQ(read.config.experts, 4);
+  EXPECT_EQ(read.config.topk, 2);
+  EXPECT_EQ(read.config.hidden(), 256);
+  EXPECT_EQ(read.config.capacityFactor, 1.25f);
+  EXPECT_EQ(read.config.dropPolicy, DropPolicy::kProbability);
+  EXPECT_EQ(read.config.auxLossCoefficient, written.config.auxLossCoefficient);
+  EXPECT_EQ(read.params, written.params);
+  std::remove(path.c_str());
+}
+
 TEST(Checkpoint, RefusesBadFilesByName) {
   const std::string path = temporaryPath("bad");
   std::string error;
@@ -75,9 +95,9 @@ TEST(Checkpoint, RefusesBadFilesByName) {
   rewrite("not a checkpoint at all, but long enough to have a header of sixty-four bytes and more.....");
   refused("not a loom checkpoint");
   std::string other = bytes;
-  other[8] = 2;  // version 2
+  other[8] = 3;  // version 3
   rewrite(other);
-  refused("version 2");
+  refused("version 3");
   rewrite(bytes.substr(0, bytes.size() - 100));
   refused("truncated");
   std::string flipped = bytes;

@@ -5,7 +5,8 @@
 # and with tensor (and sequence) parallelism over 2 ranks, whose checkpoints assemble the ranks' parts; a tensor-
 # parallel run's checkpoint also resumes as a one-rank run, to the same losses within fp32 relative error 1e-5 (the
 # two layouts sum in different orders). The same with pipeline parallelism (2 stages; and 2 stages of 2 tensor-
-# parallel ranks under ZeRO-1, resumed on one rank). Then the layouts loom-train must refuse, each with its reason.
+# parallel ranks under ZeRO-1, resumed on one rank), and moe-tiny with its experts over 2 expert-parallel ranks,
+# alone and on 2 pipeline stages. Then the layouts loom-train must refuse, each with its reason.
 # Every run takes its steps in 2 micro-batches (the pipeline's).
 #   tests/parallel/loom_train_resume.sh BUILD_DIR
 set -euo pipefail
@@ -15,7 +16,7 @@ trap 'rm -rf "$dir"' EXIT
 common=(--model gpt-tiny --seq 16 --batch 2 --accumulation 2 --lr 3e-3 --log-every 100)
 status=0
 for config in "1 0" "2 0" "2 2" "2 3" "2 0 --tp 2 --sp" "2 0 --tp 2 =1" "2 0 --pp 2 --pp-schedule zb-h1" \
-  "4 1 --tp 2 --pp 2 =1"; do
+  "4 1 --tp 2 --pp 2 =1" "2 0 --model moe-tiny --ep 2" "4 0 --model moe-tiny --ep 2 --pp 2"; do
   read -r ranks zero layout <<<"$config"
   resumeRanks=$ranks
   if [[ $layout == *=1 ]]; then  # resume on one rank without tensor parallelism
@@ -72,4 +73,8 @@ refuse 2 "with --pp use --zero 0 or 1" --pp 2 --zero 2
 refuse 2 "2 layers do not split into 2 x 2 virtual stages" --pp 2 --pp-schedule interleaved
 refuse 1 "does not lay out the job's 1 ranks" --pp 2
 refuse 2 "not a multiple of 2" --layers 4 --pp 2 --pp-schedule interleaved --accumulation 3
+refuse 2 "train with DDP" --model moe-tiny --ep 2 --zero 1
+refuse 2 "are for a mixture of experts" --ep 2
+refuse 2 "do not combine with tensor parallelism" --model moe-tiny --tp 2
+refuse 2 "with --ep 2 within data parallelism" --model moe-tiny --ep 2 --pp 2
 exit $status
