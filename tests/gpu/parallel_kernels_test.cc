@@ -86,6 +86,48 @@ TEST(ParallelCudaKernels, MatmulMatchesTheCpu) {
   expectClose(dOut.read(), out, 1e-5, "matmul forward without bias");
 }
 
+// The mixture of experts' row movements, with repeated rows, a dropped slot (-1) and gates, and the split halves of
+// the matmul backward (ZB-H1's B and W) each alone.
+TEST(ParallelCudaKernels, ExpertRowsAndSplitMatmulMatchTheCpu) {
+  const int tokens = 40, k = 2, rows = 70;
+  std::vector<float> inp = randomValues(tokens * C, 21), gates = randomValues(tokens * k, 22),
+                     expertRows = randomValues(rows * C, 23), existing = randomValues(tokens * C, 24);
+  std::vector<int32_t> gather(rows), slots(tokens * k);
+  for (int i = 0; i < rows; ++i) gather[i] = (i * 11) % tokens;
+  for (int a = 0; a < tokens * k; ++a) slots[a] = a % 9 == 4 ? -1 : (a * 13) % rows;
+  std::vector<float> gathered(rows * C), scaled(rows * C), combined = existing, dots(rows);
+  cpu::gatherRows(gathered.data(), inp.data(), gather.data(), nullptr, rows, C);
+  cpu::gatherRows(scaled.data(), inp.data(), gather.data(), gates.data(), rows, C);
+  cpu::combineRows(combined.data(), expertRows.data(), slots.data(), gates.data(), tokens, k, C);
+  cpu::rowDots(dots.data(), inp.data(), gather.data(), expertRows.data(), rows, C);
+  DeviceArray<float> dInp(inp), dGates(gates), dExpert(expertRows), dGathered(zeros(rows * C)),
+      dScaled(zeros(rows * C)), dCombined(existing), dDots(zeros(rows));
+  DeviceArray<int32_t> dGather(gather), dSlots(slots);
+  cuda::gatherRows(dGathered.get(), dInp.get(), dGather.get(), nullptr, rows, C, nullptr);
+  cuda::gatherRows(dScaled.get(), dInp.get(), dGather.get(), dGates.get(), rows, C, nullptr);
+  cuda::combineRows(dCombined.get(), dExpert.get(), dSlots.get(), dGates.get(), tokens, k, C, nullptr);
+  cuda::rowDots(dDots.get(), dInp.get(), dGather.get(), dExpert.get(), rows, C, nullptr);
+  expectClose(dGathered.read(), gathered, 0, "gather rows");
+  expectClose(dScaled.read(), scaled, 1e-6, "gather rows with scales");
+  expectClose(dCombined.read(), combined, 1e-6, "combine rows");
+  expectClose(dDots.read(), dots, 1e-5, "row dots");
+
+  const int OC = 2 * C;
+  std::vector<float> weight = randomValues(OC * C, 25), dout = randomValues(BT * OC, 26), in = randomValues(BT * C, 27);
+  std::vector<float> dinp(BT * C), dweight(OC * C), dbias(OC);
+  cpu::matmulBackward(dinp.data(), dweight.data(), dbias.data(), dout.data(), in.data(), weight.data(), BT, C, OC);
+  DeviceArray<float> dWeight(weight), dDout(dout), dIn(in), dDinp(zeros(BT * C)), dDweight(zeros(OC * C)),
+      dDbias(zeros(OC));
+  cuda::matmulBackward<float>(dDinp.get(), nullptr, nullptr, dDout.get(), dIn.get(), dWeight.get(), BT, C, OC,
+                              nullptr);
+  expectClose(dDweight.read(), zeros(OC * C), 0, "the input half writes no weight gradient");
+  cuda::matmulBackward<float>(nullptr, dDweight.get(), dDbias.get(), dDout.get(), dIn.get(), dWeight.get(), BT, C, OC,
+                       nullptr);
+  expectClose(dDinp.read(), dinp, 1e-5, "matmul backward, input half");
+  expectClose(dDweight.read(), dweight, 1e-5, "matmul backward, weight half");
+  expectClose(dDbias.read(), dbias, 1e-5, "matmul backward, bias with the weights");
+}
+
 TEST(ParallelCudaKernels, AttentionMatchesTheCpu) {
   std::vector<float> inp = randomValues(BT * 3 * C, 5), dout = randomValues(BT * C, 6);
   std::vector<float> out(BT * C), att(B * NH * T * T), dinp(BT * 3 * C);

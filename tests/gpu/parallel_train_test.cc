@@ -1,6 +1,9 @@
 // The parallel layer's model and strategies on a CUDA device (parallel/kernels/cuda/ops.h): the accounting of bf16
 // training state (the ZeRO paper's 16 bytes per parameter: bf16 parameters and gradients, fp32 master weights and
-// moments), one rank on the GPU against the CPU, and DDP and ZeRO with 2 ranks sharing the GPU against one rank.
+// moments), one rank on the GPU against the CPU, DDP and ZeRO with 2 ranks sharing the GPU against one rank, and
+// 2 pipeline stages (every schedule) on the GPU against the CPU, and moe-tiny on one GPU rank against the CPU and
+// on 2 expert-parallel ranks against that one (a token whose top-k choice sits on a tie could route differently
+// where the sums differ in order; these seeds have none on the CPU).
 // fp32 runs agree within 1e-4 (the GPU sums in other orders, and the token embedding's gradient with atomics);
 // bf16 runs within 3e-2 (bf16 rounds every activation and gradient). Exits 77 (skipped) without a device.
 #include <gtest/gtest.h>
@@ -83,6 +86,37 @@ TEST(ParallelCudaTraining, TwoRanksSharingTheGpuMatchOneRank) {
   for (Strategy strategy : {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3})
     runs::expectSameTraining(trainOnGpu(DType::kBfloat16, 2, strategy), bf16, 3e-2,
                              "bf16 strategy " + std::to_string(static_cast<int>(strategy)) + ", 2 ranks");
+}
+
+TEST(ParallelCudaTraining, PipelineAndExpertsOnTheGpuFollowTheCpu) {
+  auto onGpu = [](runs::Run run) {
+    run.makeOps = [](int) { return deviceOps(DType::kFloat32); };
+    run.loomDevice = loomDeviceCuda;
+    return runs::train(run);
+  };
+  runs::Run pipelined;
+  pipelined.config = GptConfig{4, 4, 64, runs::kT, 64};
+  pipelined.micro = 4;
+  const Training reference = runs::train(pipelined);
+  pipelined.nranks = 2;
+  pipelined.pp = 2;
+  for (plan::Schedule schedule : {plan::Schedule::kGpipe, plan::Schedule::k1F1B, plan::Schedule::kInterleaved,
+                                  plan::Schedule::kZbH1}) {
+    pipelined.schedule = schedule;
+    pipelined.chunks = schedule == plan::Schedule::kInterleaved ? 2 : 1;
+    runs::expectSameTraining(onGpu(pipelined), reference, 1e-4,
+                             std::string("fp32, 2 stages, ") + plan::scheduleName(schedule));
+  }
+  runs::Run experts;
+  GptConfig::preset("moe-tiny", &experts.config);
+  experts.config.maxT = runs::kT;
+  experts.micro = 2;
+  const Training cpu = runs::train(experts), oneGpuRank = onGpu(experts);
+  runs::expectSameTraining(oneGpuRank, cpu, 1e-4, "fp32 moe-tiny, one rank");
+  experts.nranks = 2;
+  experts.ep = 2;
+  experts.micro = 1;
+  runs::expectSameTraining(onGpu(experts), oneGpuRank, 1e-4, "fp32 moe-tiny, ep 2");
 }
 
 }  // namespace
