@@ -82,16 +82,17 @@ struct Options {
 
 [[noreturn]] void usage(const char* problem) {
   if (problem != nullptr) std::fprintf(stderr, "loom-train: %s\n", problem);
-  std::fprintf(stderr,
-               "usage: loom-train [--model gpt-tiny|gpt2-124m|moe-tiny] [--layers L] [--device cpu|cuda]\n"
-               "                  [--dtype fp32|bf16] [--ep N] [--capacity-factor X] [--drop-policy position|probability]\n"
-               "                  [--tp N] [--sp] [--dp N] [--zero 0|1|2|3]\n"
-               "                  [--pp N] [--pp-schedule gpipe|1f1b|interleaved|zb-h1] [--pp-chunks V]\n"
-               "                  [--pp-timeline FILE.png|FILE.txt] [--steps N] [--batch B]\n"
-               "                  [--seq T] [--accumulation K] [--lr X] [--seed S] [--data synthetic|FILE]\n"
-               "                  [--tokenizer byte|char] [--log-every N] [--metrics FILE.csv|FILE.json]\n"
-               "                  [--plot FILE.png] [--save FILE] [--save-every N] [--resume FILE]\n"
-               "                  [--eval-every N] [--eval-batches K]\n");
+  std::fprintf(
+      stderr,
+      "usage: loom-train [--model gpt-tiny|gpt2-124m|moe-tiny] [--layers L] [--device cpu|cuda]\n"
+      "                  [--dtype fp32|bf16] [--ep N] [--capacity-factor X] [--drop-policy position|probability]\n"
+      "                  [--tp N] [--sp] [--dp N] [--zero 0|1|2|3]\n"
+      "                  [--pp N] [--pp-schedule gpipe|1f1b|interleaved|zb-h1] [--pp-chunks V]\n"
+      "                  [--pp-timeline FILE.png|FILE.txt] [--steps N] [--batch B]\n"
+      "                  [--seq T] [--accumulation K] [--lr X] [--seed S] [--data synthetic|FILE]\n"
+      "                  [--tokenizer byte|char] [--log-every N] [--metrics FILE.csv|FILE.json]\n"
+      "                  [--plot FILE.png] [--save FILE] [--save-every N] [--resume FILE]\n"
+      "                  [--eval-every N] [--eval-batches K]\n");
   std::exit(problem != nullptr ? 2 : 0);
 }
 
@@ -161,7 +162,8 @@ Options parse(int argc, char** argv) {
       }
       case 'x':
         o.dropPolicy = optarg;
-        if (o.dropPolicy != "position" && o.dropPolicy != "probability") usage("--drop-policy: position or probability");
+        if (o.dropPolicy != "position" && o.dropPolicy != "probability")
+          usage("--drop-policy: position or probability");
         break;
       case 'G':
         o.device = optarg;
@@ -265,11 +267,11 @@ Options parse(int argc, char** argv) {
   if (!plan::parseSchedule(o.ppSchedule, &schedule)) usage("--pp-schedule: gpipe, 1f1b, interleaved or zb-h1");
   if (o.ppChunks == 0) o.ppChunks = schedule == plan::Schedule::kInterleaved ? 2 : 1;
   if (o.pp > 1 && o.zero >= 2)
-    usage("--zero 2 and 3 shard gradients unit by unit as backward releases them, which a pipeline's interleaved "
-          "micro-batches do not allow: with --pp use --zero 0 or 1");
+    usage(
+        "--zero 2 and 3 shard gradients unit by unit as backward releases them, which a pipeline's interleaved "
+        "micro-batches do not allow: with --pp use --zero 0 or 1");
   if (o.ep > 1 && o.zero != 0) usage("--ep: experts spread over expert-parallel ranks train with DDP (--zero 0)");
-  if (o.pp > 1 && o.evalEvery > 0)
-    usage("--eval-every runs the whole model on each rank: not with --pp");
+  if (o.pp > 1 && o.evalEvery > 0) usage("--eval-every runs the whole model on each rank: not with --pp");
   if (!o.ppTimeline.empty() && (o.pp == 1 || (!o.ppTimeline.ends_with(".png") && !o.ppTimeline.ends_with(".txt"))))
     usage("--pp-timeline: a file name ending in .png or .txt, with --pp 2 or more");
   return o;
@@ -376,8 +378,8 @@ void plotTimeline(const std::string& path, const pipeline::Timeline& timeline, c
   for (const pipeline::Span& span : timeline.spans) stages = std::max(stages, span.stage + 1);
   std::string script = "set terminal pngcairo size 1200," + std::to_string(160 + 60 * stages) + "; set output '" +
                        path + "'; set title '" + title + "'; set xlabel 'ms'; set ylabel 'stage'; set yrange [-0.6:";
-  script += std::to_string(stages - 0.4) + "] reverse; set ytics 1; set xrange [0:" +
-            std::to_string(timeline.makespan * 1e3) + "]; ";
+  script += std::to_string(stages - 0.4) +
+            "] reverse; set ytics 1; set xrange [0:" + std::to_string(timeline.makespan * 1e3) + "]; ";
   for (const pipeline::Span& span : timeline.spans) {
     const char* color = span.action.op == pipeline::Op::kForward    ? "#3b6fb6"
                         : span.action.op == pipeline::Op::kBackward ? "#3f9b4a"
@@ -388,8 +390,10 @@ void plotTimeline(const std::string& path, const pipeline::Timeline& timeline, c
                   span.start * 1e3, span.stage - 0.35, span.end * 1e3, span.stage + 0.35, color);
     script += box;
   }
-  script += "set key outside right; plot NaN title 'F' lc rgb '#3b6fb6' lw 8, NaN title 'B' lc rgb '#3f9b4a' lw 8, NaN title 'W' lc rgb "
-            "'#e08a2c' lw 8";
+  script +=
+      "set key outside right; plot NaN title 'F' lc rgb '#3b6fb6' lw 8, NaN title 'B' lc rgb '#3f9b4a' lw 8, NaN title "
+      "'W' lc rgb "
+      "'#e08a2c' lw 8";
   const std::string scriptPath = path + ".gp";
   FILE* file = std::fopen(scriptPath.c_str(), "w");
   if (file == nullptr) {
@@ -410,8 +414,7 @@ int main(int argc, char** argv) {
   // One thread per rank for the GEMMs (the kernels' own rule): ranks are processes, one per core.
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
   GptConfig config;
-  if (!GptConfig::preset(o.model, &config))
-    usage(("--model " + o.model + ": gpt-tiny, gpt2-124m or moe-tiny").c_str());
+  if (!GptConfig::preset(o.model, &config)) usage(("--model " + o.model + ": gpt-tiny, gpt2-124m or moe-tiny").c_str());
   if (o.layers > 0) config.layers = o.layers;
   if (config.experts == 0 && (o.ep > 1 || o.capacityFactor >= 0 || !o.dropPolicy.empty()))
     usage("--ep, --capacity-factor and --drop-policy are for a mixture of experts (--model moe-tiny)");
@@ -444,13 +447,13 @@ int main(int argc, char** argv) {
   sizes.pp = o.pp;
   sizes.dp = nranks % modelParallel == 0 ? nranks / modelParallel : 0;
   sizes.ep = o.ep;
-  if (nranks % modelParallel != 0 || (o.dp != 0 && o.dp * modelParallel != nranks) ||
-      sizes.dp % o.ep != 0 || !ParallelMeshes::make(sizes, nranks, &meshes, &meshError)) {
+  if (nranks % modelParallel != 0 || (o.dp != 0 && o.dp * modelParallel != nranks) || sizes.dp % o.ep != 0 ||
+      !ParallelMeshes::make(sizes, nranks, &meshes, &meshError)) {
     if (rank == 0)
       std::fprintf(stderr, "loom-train: --tp %d%s x --pp %d%s does not lay out the job's %d ranks%s%s\n", o.tp,
                    o.dp != 0 ? (" x --dp " + std::to_string(o.dp)).c_str() : "", o.pp,
-                   o.ep > 1 ? (" with --ep " + std::to_string(o.ep) + " within data parallelism").c_str() : "",
-                   nranks, meshError.empty() ? "" : ": ", meshError.c_str());
+                   o.ep > 1 ? (" with --ep " + std::to_string(o.ep) + " within data parallelism").c_str() : "", nranks,
+                   meshError.empty() ? "" : ": ", meshError.c_str());
     return 2;
   }
   const Mesh& mesh = meshes.dense;
@@ -541,7 +544,8 @@ int main(int argc, char** argv) {
   // gathers.
   auto groups = std::make_unique<MeshComms>(trainComm, mesh, std::vector<std::string>{"tp", "dp", "pp"});
   std::unique_ptr<MeshComms> expertGroups, hostGroups;
-  if (o.ep > 1) expertGroups = std::make_unique<MeshComms>(trainComm, meshes.expert, std::vector<std::string>{"ep", "dp"});
+  if (o.ep > 1)
+    expertGroups = std::make_unique<MeshComms>(trainComm, meshes.expert, std::vector<std::string>{"ep", "dp"});
   const int parts = modelParallel * o.ep;
   if (parts > 1) hostGroups = std::make_unique<MeshComms>(comm, meshes.expert, std::vector<std::string>{"tp-ep-pp"});
   Gpt model(config, *ops, o.tp > 1 ? groups->get("tp") : nullptr, o.sequenceParallel,
@@ -746,11 +750,12 @@ int main(int argc, char** argv) {
       std::printf("# activations per rank: %s kept for backward, %s of buffers for their gradients\n",
                   humanBytes(model.activationBytes()).c_str(), humanBytes(model.activationGradientBytes()).c_str());
     if (config.experts > 0 && model.assignmentsRouted() > 0)
-      std::printf("# experts: rank 0 dropped %.2f%% of its %lld token assignments over capacity; load-balancing "
-                  "loss %.4f in its last forward (%.4f when balanced)\n",
-                  100.0 * static_cast<double>(model.assignmentsDropped()) / model.assignmentsRouted(),
-                  static_cast<long long>(model.assignmentsRouted()), model.lastAuxLoss(),
-                  config.auxLossCoefficient * config.layers / o.pp);
+      std::printf(
+          "# experts: rank 0 dropped %.2f%% of its %lld token assignments over capacity; load-balancing "
+          "loss %.4f in its last forward (%.4f when balanced)\n",
+          100.0 * static_cast<double>(model.assignmentsDropped()) / model.assignmentsRouted(),
+          static_cast<long long>(model.assignmentsRouted()), model.lastAuxLoss(),
+          config.auxLossCoefficient * config.layers / o.pp);
     if (executor && stepsRun > 0) {
       const double formula = plan::bubbleFraction(schedule, o.pp, o.accumulation, o.ppChunks);
       std::sort(bubbles.begin(), bubbles.end());

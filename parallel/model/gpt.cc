@@ -361,8 +361,8 @@ double Gpt::gradientSquares(const void* grads, size_t begin, size_t end, size_t 
     return end > begin ? ops_.sumOfSquares(elementAt(ops_, grads, begin - gradsBase), end - begin) : 0;
   double squares = 0;
   for (const ParamRange& range : layout_.params) {
-    if (range.tiedCopy) continue;                      // counted on the first stage
-    if (epRank_ != 0 && !range.expert) continue;       // counted on expert-parallel rank 0
+    if (range.tiedCopy) continue;                                           // counted on the first stage
+    if (epRank_ != 0 && !range.expert) continue;                            // counted on expert-parallel rank 0
     if (tpRank_ != 0 && range.split == TensorSplit::kReplicated) continue;  // counted on tensor-parallel rank 0
     const size_t lo = std::max(begin, range.offset), hi = std::min(end, range.offset + range.numel());
     if (lo < hi) squares += ops_.sumOfSquares(elementAt(ops_, grads, lo - gradsBase), hi - lo);
@@ -695,8 +695,7 @@ float Gpt::forwardPass(int chunk, int index, const int32_t* tokens, const int32_
     ops_.layernormForward(a.lnf.data(), a.lnfMean.f32(), a.lnfRstd.f32(), last, lnfw, lnfb, R, C);
     release(lnfUnit_, false);
     if (headUnit_ != embeddingUnit_) acquire(headUnit_, false);
-    ops_.matmulForward(a.logits.data(), gatherRows(a.lnf.data(), gathered_), unitParams_[headUnit_], nullptr, BT, C,
-                       V);
+    ops_.matmulForward(a.logits.data(), gatherRows(a.lnf.data(), gathered_), unitParams_[headUnit_], nullptr, BT, C, V);
     release(headUnit_, false);
   }
   if (embed && embeddingUnit_ != headUnit_) release(embeddingUnit_, false);
@@ -740,8 +739,8 @@ void Gpt::blockBackward(Slot& slot, int l, bool input, bool weights) {
                    MoeGrads{dw.router, unitGrads_[experts]}, slot.lossScale, input, weights);
   } else {
     // g's dual: the output's gradient over all rows.
-    linear(at(d.fcGelu, 4 * pr), dw.fcProjw, dw.fcProjb, gatherRows(at(d.fcProj, r), gathered_),
-           at(a.fcGelu, 4 * pr), w.fcProjw, 4 * part, C);
+    linear(at(d.fcGelu, 4 * pr), dw.fcProjw, dw.fcProjb, gatherRows(at(d.fcProj, r), gathered_), at(a.fcGelu, 4 * pr),
+           w.fcProjw, 4 * part, C);
     if (input) ops_.geluBackward(at(d.fc, 4 * pr), at(d.fcGelu, 4 * pr), at(a.fc, 4 * pr), 4 * partRows);
     void* mlpInput = input ? partialBuffer(at(d.ln2, r), partial_) : nullptr;  // f's dual: the ranks' parts summed
     linear(mlpInput, dw.fcw, dw.fcb, at(d.fc, 4 * pr), gatherRows(at(a.ln2, r), gathered_), w.fcw, C, 4 * part);
@@ -752,14 +751,12 @@ void Gpt::blockBackward(Slot& slot, int l, bool input, bool weights) {
                       a.ln2Rstd.f32() + l * R);
     ops_.residualBackward(dx, at(d.attProj, r), at(d.residual2, r), rows);
   }
-  linear(at(d.attY, pr), dw.projw, dw.projb, gatherRows(at(d.attProj, r), gathered_), at(a.attY, pr), w.projw, part,
-         C);
+  linear(at(d.attY, pr), dw.projw, dw.projb, gatherRows(at(d.attProj, r), gathered_), at(a.attY, pr), w.projw, part, C);
   if (input)
     ops_.attentionBackward(at(d.qkv, 3 * pr), at(d.attY, pr), at(a.qkv, 3 * pr),
                            at(a.att, static_cast<size_t>(l) * B * NH * T * T), B, T, part, NH);
   void* attentionInput = input ? partialBuffer(at(d.ln1, r), partial_) : nullptr;
-  linear(attentionInput, dw.qkvw, dw.qkvb, at(d.qkv, 3 * pr), gatherRows(at(a.ln1, r), gathered_), w.qkvw, C,
-         3 * part);
+  linear(attentionInput, dw.qkvw, dw.qkvb, at(d.qkv, 3 * pr), gatherRows(at(a.ln1, r), gathered_), w.qkvw, C, 3 * part);
   if (input) {
     finishRows(attentionInput, at(d.ln1, r));
     layernormBackward(dx, dw.ln1w, at(d.ln1, r), x, w.ln1w, a.ln1Mean.f32() + l * R, a.ln1Rstd.f32() + l * R);
@@ -788,8 +785,8 @@ void Gpt::backwardPass(int index, float lossScale, bool weights) {
   Activations& a = slot.acts;
   Activations& d = slot.grads;
   // The kernels add into the gradients: all zero but the output's, which the next virtual stage sent.
-  for (Tensor* t : {&d.encoded, &d.ln1, &d.qkv, &d.attY, &d.attProj, &d.residual2, &d.ln2, &d.fc, &d.fcGelu,
-                    &d.fcProj, &d.lnf, &d.logits})
+  for (Tensor* t : {&d.encoded, &d.ln1, &d.qkv, &d.attY, &d.attProj, &d.residual2, &d.ln2, &d.fc, &d.fcGelu, &d.fcProj,
+                    &d.lnf, &d.logits})
     t->zero();
   ops_.zero(d.residual3.data(), (head ? L : L - 1) * rows * ops_.elementBytes());
   if (head) {

@@ -90,8 +90,8 @@ struct PipelineStage {
   int stages = 1, stage = 0, chunks = 1;
   int virtualStages() const { return stages * chunks; }
   int virtualStage(int chunk) const { return chunk * stages + stage; }
-  bool holdsEmbeddings() const { return stage == 0; }        // virtual stage 0: chunk 0 of stage 0
-  bool holdsHead() const { return stage == stages - 1; }     // the last virtual stage: chunk v-1 of stage p-1
+  bool holdsEmbeddings() const { return stage == 0; }     // virtual stage 0: chunk 0 of stage 0
+  bool holdsHead() const { return stage == stages - 1; }  // the last virtual stage: chunk v-1 of stage p-1
   // Empty, or why `layers` blocks do not cut into this pipeline ("8 layers do not split into 3 x 2 virtual stages").
   std::string check(int layers) const;
 };
@@ -201,8 +201,8 @@ class Gpt {
 
   // A pipeline's passes over chunk `chunk` for the micro-batch on activation slot `slot` (any small number; slots
   // are made as they are first used and kept for reuse). forwardPass takes the tokens on the first virtual stage
-  // and otherwise the previous one's output, written at passInput(chunk, slot, B, T) beforehand; on the last virtual stage it
-  // needs the targets and returns the mean loss (else 0), and elsewhere leaves its output at passOutput(slot).
+  // and otherwise the previous one's output, written at passInput(chunk, slot, B, T) beforehand; on the last virtual
+  // stage it needs the targets and returns the mean loss (else 0), and elsewhere leaves its output at passOutput(slot).
   // backwardPass starts from the loss (times lossScale) on the last virtual stage, and otherwise from the gradient
   // of the output written at outputGradient(slot) beforehand; it leaves the input's gradient at inputGradient(slot)
   // (but on the first virtual stage). With weights false it computes only what the input's gradient needs
@@ -249,11 +249,11 @@ class Gpt {
   // One micro-batch's activations and their gradients on one chunk, with its tokens and loss statistics.
   struct Slot {
     Activations acts, grads;
-    Tensor tokens, targets;                     // int32 [B, T] (this rank's vocabulary ids with tensor parallelism)
-    Tensor crossMax, crossSums, crossTargets;   // the vocabulary-parallel cross-entropy's [B T] statistics
-    std::vector<float> losses;                  // per-position losses, on the host
-    std::vector<MoeState> moe;                  // each layer's routing and experts' activations
-    float lossScale = 1;                        // the last backward's (the load-balancing loss's gradient in W)
+    Tensor tokens, targets;                    // int32 [B, T] (this rank's vocabulary ids with tensor parallelism)
+    Tensor crossMax, crossSums, crossTargets;  // the vocabulary-parallel cross-entropy's [B T] statistics
+    std::vector<float> losses;                 // per-position losses, on the host
+    std::vector<MoeState> moe;                 // each layer's routing and experts' activations
+    float lossScale = 1;                       // the last backward's (the load-balancing loss's gradient in W)
     bool haveTargets = false;
     int chunk = -1, B = 0, T = 0;
   };
@@ -285,9 +285,7 @@ class Gpt {
   Slot& reserve(int slot, int chunk, int B, int T);
   Slot& slotAt(int slot, const char* pass);
   bool firstChunk(int chunk) const { return layout_.stage.virtualStage(chunk) == 0; }
-  bool lastChunk(int chunk) const {
-    return layout_.stage.virtualStage(chunk) == layout_.stage.virtualStages() - 1;
-  }
+  bool lastChunk(int chunk) const { return layout_.stage.virtualStage(chunk) == layout_.stage.virtualStages() - 1; }
   int firstLayer(int chunk) const { return layout_.stage.virtualStage(chunk) * layersPerChunk_; }
   // The head's matmul backward, the blocks' linear layers' and the embeddings', for backwardPass and weightPass:
   // with `input` the input's gradient, with `weights` the weights' (both, but for ZB-H1's split).

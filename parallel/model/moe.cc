@@ -15,9 +15,9 @@ const char* dropPolicyName(DropPolicy policy) { return policy == DropPolicy::kPo
 
 size_t MoeState::bytes() const {
   size_t total = 0;
-  for (const Tensor* t : {&slotOfDevice, &sendTokensDevice, &sendGatesDevice, &toExpertMajorDevice,
-                          &toSourceMajorDevice, &dispatched, &received, &fc, &fcGelu, &expertOut, &returned,
-                          &dExpertOut, &dFc, &dlogits})
+  for (const Tensor* t :
+       {&slotOfDevice, &sendTokensDevice, &sendGatesDevice, &toExpertMajorDevice, &toSourceMajorDevice, &dispatched,
+        &received, &fc, &fcGelu, &expertOut, &returned, &dExpertOut, &dFc, &dlogits})
     total += t->bytes();
   return total;
 }
@@ -29,8 +29,10 @@ MoeLayer::MoeLayer(const MoeShape& shape, Ops& ops, loomComm_t expertParallel)
     loomCommUserRank(comm_, &epRank_);
   }
   if (shape.experts < 1 || shape.topk < 1 || shape.topk > shape.experts || shape.experts % ep_ != 0) {
-    std::fprintf(stderr, "moe: %d experts, top-%d, over %d expert-parallel ranks: top-k must be from 1 to the experts "
-                 "and the ranks must divide the experts\n", shape.experts, shape.topk, ep_);
+    std::fprintf(stderr,
+                 "moe: %d experts, top-%d, over %d expert-parallel ranks: top-k must be from 1 to the experts "
+                 "and the ranks must divide the experts\n",
+                 shape.experts, shape.topk, ep_);
     std::abort();
   }
   if (ep_ > 1) {
@@ -228,12 +230,11 @@ float MoeLayer::forward(MoeState& s, void* out, const void* x, int N, const MoeP
     void* fcGelu = elementAt(ops_, s.fcGelu.data(), static_cast<size_t>(first) * F);
     ops_.matmulForward(fc, elementAt(ops_, s.received.data(), static_cast<size_t>(first) * C), fcw, fcb, n, C, F);
     ops_.geluForward(fcGelu, fc, static_cast<size_t>(n) * F);
-    ops_.matmulForward(elementAt(ops_, s.expertOut.data(), static_cast<size_t>(first) * C), fcGelu, projw, projb, n,
-                       F, C);
+    ops_.matmulForward(elementAt(ops_, s.expertOut.data(), static_cast<size_t>(first) * C), fcGelu, projw, projb, n, F,
+                       C);
   }
   // Combine: back in the order sent, then each token's outputs weighted by its gates.
-  ops_.gatherRows(sourceMajor.data(), s.expertOut.data(), s.toSourceMajorDevice.i32(), nullptr, static_cast<int>(R),
-                  C);
+  ops_.gatherRows(sourceMajor.data(), s.expertOut.data(), s.toSourceMajorDevice.i32(), nullptr, static_cast<int>(R), C);
   s.returned = rows(S, C);
   exchange(sourceMajor.data(), s.receiveRows, s.returned.data(), s.sendRows);
   Tensor gates = floats(s.gates);
@@ -271,8 +272,8 @@ void MoeLayer::backward(MoeState& s, void* dx, const void* dout, const void* x, 
       }
       if (withWeights) {
         ops_.matmulBackward(nullptr, dprojw, dprojb, dOut, fcGelu, projw, n, F, C);
-        ops_.matmulBackward(nullptr, dfcw, dfcb, dFc, elementAt(ops_, s.received.data(), static_cast<size_t>(first) * C),
-                            fcw, n, C, F);
+        ops_.matmulBackward(nullptr, dfcw, dfcb, dFc,
+                            elementAt(ops_, s.received.data(), static_cast<size_t>(first) * C), fcw, n, C, F);
       }
     }
   };

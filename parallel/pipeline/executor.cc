@@ -47,8 +47,8 @@ Executor::Executor(Gpt& model, loomComm_t pipeline, Plan plan)
     for (auto* links : {&activationLinks_, &gradientLinks_}) {
       const bool member = stage_ == j || stage_ == (j + 1) % stages;
       loomComm_t link = nullptr;
-      LOOM_PAR_CHECK(pipeline, loomCommSplit(pipeline, member ? 0 : LOOM_SPLIT_NOCOLOR, stage_ == j ? 0 : 1, &link,
-                                             nullptr));
+      LOOM_PAR_CHECK(pipeline,
+                     loomCommSplit(pipeline, member ? 0 : LOOM_SPLIT_NOCOLOR, stage_ == j ? 0 : 1, &link, nullptr));
       links->push_back(link);
     }
   if (stages > 1) {
@@ -92,7 +92,8 @@ void Executor::freeSlot(int micro, int chunk) {
 }
 
 void Executor::send(const void* data, size_t elements, loomComm_t comm, loomStream_t stream) {
-  if (sends_ == outgoing_.size()) outgoing_.push_back(Tensor::zeros({static_cast<int64_t>(elements)}, ops_.dtype(), &ops_));
+  if (sends_ == outgoing_.size())
+    outgoing_.push_back(Tensor::zeros({static_cast<int64_t>(elements)}, ops_.dtype(), &ops_));
   Tensor& copy = outgoing_[sends_++];
   if (copy.numel() != elements) copy = Tensor::zeros({static_cast<int64_t>(elements)}, ops_.dtype(), &ops_);
   ops_.copy(copy.data(), data, elements * ops_.elementBytes());
@@ -189,7 +190,8 @@ Timeline Executor::gatherTimeline() {
   for (int s = 0; s < plan_.stages; ++s)
     for (size_t k = 0; k < spans_.size(); ++k) {
       const double* v = values.data() + s * perStage + 1 + k * 5;
-      const Span span{s, Action{static_cast<Op>(static_cast<int>(v[0])), static_cast<int>(v[1]), static_cast<int>(v[2])},
+      const Span span{s,
+                      Action{static_cast<Op>(static_cast<int>(v[0])), static_cast<int>(v[1]), static_cast<int>(v[2])},
                       v[3] - origin, v[4] - origin};
       timeline.spans.push_back(span);
       timeline.busy += span.end - span.start;

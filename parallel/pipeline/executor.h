@@ -79,9 +79,9 @@ class Executor : public MicroBatchRunner {
   loomComm_t sendActivations_ = nullptr, receiveActivations_ = nullptr, sendGradients_ = nullptr,
              receiveGradients_ = nullptr;
   loomStream_t activationSends_ = nullptr, gradientSends_ = nullptr, receives_ = nullptr, timingStream_ = nullptr;
-  Scalars scalars_;                  // the loss, summed over the stages
-  std::vector<Tensor> outgoing_;     // copies of what this step sends, reused from step to step
-  size_t sends_ = 0;                 // of them in use this step
+  Scalars scalars_;                           // the loss, summed over the stages
+  std::vector<Tensor> outgoing_;              // copies of what this step sends, reused from step to step
+  size_t sends_ = 0;                          // of them in use this step
   std::map<std::pair<int, int>, int> slots_;  // (micro-batch, chunk) -> activation slot
   std::vector<int> freeSlots_;
   int slotCount_ = 0, peakInFlight_ = 0;

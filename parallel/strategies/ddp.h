@@ -11,9 +11,9 @@
 
 #include "loom/loom.h"
 #include "parallel/model/gpt.h"
+#include "parallel/scalars.h"
 #include "parallel/strategies/ddp_comm.h"
 #include "parallel/strategies/optimizer.h"
-#include "parallel/scalars.h"
 #include "parallel/strategies/trainer.h"
 
 namespace loom::parallel {

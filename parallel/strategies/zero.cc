@@ -36,7 +36,8 @@ ZeroTrainer::ZeroTrainer(Gpt& model, loomComm_t comm, ZeroOptions options)
     std::exit(1);
   }
   if (model.layout().expertParallel > 1) {
-    std::fprintf(stderr, "zero: experts spread over expert-parallel ranks need DDP (their data-parallel group is "
+    std::fprintf(stderr,
+                 "zero: experts spread over expert-parallel ranks need DDP (their data-parallel group is "
                  "another)\n");
     std::exit(1);
   }
@@ -184,9 +185,9 @@ StepReport ZeroTrainer::step(const std::vector<const int32_t*>& inputs, const st
   for (size_t u = 0; u < sharding_.units.size(); ++u)
     squares +=
         model_.gradientSquares(slices[u], sharding_.units[u].begin, sharding_.units[u].end, sharding_.units[u].begin);
-  const float clip = options_.adamw.clipNorm > 0 ? cpu::clipFactor(model_.sumOverModelParallel(zeroComm_.sum(squares)),
-                                                                   options_.adamw.clipNorm)
-                                                 : 1.0f;
+  const float clip = options_.adamw.clipNorm > 0
+                         ? cpu::clipFactor(model_.sumOverModelParallel(zeroComm_.sum(squares)), options_.adamw.clipNorm)
+                         : 1.0f;
   for (size_t u = 0; u < sharding_.units.size(); ++u) {
     const UnitShard& shard = sharding_.units[u];
     const void* grads = slices[u];

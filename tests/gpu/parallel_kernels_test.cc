@@ -118,11 +118,10 @@ TEST(ParallelCudaKernels, ExpertRowsAndSplitMatmulMatchTheCpu) {
   cpu::matmulBackward(dinp.data(), dweight.data(), dbias.data(), dout.data(), in.data(), weight.data(), BT, C, OC);
   DeviceArray<float> dWeight(weight), dDout(dout), dIn(in), dDinp(zeros(BT * C)), dDweight(zeros(OC * C)),
       dDbias(zeros(OC));
-  cuda::matmulBackward<float>(dDinp.get(), nullptr, nullptr, dDout.get(), dIn.get(), dWeight.get(), BT, C, OC,
-                              nullptr);
+  cuda::matmulBackward<float>(dDinp.get(), nullptr, nullptr, dDout.get(), dIn.get(), dWeight.get(), BT, C, OC, nullptr);
   expectClose(dDweight.read(), zeros(OC * C), 0, "the input half writes no weight gradient");
   cuda::matmulBackward<float>(nullptr, dDweight.get(), dDbias.get(), dDout.get(), dIn.get(), dWeight.get(), BT, C, OC,
-                       nullptr);
+                              nullptr);
   expectClose(dDinp.read(), dinp, 1e-5, "matmul backward, input half");
   expectClose(dDweight.read(), dweight, 1e-5, "matmul backward, weight half");
   expectClose(dDbias.read(), dbias, 1e-5, "matmul backward, bias with the weights");

@@ -100,8 +100,8 @@ TEST(ParallelCudaTraining, PipelineAndExpertsOnTheGpuFollowTheCpu) {
   const Training reference = runs::train(pipelined);
   pipelined.nranks = 2;
   pipelined.pp = 2;
-  for (plan::Schedule schedule : {plan::Schedule::kGpipe, plan::Schedule::k1F1B, plan::Schedule::kInterleaved,
-                                  plan::Schedule::kZbH1}) {
+  for (plan::Schedule schedule :
+       {plan::Schedule::kGpipe, plan::Schedule::k1F1B, plan::Schedule::kInterleaved, plan::Schedule::kZbH1}) {
     pipelined.schedule = schedule;
     pipelined.chunks = schedule == plan::Schedule::kInterleaved ? 2 : 1;
     runs::expectSameTraining(onGpu(pipelined), reference, 1e-4,

@@ -45,8 +45,8 @@ TEST(PipelineParallel, EveryScheduleMatchesOneRank) {
     const Training single = oneRank(deepConfig(), micro);
     for (int stages : {2, 4})
       for (Schedule schedule : {Schedule::kGpipe, Schedule::k1F1B, Schedule::kInterleaved, Schedule::kZbH1}) {
-        const std::string what = std::string(plan::scheduleName(schedule)) + ", p " + std::to_string(stages) +
-                                 ", m " + std::to_string(micro);
+        const std::string what = std::string(plan::scheduleName(schedule)) + ", p " + std::to_string(stages) + ", m " +
+                                 std::to_string(micro);
         const Training run = runs::train(pipelined(deepConfig(), stages, micro, schedule));
         runs::expectSameTraining(run, single, 1e-5, what);
       }
@@ -76,8 +76,9 @@ TEST(PipelineParallel, CombinedWithTensorAndDataParallelOnEightRanks) {
     run.micro = 2;  // 4 sequences per data-parallel rank in 2 micro-batches: 4 micro-batches of 2 over both
     run.strategy = strategy;
     run.sequenceParallel = strategy == runs::Strategy::kZero1;
-    runs::expectSameTraining(runs::train(run), single, 1e-5,
-                             "dp2 x tp2 x pp2, " + std::string(strategy == runs::Strategy::kDdp ? "DDP" : "ZeRO-1 + SP"));
+    runs::expectSameTraining(
+        runs::train(run), single, 1e-5,
+        "dp2 x tp2 x pp2, " + std::string(strategy == runs::Strategy::kDdp ? "DDP" : "ZeRO-1 + SP"));
   }
 }
 

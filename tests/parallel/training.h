@@ -48,10 +48,10 @@ struct Training {
   std::vector<float> params;  // fp32 (the master weights where the model computes in bf16)
   size_t buckets = 0;
   MemoryReport memory;
-  int inFlight = 0;            // pipeline stage 0: the most micro-batches it held at once
+  int inFlight = 0;                 // pipeline stage 0: the most micro-batches it held at once
   int64_t routed = 0, dropped = 0;  // rank 0's expert assignments, and those dropped over capacity
-  size_t activationBytes = 0;  // stage 0's model: every activation slot it kept
-  pipeline::Timeline timeline;  // the last step's, measured (with Run::timeline)
+  size_t activationBytes = 0;       // stage 0's model: every activation slot it kept
+  pipeline::Timeline timeline;      // the last step's, measured (with Run::timeline)
 };
 
 enum class Strategy { kDdp, kZero1, kZero2, kZero3 };
@@ -104,8 +104,8 @@ inline Training train(const Run& run) {
     }
     if (ep > 1) {
       LOOM_PAR_CHECK(world, loomCommSplit(world, rank / (tp * ep), dataRank % ep, &experts, nullptr));
-      LOOM_PAR_CHECK(world, loomCommSplit(world, tpRank + tp * (dataRank % ep + ep * stage), dataRank / ep,
-                                          &expertData, nullptr));
+      LOOM_PAR_CHECK(
+          world, loomCommSplit(world, tpRank + tp * (dataRank % ep + ep * stage), dataRank / ep, &expertData, nullptr));
     }
     Gpt model(run.config, ops, tensor, run.sequenceParallel, pipe, run.chunks, experts);
     model.initialise(42);

@@ -721,7 +721,7 @@ template <typename E>
 void gatherRows(E* out, const E* inp, const int32_t* rows, const float* scales, int n, int C, void* stream) {
   if (n == 0) return;
   gatherRowsKernel<<<blocksFor(static_cast<size_t>(n) * C), kThreads, 0, asStream(stream)>>>(dev(out), dev(inp), rows,
-                                                                                               scales, n, C);
+                                                                                             scales, n, C);
 }
 template <typename E>
 void combineRows(E* out, const E* inp, const int32_t* slots, const float* gates, int tokens, int k, int C,
@@ -792,9 +792,9 @@ bool launchFailed(const char** message) {
   template void crossEntropyExp(float*, float*, E*, const E*, const float*, const int32_t*, int, int, void*);     \
   template void crossEntropyFinish(float*, E*, const float*, const float*, int, int, void*);                      \
   template void sumOfSquares(double*, const E*, size_t, void*);                                                   \
-  template void scale(E*, size_t, float, void*);                                                                   \
-  template void gatherRows(E*, const E*, const int32_t*, const float*, int, int, void*);                         \
-  template void combineRows(E*, const E*, const int32_t*, const float*, int, int, int, void*);                   \
+  template void scale(E*, size_t, float, void*);                                                                  \
+  template void gatherRows(E*, const E*, const int32_t*, const float*, int, int, void*);                          \
+  template void combineRows(E*, const E*, const int32_t*, const float*, int, int, int, void*);                    \
   template void rowDots(float*, const E*, const int32_t*, const E*, int, int, void*);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(Bf16)
