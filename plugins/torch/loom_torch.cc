@@ -165,6 +165,10 @@ class Worker {
     ready_.notify_one();
     thread_.join();
   }
+  // The error of the last task without a Work, on the worker's thread.
+  void rethrowFailure() const {
+    if (failed_) std::rethrow_exception(failed_);
+  }
   void queue(std::function<void()> run, c10::intrusive_ptr<LoomWork> work) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -190,7 +194,8 @@ class Worker {
       } catch (...) {
         error = std::current_exception();
       }
-      task.second->complete(error);
+      if (task.second) task.second->complete(error);
+      else failed_ = error;  // a task without a Work (a link's join): its error fails what follows
     }
   }
 
@@ -198,22 +203,38 @@ class Worker {
   std::condition_variable ready_;
   std::deque<std::pair<std::function<void()>, c10::intrusive_ptr<LoomWork>>> tasks_;
   bool stopping_ = false;
+  std::exception_ptr failed_;
   std::thread thread_;
 };
 
-// Joins a loom communicator of `size` ranks whose unique id rank 0 sets under `key` in `store`.
-loomComm_t joinThroughStore(c10d::Store& store, const std::string& key, int rank, int size,
-                            std::chrono::milliseconds timeout, const std::string& name) {
+// Draws a unique id and sets it under `key` in `store`.
+loomUniqueId publishId(c10d::Store& store, const std::string& key) {
   loomUniqueId id;
-  if (rank == 0) {
-    check(loomGetUniqueId(&id), nullptr, "loomGetUniqueId");
-    const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
-    store.set(key, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
-  } else {
-    const std::vector<uint8_t> bytes = store.get(key);  // waits, within the store's timeout
-    if (bytes.size() != sizeof(id)) fail("the store holds no loom unique id under " + key);
-    std::memcpy(&id, bytes.data(), sizeof(id));
+  check(loomGetUniqueId(&id), nullptr, "loomGetUniqueId");
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
+  store.set(key, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
+  return id;
+}
+
+// The unique id under `key` in `store`, once it is there. Polls rather than waits: a TCPStore holds its lock
+// through a waiting get, which would keep this process's other threads from setting their keys.
+loomUniqueId readId(c10d::Store& store, const std::string& key, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!store.check({key})) {
+    if (std::chrono::steady_clock::now() > deadline)
+      fail("no loom unique id appeared under " + key + " in the store within the group's timeout");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  const std::vector<uint8_t> bytes = store.get(key);
+  loomUniqueId id;
+  if (bytes.size() != sizeof(id)) fail("the store holds no loom unique id under " + key);
+  std::memcpy(&id, bytes.data(), sizeof(id));
+  return id;
+}
+
+// Joins communicator `id` as `rank` of `size`, with `timeout` as its deadline.
+loomComm_t join(const loomUniqueId& id, int rank, int size, std::chrono::milliseconds timeout,
+                const std::string& name) {
   loomConfig_t config = LOOM_CONFIG_INITIALIZER;
   config.timeoutMs = static_cast<int>(std::min<int64_t>(timeout.count(), INT32_MAX));
   config.commName = name.c_str();
@@ -226,12 +247,15 @@ class ProcessGroupLoom : public Base {
  public:
   ProcessGroupLoom(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout)
       : Base(rank, size), store_(store), timeout_(timeout) {
-    comm_ = joinThroughStore(*store_, "loom/id", rank, size, timeout, "torch group");
+    const loomUniqueId id = rank == 0 ? publishId(*store_, "loom/id") : readId(*store_, "loom/id", timeout);
+    comm_ = join(id, rank, size, timeout, "torch group");
   }
   ~ProcessGroupLoom() override {
     collectives_.reset();
-    links_.clear();
-    for (auto& [key, comm] : pairComms_) loomCommDestroy(comm);
+    for (auto& [key, link] : links_) {
+      link->worker.reset();  // its queue run, its thread stopped
+      if (link->comm != nullptr) loomCommDestroy(link->comm);
+    }
     if (comm_ != nullptr) loomCommDestroy(comm_);
   }
 
@@ -484,6 +508,7 @@ class ProcessGroupLoom : public Base {
     at::Tensor t = tensors[0];
     Link& link = linkTo(dstRank, true);
     return queue(*link.worker, c10d::OpType::SEND, {t}, [t, &link] {
+      link.worker->rethrowFailure();
       check(loomSend(t.data_ptr(), t.numel(), typeOf(t, false), link.peer, link.comm, nullptr), link.comm, "loomSend");
     });
   }
@@ -494,6 +519,7 @@ class ProcessGroupLoom : public Base {
     at::Tensor t = tensors[0];
     Link& link = linkTo(srcRank, false);
     return queue(*link.worker, c10d::OpType::RECV, {t}, [t, &link] {
+      link.worker->rethrowFailure();
       check(loomRecv(t.data_ptr(), t.numel(), typeOf(t, false), link.peer, link.comm, nullptr), link.comm, "loomRecv");
     });
   }
@@ -520,8 +546,9 @@ class ProcessGroupLoom : public Base {
            std::to_string(size_));
   }
 
-  // The link for messages to (`sending`) or from `peer`, joined on first use: the sender is rank 0 of its
-  // communicator, and draws its id into the store under a key naming both ranks and the direction.
+  // The link for messages to (`sending`) or from `peer`, joined on first use by its worker, ahead of its first
+  // message (so that two ranks each sending first to the other do not wait for each other's join): the sender is
+  // rank 0 of its communicator, and draws its id into the store under a key naming both ranks and the direction.
   Link& linkTo(int peer, bool sending) {
     const int from = sending ? rank_ : peer, to = sending ? peer : rank_;
     const std::pair<int, int> key{from, to};
@@ -529,11 +556,19 @@ class ProcessGroupLoom : public Base {
     auto found = links_.find(key);
     if (found != links_.end()) return *found->second;
     auto link = std::make_unique<Link>();
-    link->comm = joinThroughStore(*store_, "loom/p2p/" + std::to_string(from) + "-" + std::to_string(to),
-                                  sending ? 0 : 1, 2, timeout_, "torch p2p");
-    pairComms_[key] = link->comm;
     link->peer = sending ? 1 : 0;
     link->worker = std::make_unique<Worker>();
+    Link& made = *link;
+    const std::string storeKey = "loom/p2p/" + std::to_string(from) + "-" + std::to_string(to);
+    // The sender publishes the id at once, from the caller's thread; the receiver's worker waits for it.
+    loomUniqueId id{};
+    if (sending) id = publishId(*store_, storeKey);
+    made.worker->queue(
+        [this, &made, storeKey, sending, id] {
+          made.comm = join(sending ? id : readId(*store_, storeKey, timeout_), sending ? 0 : 1, 2, timeout_,
+                           "torch p2p");
+        },
+        c10::intrusive_ptr<LoomWork>());
     return *links_.emplace(key, std::move(link)).first->second;
   }
 
@@ -555,7 +590,6 @@ class ProcessGroupLoom : public Base {
   std::unique_ptr<Worker> collectives_ = std::make_unique<Worker>();
   std::mutex linksMutex_;
   std::map<std::pair<int, int>, std::unique_ptr<Link>> links_;
-  std::map<std::pair<int, int>, loomComm_t> pairComms_;  // destroyed after the links' workers stop
 };
 
 c10::intrusive_ptr<Base> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -1,0 +1,351 @@
+#!/usr/bin/python3
+"""The torch.distributed backend "loom" (plugins/torch) against gloo and against results computed locally.
+
+  tests/torch/torch_backend_test.py BUILD_DIR
+
+Runs, each as processes of one host over a TCP rendezvous:
+  - every operation at 2 and 4 ranks, for every dtype the operation takes on the CPU, on inputs each rank can
+    compute for every other: loom's result against the expected one computed here in float64 (exact for integers),
+    and against gloo's on the same inputs where gloo has the operation;
+  - torch DDP training a small model for 20 steps with backend "loom" and with "gloo" (same seed, data and order):
+    the same parameters;
+  - a peer killed before an all_reduce: the survivor's all_reduce raises within the group's timeout.
+Exits 77 (skipped) when torch or loom_torch cannot be imported.
+"""
+import datetime
+import os
+import socket
+import subprocess
+import sys
+import time
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool"]
+REDUCING = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
+OPS = ["SUM", "PRODUCT", "MIN", "MAX"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(mode, size, timeout=300, extra=()):
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", mode, str(r), str(size), str(port), *extra],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(size)]
+    outputs, codes = [], []
+    deadline = time.time() + timeout
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            out += "\n(killed: over %d s)" % timeout
+        outputs.append(out)
+        codes.append(p.returncode)
+    return codes, outputs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Worker side.
+
+def worker(mode, rank, size, port):
+    import torch
+    import torch.distributed as dist
+    import loom_torch  # noqa: F401  (registers the backend)
+
+    def init(backend, seconds=60):
+        dist.init_process_group(backend, init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=size,
+                                timeout=datetime.timedelta(seconds=seconds))
+
+    if mode == "ops":
+        init("gloo")
+        loom = dist.new_group(list(range(size)), backend="loom")
+        gloo = dist.new_group(list(range(size)), backend="gloo")
+        failures, checked, gloo_checked = run_ops(torch, dist, rank, size, loom, gloo)
+        print("rank %d: %d results checked, %d of them also against gloo" % (rank, checked, gloo_checked))
+        for f in failures[:20]:
+            print("FAIL", f)
+        dist.barrier()
+        dist.destroy_process_group()
+        sys.exit(1 if failures else 0)
+    if mode == "ddp":
+        backend = sys.argv[6]
+        init(backend)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)  # several buckets
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        gen = torch.Generator().manual_seed(100 + rank)
+        for _ in range(20):
+            x = torch.randn(8, 16, generator=gen)
+            y = torch.randn(8, 4, generator=gen)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+        if rank == 0:
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            torch.save(flat, sys.argv[7])
+        dist.destroy_process_group()
+        sys.exit(0)
+    if mode == "kill":
+        seconds = int(sys.argv[6])
+        init("loom", seconds)
+        t = torch.ones(1024)
+        dist.all_reduce(t)  # both alive
+        if rank == 1:
+            os._exit(0)  # dies without a word
+        start = time.time()
+        try:
+            dist.all_reduce(t)
+        except RuntimeError as error:
+            print("raised after %.1f s: %s" % (time.time() - start, str(error).splitlines()[0][:200]))
+            os._exit(0)
+        print("no exception")
+        os._exit(1)
+
+
+def values(torch, dtype_name, rank, n, salt):
+    """Rank `rank`'s input for an operation: small values, so that products and sums stay exact in every type."""
+    import torch as t
+    dtype = getattr(t, dtype_name)
+    base = (t.arange(n, dtype=t.int64) * 7 + rank * 13 + salt * 3) % 5
+    if dtype_name == "bool":
+        return (base % 2 == 1)
+    if dtype_name.startswith("float") or dtype_name == "bfloat16":
+        return ((base.to(t.float64) - 2) / 2).to(dtype)
+    if dtype_name == "uint8":
+        return base.to(dtype)
+    return (base - 2).to(dtype)
+
+
+def reduce_all(torch, inputs, op):
+    acc = inputs[0].to(torch.float64)
+    for x in inputs[1:]:
+        x = x.to(torch.float64)
+        acc = {"SUM": acc + x, "PRODUCT": acc * x, "MIN": torch.minimum(acc, x), "MAX": torch.maximum(acc, x)}[op]
+    return acc
+
+
+def close(torch, got, want, dtype_name):
+    if dtype_name == "bool":
+        return torch.equal(got, want.to(torch.bool))
+    got = got.to(torch.float64)
+    want = want.to(torch.float64)
+    if dtype_name in ("int8", "uint8", "int32", "int64"):
+        return torch.equal(got, want)
+    tolerance = {"float32": 1e-6, "float64": 1e-12, "float16": 2e-3, "bfloat16": 2e-2}[dtype_name]
+    return bool(torch.allclose(got, want, rtol=tolerance, atol=tolerance))
+
+
+def run_ops(torch, dist, rank, size, loom, gloo):
+    failures = []
+    counts = [0, 0]
+
+    def check(name, dtype_name, compute, want):
+        """compute(group) returns a tensor (or list); checks loom's against want, and gloo's when gloo has it."""
+        if os.environ.get("LOOM_TORCH_TRACE"): print(name, dtype_name, flush=True)
+        got = compute(loom)
+        gots = got if isinstance(got, list) else [got]
+        wants = want if isinstance(want, list) else [want]
+        counts[0] += 1
+        if len(gots) != len(wants) or not all(close(torch, g, w, dtype_name) for g, w in zip(gots, wants)):
+            failures.append("%s %s on rank %d: loom %s, expected %s" % (name, dtype_name, rank,
+                                                                      [g.tolist() for g in gots][:4],
+                                                                      [w.tolist() for w in wants][:4]))
+            return
+        try:
+            reference = compute(gloo)
+        except RuntimeError:
+            return  # gloo has no such operation for this type
+        refs = reference if isinstance(reference, list) else [reference]
+        counts[1] += 1
+        if not all(close(torch, g, r.to(torch.float64) if dtype_name != "bool" else r, dtype_name)
+                   for g, r in zip(gots, refs)):
+            failures.append("%s %s on rank %d: loom differs from gloo" % (name, dtype_name, rank))
+
+    n = 37
+    root = size - 1
+    for dtype_name in DTYPES:
+        dtype = getattr(torch, dtype_name)
+        mine = values(torch, dtype_name, rank, n, 0)
+        every = [values(torch, dtype_name, r, n, 0) for r in range(size)]
+
+        def broadcast(group):
+            t = mine.clone()
+            dist.broadcast(t, src=root, group=group)
+            return t
+        check("broadcast", dtype_name, broadcast, every[root])
+
+        def all_gather(group):
+            out = [torch.zeros(n, dtype=dtype) for _ in range(size)]
+            dist.all_gather(out, mine, group=group)
+            return out
+        check("all_gather", dtype_name, all_gather, every)
+
+        def all_gather_base(group):
+            out = torch.zeros(n * size, dtype=dtype)
+            dist._all_gather_base(out, mine, group=group)
+            return out
+        check("_all_gather_base", dtype_name, all_gather_base, torch.cat(every))
+
+        def gather(group):
+            out = [torch.zeros(n, dtype=dtype) for _ in range(size)] if rank == root else None
+            dist.gather(mine, out, dst=root, group=group)
+            return out if rank == root else mine
+        check("gather", dtype_name, gather, every if rank == root else mine)
+
+        def scatter(group):
+            out = torch.zeros(n, dtype=dtype)
+            dist.scatter(out, [values(torch, dtype_name, r, n, 1) for r in range(size)] if rank == root else None,
+                         src=root, group=group)
+            return out
+        check("scatter", dtype_name, scatter, values(torch, dtype_name, rank, n, 1))
+
+        # all_to_all_single with uneven splits: rank r sends (r + p) % 3 + 1 rows of 3 to each p.
+        splits = lambda r: [(r + p) % 3 + 1 for p in range(size)]
+        rows = lambda r: torch.cat([values(torch, dtype_name, r * 100 + p, splits(r)[p] * 3, 2) for p in range(size)])
+
+        def all_to_all_single(group):
+            out = torch.zeros(sum(splits(p)[rank] for p in range(size)) * 3, dtype=dtype)
+            dist.all_to_all_single(out.view(-1, 3), rows(rank).view(-1, 3),
+                                   output_split_sizes=[splits(p)[rank] for p in range(size)],
+                                   input_split_sizes=splits(rank), group=group)
+            return out
+        check("all_to_all_single", dtype_name, all_to_all_single,
+              torch.cat([values(torch, dtype_name, p * 100 + rank, splits(p)[rank] * 3, 2) for p in range(size)]))
+
+        def all_to_all(group):
+            out = [torch.zeros(splits(p)[rank], dtype=dtype) for p in range(size)]
+            dist.all_to_all(out, [values(torch, dtype_name, rank * 10 + p, splits(rank)[p], 3) for p in range(size)],
+                            group=group)
+            return out
+        check("all_to_all", dtype_name, all_to_all,
+              [values(torch, dtype_name, p * 10 + rank, splits(p)[rank], 3) for p in range(size)])
+
+        def ring(group):
+            out = torch.zeros(n, dtype=dtype)
+            right, left = (rank + 1) % size, (rank - 1) % size
+            send = dist.isend(mine, right, group=group)
+            dist.recv(out, left, group=group)
+            send.wait()
+            return out
+        check("send/recv", dtype_name, ring, every[(rank - 1) % size])
+
+        def ring_receiving_first(group):  # the receive posted first, then a blocking send
+            out = torch.zeros(n, dtype=dtype)
+            right, left = (rank + 1) % size, (rank - 1) % size
+            receive = dist.irecv(out, right, group=group)
+            dist.send(mine, left, group=group)
+            receive.wait()
+            return out
+        check("irecv/send", dtype_name, ring_receiving_first, every[(rank + 1) % size])
+
+        if dtype_name not in REDUCING:
+            continue
+        for op in OPS:
+            red = getattr(dist.ReduceOp, op)
+            want = reduce_all(torch, every, op)
+
+            def all_reduce(group):
+                t = mine.clone()
+                dist.all_reduce(t, op=red, group=group)
+                return t
+            check("all_reduce " + op, dtype_name, all_reduce, want)
+
+            def all_reduce_async(group):
+                t = mine.clone()
+                work = dist.all_reduce(t, op=red, group=group, async_op=True)
+                return work.get_future().wait()[0]
+            check("all_reduce future " + op, dtype_name, all_reduce_async, want)
+
+            def reduce(group):  # the result on the root; elsewhere nothing to check
+                t = mine.clone()
+                dist.reduce(t, dst=root, op=red, group=group)
+                return t if rank == root else torch.zeros(0)
+            check("reduce " + op, dtype_name, reduce, want if rank == root else torch.zeros(0))
+
+            def coalesced(group):
+                a, b = mine.clone(), values(torch, dtype_name, rank, 5, 4)
+                dist.all_reduce_coalesced([a, b], op=red, group=group)
+                return [a, b]
+            check("all_reduce_coalesced " + op, dtype_name, coalesced,
+                  [want, reduce_all(torch, [values(torch, dtype_name, r, 5, 4) for r in range(size)], op)])
+
+            chunk = 6
+            inputs = lambda r: [values(torch, dtype_name, r * size + p, chunk, 5) for p in range(size)]
+            want_rs = reduce_all(torch, [inputs(r)[rank] for r in range(size)], op)
+
+            def reduce_scatter(group):
+                out = torch.zeros(chunk, dtype=dtype)
+                dist.reduce_scatter(out, inputs(rank), op=red, group=group)
+                return out
+            check("reduce_scatter " + op, dtype_name, reduce_scatter, want_rs)
+
+            def reduce_scatter_base(group):
+                out = torch.zeros(chunk, dtype=dtype)
+                dist._reduce_scatter_base(out, torch.cat(inputs(rank)), op=red, group=group)
+                return out
+            check("_reduce_scatter_base " + op, dtype_name, reduce_scatter_base, want_rs)
+
+    def barrier(group):
+        dist.barrier(group=group)
+        return torch.ones(1)
+    check("barrier", "float32", barrier, torch.ones(1))
+    return failures, counts[0], counts[1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Driver side.
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+        return 0
+    build = os.path.abspath(sys.argv[1])
+    os.environ["PYTHONPATH"] = os.path.join(build, "plugins", "torch") + os.pathsep + os.environ.get("PYTHONPATH", "")
+    os.environ["LD_LIBRARY_PATH"] = build + os.pathsep + os.environ.get("LD_LIBRARY_PATH", "")
+    probe = subprocess.run([sys.executable, "-c", "import torch, loom_torch"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        print("skipped: cannot import torch and loom_torch:", probe.stderr.strip().splitlines()[-1:])
+        return 77
+    status = 0
+    for size in (2, 4):
+        codes, outputs = launch("ops", size)
+        ok = all(c == 0 for c in codes)
+        print("ops at %d ranks: %s; %s" % (size, "ok" if ok else "FAILED", outputs[0].strip().splitlines()[-1:]))
+        if not ok:
+            status = 1
+            for out in outputs:
+                print(out[-3000:])
+    params = {}
+    for backend in ("loom", "gloo"):
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "loom-ddp-%s-%d.pt" % (backend, os.getpid()))
+        codes, outputs = launch("ddp", 2, extra=(backend, path))
+        if any(codes):
+            print("DDP with %s FAILED" % backend)
+            print("\n".join(o[-2000:] for o in outputs))
+            return 1
+        import torch
+        params[backend] = torch.load(path)
+        os.remove(path)
+    import torch
+    difference = (params["loom"] - params["gloo"]).abs().max().item()
+    print("DDP, 2 ranks, 20 steps: parameters differ by at most %.3g between loom and gloo" % difference)
+    if not torch.equal(params["loom"], params["gloo"]):  # two ranks: every sum is a + b, the same bits
+        status = 1
+    seconds = 10
+    start = time.time()
+    codes, outputs = launch("kill", 2, timeout=4 * seconds, extra=(str(seconds),))
+    elapsed = time.time() - start
+    print("killed peer: survivor %s (%.1f s in all, timeout %d s)" % (outputs[0].strip().splitlines()[-1:], elapsed,
+                                                                       seconds))
+    if codes[0] != 0 or "raised" not in outputs[0] or elapsed > 3 * seconds:
+        status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
