@@ -14,10 +14,9 @@
 // Built against torch 1.13 (the ProcessGroup base) and written for torch 2.x too (the Backend base), tensors on the
 // CPU: contiguous, of a type loom reduces (float, double, half, bfloat16, int8, uint8, int32, int64; bool for the
 // operations that move data without reducing it).
+#include <pybind11/chrono.h>
 #include <torch/extension.h>
 #include <torch/version.h>
-
-#include <pybind11/chrono.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -29,9 +28,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
@@ -107,12 +106,12 @@ loomRedOp_t opOf(const c10d::ReduceOp& op) {
 // Checks a tensor loom can use in place: on the CPU, dense and contiguous.
 void checkTensor(const at::Tensor& tensor, const char* what) {
   if (!tensor.device().is_cpu()) fail(std::string(what) + ": tensors must be on the CPU");
-  if (tensor.is_sparse() || !tensor.is_contiguous())
-    fail(std::string(what) + ": tensors must be dense and contiguous");
+  if (tensor.is_sparse() || !tensor.is_contiguous()) fail(std::string(what) + ": tensors must be dense and contiguous");
 }
 
 void checkSingle(const std::vector<at::Tensor>& tensors, const char* what) {
-  if (tensors.size() != 1) fail(std::string(what) + ": one tensor per call (got " + std::to_string(tensors.size()) + ")");
+  if (tensors.size() != 1)
+    fail(std::string(what) + ": one tensor per call (got " + std::to_string(tensors.size()) + ")");
   checkTensor(tensors[0], what);
 }
 
@@ -194,8 +193,10 @@ class Worker {
       } catch (...) {
         error = std::current_exception();
       }
-      if (task.second) task.second->complete(error);
-      else failed_ = error;  // a task without a Work (a link's join): its error fails what follows
+      if (task.second)
+        task.second->complete(error);
+      else
+        failed_ = error;  // a task without a Work (a link's join): its error fails what follows
     }
   }
 
@@ -262,7 +263,7 @@ class ProcessGroupLoom : public Base {
   const std::string getBackendName() const override { return "loom"; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
-                                            const c10d::BroadcastOptions& opts) override {
+                                           const c10d::BroadcastOptions& opts) override {
     checkSingle(tensors, "broadcast");
     at::Tensor t = tensors[0];
     const int root = static_cast<int>(opts.rootRank);
@@ -273,7 +274,7 @@ class ProcessGroupLoom : public Base {
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
-                                            const c10d::AllreduceOptions& opts) override {
+                                           const c10d::AllreduceOptions& opts) override {
     checkSingle(tensors, "allreduce");
     at::Tensor t = tensors[0];
     const loomRedOp_t op = opOf(opts.reduceOp);
@@ -289,7 +290,7 @@ class ProcessGroupLoom : public Base {
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                      const c10d::AllreduceCoalescedOptions& opts) override {
+                                                     const c10d::AllreduceCoalescedOptions& opts) override {
     if (tensors.empty()) fail("allreduce_coalesced: no tensors");
     for (const at::Tensor& tensor : tensors) {
       checkTensor(tensor, "allreduce_coalesced");
@@ -318,8 +319,7 @@ class ProcessGroupLoom : public Base {
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                            std::vector<at::Tensor>& inputs,
-                                            const c10d::AllgatherOptions&) override {
+                                           std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) override {
     checkSingle(inputs, "allgather");
     if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_)
       fail("allgather: one list of " + std::to_string(size_) + " output tensors");
@@ -339,7 +339,7 @@ class ProcessGroupLoom : public Base {
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                  const c10d::AllgatherOptions&) override {
+                                                 const c10d::AllgatherOptions&) override {
     checkTensor(input, "_allgather_base");
     checkTensor(output, "_allgather_base");
     if (output.numel() != input.numel() * size_ || output.scalar_type() != input.scalar_type())
@@ -351,8 +351,8 @@ class ProcessGroupLoom : public Base {
     });
   }
 
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                         std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override {
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
     checkSingle(inputs, "gather");
     const int root = static_cast<int>(opts.rootRank);
     at::Tensor in = inputs[0];
@@ -377,7 +377,7 @@ class ProcessGroupLoom : public Base {
   }
 
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-                                          const c10d::ScatterOptions& opts) override {
+                                         const c10d::ScatterOptions& opts) override {
     checkSingle(outputs, "scatter");
     const int root = static_cast<int>(opts.rootRank);
     at::Tensor out = outputs[0];
@@ -401,8 +401,8 @@ class ProcessGroupLoom : public Base {
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                 std::vector<std::vector<at::Tensor>>& inputs,
-                                                 const c10d::ReduceScatterOptions& opts) override {
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
     checkSingle(outputs, "reduce_scatter");
     if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_)
       fail("reduce_scatter: one list of " + std::to_string(size_) + " input tensors");
@@ -421,7 +421,7 @@ class ProcessGroupLoom : public Base {
   }
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
-                                                       const c10d::ReduceScatterOptions& opts) override {
+                                                      const c10d::ReduceScatterOptions& opts) override {
     checkTensor(input, "_reduce_scatter_base");
     checkTensor(output, "_reduce_scatter_base");
     if (input.numel() != output.numel() * size_ || output.scalar_type() != input.scalar_type())
@@ -436,8 +436,8 @@ class ProcessGroupLoom : public Base {
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                std::vector<int64_t>& outputSplits, std::vector<int64_t>& inputSplits,
-                                                const c10d::AllToAllOptions&) override {
+                                               std::vector<int64_t>& outputSplits, std::vector<int64_t>& inputSplits,
+                                               const c10d::AllToAllOptions&) override {
     checkTensor(input, "alltoall_base");
     checkTensor(output, "alltoall_base");
     if (input.scalar_type() != output.scalar_type()) fail("alltoall_base: input and output of one type");
@@ -451,7 +451,8 @@ class ProcessGroupLoom : public Base {
         for (auto& count : result) count = static_cast<size_t>(tensor.numel() / size_);
         return result;
       }
-      if (static_cast<int>(splits.size()) != size_) fail(std::string("alltoall_base: one ") + which + " split per rank");
+      if (static_cast<int>(splits.size()) != size_)
+        fail(std::string("alltoall_base: one ") + which + " split per rank");
       int64_t rows = 0;
       for (int p = 0; p < size_; ++p) {
         if (splits[p] < 0) fail("alltoall_base: negative split");
@@ -478,7 +479,7 @@ class ProcessGroupLoom : public Base {
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-                                           const c10d::AllToAllOptions&) override {
+                                          const c10d::AllToAllOptions&) override {
     if (static_cast<int>(outputs.size()) != size_ || static_cast<int>(inputs.size()) != size_)
       fail("alltoall: one input and one output tensor per rank");
     for (size_t p = 0; p < outputs.size(); ++p) {
@@ -499,7 +500,8 @@ class ProcessGroupLoom : public Base {
         }
       }
       at::Tensor flatIn = flatten(in);
-      at::Tensor flatOut = at::empty({static_cast<int64_t>(receiveDispls.back() + receiveCounts.back())}, in[0].options());
+      at::Tensor flatOut =
+          at::empty({static_cast<int64_t>(receiveDispls.back() + receiveCounts.back())}, in[0].options());
       check(loomAllToAllv(flatIn.data_ptr(), sendCounts.data(), sendDispls.data(), flatOut.data_ptr(),
                           receiveCounts.data(), receiveDispls.data(), typeOf(in[0], false), comm_, nullptr),
             comm_, "loomAllToAllv");
@@ -570,8 +572,8 @@ class ProcessGroupLoom : public Base {
     if (sending) id = publishId(*store_, storeKey);
     made.worker->queue(
         [this, &made, storeKey, sending, id] {
-          made.comm = join(sending ? id : readId(*store_, storeKey, timeout_), sending ? 0 : 1, 2, timeout_,
-                           "torch p2p");
+          made.comm =
+              join(sending ? id : readId(*store_, storeKey, timeout_), sending ? 0 : 1, 2, timeout_, "torch p2p");
         },
         c10::intrusive_ptr<LoomWork>());
     return *links_.emplace(key, std::move(link)).first->second;
@@ -622,16 +624,17 @@ PYBIND11_MODULE(loom_torch, module) {
 #endif
   py::class_<loom_torch::ProcessGroupLoom, loom_torch::Base, c10::intrusive_ptr<loom_torch::ProcessGroupLoom>>(
       module, "ProcessGroupLoom")
-      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout) {
-             return c10::make_intrusive<loom_torch::ProcessGroupLoom>(store, rank, size, timeout);
-           }),
+      .def(py::init(
+               [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout) {
+                 return c10::make_intrusive<loom_torch::ProcessGroupLoom>(store, rank, size, timeout);
+               }),
            py::call_guard<py::gil_scoped_release>());
   module.def("_create", &loom_torch::create, py::call_guard<py::gil_scoped_release>(),
              "The backend's constructor for torch.distributed: (store, rank, size, timeout).");
   py::object backend = py::module_::import("torch.distributed").attr("Backend");
 #if TORCH_VERSION_MAJOR >= 2
-  backend.attr("register_backend")("loom", module.attr("_create"), py::arg("devices") = std::vector<std::string>{"cpu"});
+  backend.attr("register_backend")("loom", module.attr("_create"),
+                                   py::arg("devices") = std::vector<std::string>{"cpu"});
 #else
   backend.attr("register_backend")("loom", module.attr("_create"));
 #endif
