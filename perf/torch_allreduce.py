@@ -10,10 +10,10 @@ bytes x 2 (N - 1) / N / time. Prints, per size, each backend's median over the r
 """
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -28,7 +28,7 @@ def worker(rank, size, port, sizes, iters, warmup):
     import torch.distributed as dist
     import loom_torch  # noqa: F401
 
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=size,
+    dist.init_process_group("gloo", init_method="file://" + port, rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=120))
     groups = {"gloo": dist.new_group(list(range(size)), backend="gloo"),
               "loom": dist.new_group(list(range(size)), backend="loom")}
@@ -51,7 +51,8 @@ def worker(rank, size, port, sizes, iters, warmup):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        rank, size, port, iters, warmup = (int(x) for x in sys.argv[2:7])
+        rank, size, iters, warmup = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[5]), int(sys.argv[6])
+        port = sys.argv[4]
         worker(rank, size, port, [int(x) for x in sys.argv[7].split(",")], iters, warmup)
         return 0
     parser = argparse.ArgumentParser()
@@ -69,9 +70,9 @@ def main():
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     results = {}
     for _ in range(args.rounds):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        handle, port = tempfile.mkstemp(prefix="loom-torch-perf-")  # the FileStore's rendezvous file
+        os.close(handle)
+        os.remove(port)
         procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(args.ranks), str(port),
                                    str(args.iters), str(args.warmup), ",".join(map(str, sizes))],
                                   env=env, stdout=subprocess.PIPE, text=True) for r in range(args.ranks)]

@@ -3,7 +3,7 @@
 
   tests/torch/torch_backend_test.py BUILD_DIR
 
-Runs, each as processes of one host over a TCP rendezvous:
+Runs, each as processes of one host meeting through a file (torch's FileStore):
   - every operation at 2 and 4 ranks, for every dtype the operation takes on the CPU, on inputs each rank can
     compute for every other: loom's result against the expected one computed here in float64 (exact for integers),
     and against gloo's on the same inputs where gloo has the operation;
@@ -14,9 +14,9 @@ Exits 77 (skipped) when torch or loom_torch cannot be imported.
 """
 import datetime
 import os
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool"]
@@ -24,15 +24,17 @@ REDUCING = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32
 OPS = ["SUM", "PRODUCT", "MIN", "MAX"]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous_file():
+    """A fresh file for torch's FileStore rendezvous (no port to race other tests for)."""
+    handle, path = tempfile.mkstemp(prefix="loom-torch-")
+    os.close(handle)
+    os.remove(path)
+    return path
 
 
 def launch(mode, size, timeout=300, extra=()):
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", mode, str(r), str(size), str(port), *extra],
+    store = rendezvous_file()
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", mode, str(r), str(size), store, *extra],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(size)]
     outputs, codes = [], []
     deadline = time.time() + timeout
@@ -45,19 +47,21 @@ def launch(mode, size, timeout=300, extra=()):
             out += "\n(killed: over %d s)" % timeout
         outputs.append(out)
         codes.append(p.returncode)
+    if os.path.exists(store):
+        os.remove(store)
     return codes, outputs
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Worker side.
 
-def worker(mode, rank, size, port):
+def worker(mode, rank, size, store):
     import torch
     import torch.distributed as dist
     import loom_torch  # noqa: F401  (registers the backend)
 
     def init(backend, seconds=60):
-        dist.init_process_group(backend, init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=size,
+        dist.init_process_group(backend, init_method="file://" + store, rank=rank, world_size=size,
                                 timeout=datetime.timedelta(seconds=seconds))
 
     if mode == "ops":
@@ -302,7 +306,7 @@ def run_ops(torch, dist, rank, size, loom, gloo):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+        worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
         return 0
     build = os.path.abspath(sys.argv[1])
     os.environ["PYTHONPATH"] = os.path.join(build, "plugins", "torch") + os.pathsep + os.environ.get("PYTHONPATH", "")
