@@ -618,10 +618,8 @@ c10::intrusive_ptr<Base> create(const c10::intrusive_ptr<c10d::Store>& store, in
 
 PYBIND11_MODULE(loom_torch, module) {
   module.doc() = "loom as a torch.distributed backend: import it, then init_process_group(backend=\"loom\")";
-  py::object base = py::module_::import("torch.distributed").attr("ProcessGroup");
-#if TORCH_VERSION_MAJOR >= 2
-  base = py::module_::import("torch._C._distributed_c10d").attr("Backend");
-#endif
+  // torch's bindings of the base class, which the class below derives from in Python too.
+  py::module_::import("torch.distributed");
   py::class_<loom_torch::ProcessGroupLoom, loom_torch::Base, c10::intrusive_ptr<loom_torch::ProcessGroupLoom>>(
       module, "ProcessGroupLoom")
       .def(py::init(
@@ -638,5 +636,4 @@ PYBIND11_MODULE(loom_torch, module) {
 #else
   backend.attr("register_backend")("loom", module.attr("_create"));
 #endif
-  (void)base;
 }
