@@ -53,6 +53,10 @@ loomResult_t checkSelfPairs(const Call& call) {
   return loomSuccess;
 }
 
+const Call& firstCallOf(const std::vector<Call>& calls, const loomComm* comm) {
+  return *std::find_if(calls.begin(), calls.end(), [comm](const Call& call) { return call.comm == comm; });
+}
+
 // A CUDA group goes to each communicator's worker, which runs its share with the others' concurrently.
 loomResult_t enqueueCudaGroup(std::vector<Call> calls) {
   std::vector<loomComm*> comms;
@@ -96,9 +100,14 @@ loomResult_t loomGroupEnd(void) {
   if (calls.empty()) return loomSuccess;
   for (const Call& call : calls) {
     loomResult_t result = call.collective == Collective::kSendRecv ? checkSelfPairs(call) : loomSuccess;
-    if (result == loomSuccess && call.stream != calls.front().stream)
-      result = LOOM_FAIL(loomInvalidUsage, COLL, "calls of one group must use the same stream (%p and %p)",
-                         calls.front().stream, call.stream);
+    // A host group runs (or is queued) as one: one stream. A CUDA group goes to each communicator's worker on that
+    // communicator's stream, so only the calls of one communicator must share one (one device per stream, as with
+    // NCCL's groups over several devices).
+    const Call& first = call.comm->device == loomDeviceCuda ? firstCallOf(calls, call.comm) : calls.front();
+    if (result == loomSuccess && call.stream != first.stream)
+      result = LOOM_FAIL(loomInvalidUsage, COLL, "calls of one group must use the same stream%s (%p and %p)",
+                         call.comm->device == loomDeviceCuda ? " on each communicator" : "", first.stream,
+                         call.stream);
     if (result == loomSuccess && call.comm->device != calls.front().comm->device)
       result = LOOM_FAIL(loomInvalidUsage, COLL, "a group mixes host and CUDA communicators (rank %d of \"%s\" and "
                                                  "rank %d of \"%s\")",
