@@ -16,7 +16,10 @@
 # 6. trains the reference GPT on the GPU: the parallel layer's training tests (bf16 accounting, one rank against the
 #    CPU, 2 ranks sharing the GPU against one), then loom-train with gpt2-124m in bf16 on 1 and 2 ranks (DDP) and 2
 #    ranks (ZeRO-3), for tokens/s and the memory header;
-# 7. prints a short summary table last.
+# 7. runs loom's libnccl.so.2 on CUDA communicators: the NCCL API test (tests/nccl) on device buffers, then
+#    PyTorch's ProcessGroupNCCL with the library preloaded, at 2 and 4 ranks sharing the GPU (tests/gpu/torch_nccl.py;
+#    skipped where python3 has no torch 2.x with CUDA);
+# 8. prints a short summary table last.
 # Warnings are errors in CI, which compiles the same code; here a newer compiler's new warning must not cost the
 # run. Sized to finish within 10 minutes on one H200. Writes its logs to BUILD_DIR/gpu-run/.
 set -uo pipefail
@@ -35,14 +38,18 @@ export PATH=$PATH:/usr/local/cuda/bin
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 summary=()
 failed=0
-step() {  # step NAME COMMAND...: runs it, keeps "NAME: ok/failed (seconds)" for the summary
-  local name=$1 start=$SECONDS status=0
+step() {  # step NAME COMMAND...: runs it, keeps "NAME: ok/skipped/failed (seconds)" for the summary (77: skipped)
+  local name=$1 start=$SECONDS status=0 word=ok
   shift
   echo "## $name: $*"
   "$@" || status=$?
-  [ $status -eq 0 ] || failed=1
-  summary+=("$(printf '%-34s %-8s %4d s' "$name" "$([ $status -eq 0 ] && echo ok || echo "failed($status)")" \
-    $((SECONDS - start)))")
+  if [ $status -eq 77 ]; then
+    word=skipped
+  elif [ $status -ne 0 ]; then
+    word="failed($status)"
+    failed=1
+  fi
+  summary+=("$(printf '%-34s %-8s %4d s' "$name" "$word" $((SECONDS - start)))")
   return $status
 }
 if [ -f "$build/build.ninja" ]; then
@@ -95,6 +102,10 @@ for layout in "1 0" "2 0" "2 3"; do
   perf_rows+=("$(awk -v name="loom-train gpt2-124m bf16 n=$n zero=$zero" '/^# memory/ { memory = $0 }
     /^step/ { last = $0 } END { print name ": " last "\n    " memory }' "$log")")
 done
+step "NCCL API on CUDA communicators" meson test -C "$build" --print-errorlogs nccl_api_cuda nccl_symbols
+step "torch ProcessGroupNCCL on loom's libnccl" timeout 560 python3 tests/gpu/torch_nccl.py \
+  "$build/plugins/nccl/libnccl.so.2" >"$logs/torch_nccl.txt" 2>&1
+cat "$logs/torch_nccl.txt"
 echo "## summary"
 printf '%s\n' "${summary[@]}"
 grep -E "^# |^  " "$logs/cuda_kernels_perf.txt" 2>/dev/null
