@@ -280,12 +280,8 @@ class ProcessGroupLoom : public Base {
     const loomRedOp_t op = opOf(opts.reduceOp);
     const loomDataType_t type = typeOf(t, true);
     return collective(c10d::OpType::ALLREDUCE, {t}, [=] {
-      // Out of place into a scratch buffer, then copied back: loom's in-place all-reduce cannot read its input
-      // directly from the peers (the buffer is also written), and the copy costs less than the staging.
-      at::Tensor result = scratch(t);
-      check(loomAllReduce(t.data_ptr(), result.data_ptr(), t.numel(), type, op, comm_, nullptr), comm_,
+      check(loomAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), type, op, comm_, nullptr), comm_,
             "loomAllReduce");
-      t.copy_(result);
     });
   }
 
@@ -579,14 +575,6 @@ class ProcessGroupLoom : public Base {
     return *links_.emplace(key, std::move(link)).first->second;
   }
 
-  // A buffer shaped as `like`, kept from call to call (pages already mapped, for loom already registered); the
-  // collectives' worker thread alone uses it.
-  at::Tensor scratch(const at::Tensor& like) {
-    const int64_t bytes = like.numel() * like.element_size();
-    if (scratch_.numel() < bytes) scratch_ = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
-    return scratch_.narrow(0, 0, bytes).view(like.scalar_type()).view(like.sizes());
-  }
-
   c10::intrusive_ptr<c10d::Work> queue(Worker& worker, c10d::OpType type, std::vector<at::Tensor> outputs,
                                        std::function<void()> run) {
     auto work = c10::make_intrusive<LoomWork>(rank_, type, std::move(outputs));
@@ -602,7 +590,6 @@ class ProcessGroupLoom : public Base {
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
   loomComm_t comm_ = nullptr;
-  at::Tensor scratch_;
   std::unique_ptr<Worker> collectives_ = std::make_unique<Worker>();
   std::mutex linksMutex_;
   std::map<std::pair<int, int>, std::unique_ptr<Link>> links_;
