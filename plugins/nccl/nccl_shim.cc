@@ -109,12 +109,31 @@ struct ncclWindow_vidmem {
 
 namespace {
 
+// Makes the communicator's device current for the library's own CUDA calls, and restores the caller's: one thread
+// may drive communicators on several devices, as NCCL allows.
+class DeviceScope {
+ public:
+  explicit DeviceScope(const ncclComm* comm) {
+    if (comm->host || comm->cudaDevice < 0 || cudaGetDevice(&previous_) != cudaSuccess) return;
+    if (previous_ != comm->cudaDevice && cudaSetDevice(comm->cudaDevice) == cudaSuccess) restore_ = true;
+  }
+  ~DeviceScope() {
+    if (restore_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool restore_ = false;
+};
+
 // Per thread: NCCL's group depth (kept beside loom's, which it mirrors), the communicators whose init the
 // outermost group end waits for, the scratch buffers freed once the calls using them are queued, and the last
 // error message.
 struct Scratch {
   void* ptr;
-  bool onDevice;
+  const ncclComm* comm;
   cudaStream_t stream;
 };
 thread_local int tGroupDepth = 0;
@@ -256,7 +275,8 @@ void forgetPendingInit(ncclComm* comm) {
 // group), device ones in stream order after them.
 void releaseScratch() {
   for (const Scratch& scratch : tScratch) {
-    if (!scratch.onDevice) {
+    DeviceScope device(scratch.comm);
+    if (scratch.comm->host) {
       std::free(scratch.ptr);
     } else if (cudaFreeAsync(scratch.ptr, scratch.stream) != cudaSuccess) {
       LOOM_WARN(CUDA, "NCCL API: freeing a PreMulSum scratch buffer: %s", cudaGetErrorString(cudaGetLastError()));
@@ -343,6 +363,7 @@ ncclResult_t reduction(ncclComm* comm, ncclRedOp_t op, ncclDataType_t datatype, 
 
 // A buffer that lives until the call using it is queued (host: done).
 ncclResult_t scratch(const Target& target, size_t bytes, void** out, const char* fn) {
+  DeviceScope device(target.comm);
   if (target.comm->host) {
     *out = std::malloc(bytes);
     if (*out == nullptr)
@@ -353,7 +374,7 @@ ncclResult_t scratch(const Target& target, size_t bytes, void** out, const char*
       return fail(target.comm, ncclUnhandledCudaError, "%s: cudaMallocAsync of a %zu-byte PreMulSum buffer: %s", fn,
                   bytes, cudaGetErrorString(cudaGetLastError()));
   }
-  tScratch.push_back({*out, !target.comm->host, static_cast<cudaStream_t>(target.stream)});
+  tScratch.push_back({*out, target.comm, static_cast<cudaStream_t>(target.stream)});
   return ncclSuccess;
 }
 
@@ -375,6 +396,7 @@ ncclResult_t premultiply(const Target& target, const Reduction& reduction, ncclD
     });
     return ncclSuccess;
   }
+  DeviceScope device(target.comm);
   cudaError_t error = loom::nccl::premulOnDevice(datatype, in, out, count, op.scalar != nullptr ? nullptr : op.value,
                                                  op.scalar, static_cast<cudaStream_t>(target.stream));
   if (error != cudaSuccess)
