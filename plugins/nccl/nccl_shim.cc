@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +38,7 @@
 
 #include "loom/loom.h"
 #include "plugins/nccl/premul.h"
+#include "src/core/cuda_util.h"
 #include "src/core/log.h"
 #include "src/core/params.h"
 
@@ -86,18 +88,18 @@ constexpr unsigned kSimInfoMagic = 0x74685283;  // NCCL_SIM_INFO_INITIALIZER's m
 struct PreMulSum {
   bool live = false;
   ncclDataType_t datatype = ncclFloat32;
-  const void* scalar = nullptr;      // ncclScalarDevice: read when the call runs
-  alignas(8) unsigned char value[8]; // ncclScalarHostImmediate: the value, copied at creation
+  const void* scalar = nullptr;       // ncclScalarDevice: read when the call runs
+  alignas(8) unsigned char value[8];  // ncclScalarHostImmediate: the value, copied at creation
 };
 
 }  // namespace
 
 struct ncclComm {
   loomComm_t loom = nullptr;
-  bool host = false;     // LOOM_NCCL_DEVICE=host
-  int cudaDevice = -1;   // the device it was made on; -1 for a host communicator
+  bool host = false;    // LOOM_NCCL_DEVICE=host
+  int cudaDevice = -1;  // the device it was made on; -1 for a host communicator
   bool waitAtGroupEnd = false;
-  std::mutex mutex;      // guards ops and lastError
+  std::mutex mutex;  // guards ops and lastError
   std::vector<PreMulSum> ops;
   char lastError[1024] = "";
 };
@@ -110,23 +112,11 @@ struct ncclWindow_vidmem {
 namespace {
 
 // Makes the communicator's device current for the library's own CUDA calls, and restores the caller's: one thread
-// may drive communicators on several devices, as NCCL allows.
-class DeviceScope {
- public:
-  explicit DeviceScope(const ncclComm* comm) {
-    if (comm->host || comm->cudaDevice < 0 || cudaGetDevice(&previous_) != cudaSuccess) return;
-    if (previous_ != comm->cudaDevice && cudaSetDevice(comm->cudaDevice) == cudaSuccess) restore_ = true;
-  }
-  ~DeviceScope() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = -1;
-  bool restore_ = false;
-};
+// may drive communicators on several devices, as NCCL allows. Nothing for a host communicator.
+std::optional<loom::DeviceScope> onDeviceOf(const ncclComm* comm) {
+  if (comm->host || comm->cudaDevice < 0) return std::nullopt;
+  return std::optional<loom::DeviceScope>(std::in_place, comm->cudaDevice);
+}
 
 // Per thread: NCCL's group depth (kept beside loom's, which it mirrors), the communicators whose init the
 // outermost group end waits for, the scratch buffers freed once the calls using them are queued, and the last
@@ -188,8 +178,8 @@ ncclResult_t hostMode(bool* host, const char* fn) {
     *host = device == "host";
     static std::once_flag announced;
     std::call_once(announced, [&]() {
-      LOOM_INFO(INIT, "NCCL API %d.%d.%d (libnccl.so.2) over loom %d.%d.%d, %s communicators", NCCL_MAJOR,
-                NCCL_MINOR, NCCL_PATCH, LOOM_MAJOR, LOOM_MINOR, LOOM_PATCH, device.c_str());
+      LOOM_INFO(INIT, "NCCL API %d.%d.%d (libnccl.so.2) over loom %d.%d.%d, %s communicators", NCCL_MAJOR, NCCL_MINOR,
+                NCCL_PATCH, LOOM_MAJOR, LOOM_MINOR, LOOM_PATCH, device.c_str());
     });
     return ncclSuccess;
   }
@@ -275,7 +265,7 @@ void forgetPendingInit(ncclComm* comm) {
 // group), device ones in stream order after them.
 void releaseScratch() {
   for (const Scratch& scratch : tScratch) {
-    DeviceScope device(scratch.comm);
+    std::optional<loom::DeviceScope> device = onDeviceOf(scratch.comm);
     if (scratch.comm->host) {
       std::free(scratch.ptr);
     } else if (cudaFreeAsync(scratch.ptr, scratch.stream) != cudaSuccess) {
@@ -299,8 +289,8 @@ size_t elementBytes(ncclDataType_t datatype) {
 }
 
 const char* typeName(ncclDataType_t datatype) {
-  static const char* const kNames[] = {"ncclInt8",   "ncclUint8",   "ncclInt32",   "ncclUint32",
-                                       "ncclInt64",  "ncclUint64",  "ncclFloat16", "ncclFloat32",
+  static const char* const kNames[] = {"ncclInt8",    "ncclUint8",    "ncclInt32",      "ncclUint32",
+                                       "ncclInt64",   "ncclUint64",   "ncclFloat16",    "ncclFloat32",
                                        "ncclFloat64", "ncclBfloat16", "ncclFloat8e4m3", "ncclFloat8e5m2"};
   return datatype >= 0 && datatype < ncclNumTypes ? kNames[datatype] : "an unknown datatype";
 }
@@ -361,9 +351,16 @@ ncclResult_t reduction(ncclComm* comm, ncclRedOp_t op, ncclDataType_t datatype, 
   return ncclSuccess;
 }
 
+// What a reducing call runs on, and its operator.
+ncclResult_t reducing(ncclComm* comm, ncclDataType_t datatype, ncclRedOp_t op, cudaStream_t stream, const char* fn,
+                      Target* t, Reduction* red) {
+  NCCL_CHECK(target(comm, datatype, true, stream, fn, t));
+  return reduction(comm, op, datatype, fn, red);
+}
+
 // A buffer that lives until the call using it is queued (host: done).
 ncclResult_t scratch(const Target& target, size_t bytes, void** out, const char* fn) {
-  DeviceScope device(target.comm);
+  std::optional<loom::DeviceScope> device = onDeviceOf(target.comm);
   if (target.comm->host) {
     *out = std::malloc(bytes);
     if (*out == nullptr)
@@ -396,7 +393,7 @@ ncclResult_t premultiply(const Target& target, const Reduction& reduction, ncclD
     });
     return ncclSuccess;
   }
-  DeviceScope device(target.comm);
+  std::optional<loom::DeviceScope> device = onDeviceOf(target.comm);
   cudaError_t error = loom::nccl::premulOnDevice(datatype, in, out, count, op.scalar != nullptr ? nullptr : op.value,
                                                  op.scalar, static_cast<cudaStream_t>(target.stream));
   if (error != cudaSuccess)
@@ -419,15 +416,24 @@ ncclResult_t ncclGetVersion(int* version) {
 
 const char* ncclGetErrorString(ncclResult_t result) {
   switch (result) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (ncclGetLastError and LOOM_DEBUG=INFO tell more)";
-    case ncclSystemError: return "unhandled system error (ncclGetLastError and LOOM_DEBUG=INFO tell more)";
-    case ncclInternalError: return "internal error - please report this issue to the loom developers";
-    case ncclInvalidArgument: return "invalid argument (ncclGetLastError names it)";
-    case ncclInvalidUsage: return "invalid usage (ncclGetLastError tells why)";
-    case ncclRemoteError: return "remote process exited, did not answer in time, or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
-    default: return "unknown result code";
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error (ncclGetLastError and LOOM_DEBUG=INFO tell more)";
+    case ncclSystemError:
+      return "unhandled system error (ncclGetLastError and LOOM_DEBUG=INFO tell more)";
+    case ncclInternalError:
+      return "internal error - please report this issue to the loom developers";
+    case ncclInvalidArgument:
+      return "invalid argument (ncclGetLastError names it)";
+    case ncclInvalidUsage:
+      return "invalid usage (ncclGetLastError tells why)";
+    case ncclRemoteError:
+      return "remote process exited, did not answer in time, or there was a network error";
+    case ncclInProgress:
+      return "NCCL operation in progress";
+    default:
+      return "unknown result code";
   }
 }
 
@@ -506,8 +512,10 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
     if (cudaGetDeviceCount(&visible) != cudaSuccess) visible = 0;
     (void)cudaGetLastError();
     if (visible < ndev)
-      return fail(nullptr, ncclInvalidArgument, "%s: %d communicators on the first %d devices, but %d are visible "
-                  "(pass a devlist to put several on one device)", fn, ndev, ndev, visible);
+      return fail(nullptr, ncclInvalidArgument,
+                  "%s: %d communicators on the first %d devices, but %d are visible "
+                  "(pass a devlist to put several on one device)",
+                  fn, ndev, ndev, visible);
   }
   ncclUniqueId id;
   NCCL_CHECK(ncclGetUniqueId(&id));
@@ -659,8 +667,8 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataTyp
   if (datatype < ncclInt8 || datatype > ncclBfloat16)
     return fail(comm, ncclInvalidArgument, "%s: datatype %d is not an NCCL datatype", fn, static_cast<int>(datatype));
   if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
-    return fail(comm, ncclInvalidArgument, "%s: residence %d: expected ncclScalarDevice or ncclScalarHostImmediate",
-                fn, static_cast<int>(residence));
+    return fail(comm, ncclInvalidArgument, "%s: residence %d: expected ncclScalarDevice or ncclScalarHostImmediate", fn,
+                static_cast<int>(residence));
   PreMulSum made;
   made.live = true;
   made.datatype = datatype;
@@ -687,8 +695,7 @@ ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   std::lock_guard<std::mutex> lock(comm->mutex);
   size_t index = static_cast<size_t>(value) - ncclNumOps;
   if (value < ncclNumOps || index >= comm->ops.size() || !comm->ops[index].live)
-    return fail(nullptr, ncclInvalidArgument,
-                "ncclRedOpDestroy: operator %d is %s", value,
+    return fail(nullptr, ncclInvalidArgument, "ncclRedOpDestroy: operator %d is %s", value,
                 value >= 0 && value < ncclNumOps ? "built in" : "not a live PreMulSum operator of this communicator");
   comm->ops[index].live = false;
   return ncclSuccess;
@@ -700,9 +707,8 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
                            ncclComm_t comm, cudaStream_t stream) {
   const char* fn = "ncclAllReduce";
   Target t;
-  NCCL_CHECK(target(comm, datatype, true, stream, fn, &t));
   Reduction red;
-  NCCL_CHECK(reduction(comm, op, datatype, fn, &red));
+  NCCL_CHECK(reducing(comm, datatype, op, stream, fn, &t, &red));
   CallScope scope;
   if (red.premul) {
     NCCL_CHECK(premultiply(t, red, datatype, sendbuff, recvbuff, count, fn));
@@ -715,9 +721,8 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
                         int root, ncclComm_t comm, cudaStream_t stream) {
   const char* fn = "ncclReduce";
   Target t;
-  NCCL_CHECK(target(comm, datatype, true, stream, fn, &t));
   Reduction red;
-  NCCL_CHECK(reduction(comm, op, datatype, fn, &red));
+  NCCL_CHECK(reducing(comm, datatype, op, stream, fn, &t, &red));
   CallScope scope;
   if (red.premul && count > 0) {
     int rank = -1;
@@ -734,9 +739,8 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   const char* fn = "ncclReduceScatter";
   Target t;
-  NCCL_CHECK(target(comm, datatype, true, stream, fn, &t));
   Reduction red;
-  NCCL_CHECK(reduction(comm, op, datatype, fn, &red));
+  NCCL_CHECK(reducing(comm, datatype, op, stream, fn, &t, &red));
   CallScope scope;
   if (red.premul && recvcount > 0) {
     int nranks = 0;

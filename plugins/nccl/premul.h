@@ -30,17 +30,38 @@ __host__ __device__ inline __nv_bfloat16 premultiplied(__nv_bfloat16 x, __nv_bfl
 template <typename Visit>
 bool visitType(int datatype, Visit&& visit) {
   switch (datatype) {
-    case 0: visit(static_cast<int8_t*>(nullptr)); return true;
-    case 1: visit(static_cast<uint8_t*>(nullptr)); return true;
-    case 2: visit(static_cast<int32_t*>(nullptr)); return true;
-    case 3: visit(static_cast<uint32_t*>(nullptr)); return true;
-    case 4: visit(static_cast<int64_t*>(nullptr)); return true;
-    case 5: visit(static_cast<uint64_t*>(nullptr)); return true;
-    case 6: visit(static_cast<__half*>(nullptr)); return true;
-    case 7: visit(static_cast<float*>(nullptr)); return true;
-    case 8: visit(static_cast<double*>(nullptr)); return true;
-    case 9: visit(static_cast<__nv_bfloat16*>(nullptr)); return true;
-    default: return false;
+    case 0:
+      visit(static_cast<int8_t*>(nullptr));
+      return true;
+    case 1:
+      visit(static_cast<uint8_t*>(nullptr));
+      return true;
+    case 2:
+      visit(static_cast<int32_t*>(nullptr));
+      return true;
+    case 3:
+      visit(static_cast<uint32_t*>(nullptr));
+      return true;
+    case 4:
+      visit(static_cast<int64_t*>(nullptr));
+      return true;
+    case 5:
+      visit(static_cast<uint64_t*>(nullptr));
+      return true;
+    case 6:
+      visit(static_cast<__half*>(nullptr));
+      return true;
+    case 7:
+      visit(static_cast<float*>(nullptr));
+      return true;
+    case 8:
+      visit(static_cast<double*>(nullptr));
+      return true;
+    case 9:
+      visit(static_cast<__nv_bfloat16*>(nullptr));
+      return true;
+    default:
+      return false;
   }
 }
 

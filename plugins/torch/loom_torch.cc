@@ -280,8 +280,7 @@ class ProcessGroupLoom : public Base {
     const loomRedOp_t op = opOf(opts.reduceOp);
     const loomDataType_t type = typeOf(t, true);
     return collective(c10d::OpType::ALLREDUCE, {t}, [=] {
-      check(loomAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), type, op, comm_, nullptr), comm_,
-            "loomAllReduce");
+      check(loomAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), type, op, comm_, nullptr), comm_, "loomAllReduce");
     });
   }
 

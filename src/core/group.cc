@@ -106,11 +106,11 @@ loomResult_t loomGroupEnd(void) {
     const Call& first = call.comm->device == loomDeviceCuda ? firstCallOf(calls, call.comm) : calls.front();
     if (result == loomSuccess && call.stream != first.stream)
       result = LOOM_FAIL(loomInvalidUsage, COLL, "calls of one group must use the same stream%s (%p and %p)",
-                         call.comm->device == loomDeviceCuda ? " on each communicator" : "", first.stream,
-                         call.stream);
+                         call.comm->device == loomDeviceCuda ? " on each communicator" : "", first.stream, call.stream);
     if (result == loomSuccess && call.comm->device != calls.front().comm->device)
-      result = LOOM_FAIL(loomInvalidUsage, COLL, "a group mixes host and CUDA communicators (rank %d of \"%s\" and "
-                                                 "rank %d of \"%s\")",
+      result = LOOM_FAIL(loomInvalidUsage, COLL,
+                         "a group mixes host and CUDA communicators (rank %d of \"%s\" and "
+                         "rank %d of \"%s\")",
                          calls.front().comm->rank, calls.front().comm->name.c_str(), call.comm->rank,
                          call.comm->name.c_str());
     if (result != loomSuccess) {
@@ -138,12 +138,14 @@ loomResult_t loomGroupSimulateEnd(loomSimInfo_t* simInfo) {
   if (tGroupDepth == 0)
     return LOOM_FAIL(loomInvalidUsage, COLL, "loomGroupSimulateEnd without a matching loomGroupStart");
   if (tGroupDepth > 1)
-    return LOOM_FAIL(loomInvalidUsage, COLL, "loomGroupSimulateEnd inside a nested group: only the outermost group "
-                                             "can be simulated");
+    return LOOM_FAIL(loomInvalidUsage, COLL,
+                     "loomGroupSimulateEnd inside a nested group: only the outermost group "
+                     "can be simulated");
   for (const Call& call : tGroupCalls)
     if (call.collective == Collective::kSendRecv)
-      return LOOM_FAIL(loomInvalidUsage, COLL, "loomGroupSimulateEnd: the group holds Send/Recv calls, which cannot "
-                                               "be estimated; end it with loomGroupEnd");
+      return LOOM_FAIL(loomInvalidUsage, COLL,
+                       "loomGroupSimulateEnd: the group holds Send/Recv calls, which cannot "
+                       "be estimated; end it with loomGroupEnd");
   std::vector<Call> calls = std::move(tGroupCalls);
   tGroupCalls.clear();
   tGroupDepth = 0;

@@ -97,18 +97,27 @@ class World {
   }
   ~World() {
     for (int r = 0; r < size(); ++r) {
-      if (comms[r] != nullptr) { EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess); }
+      if (comms[r] != nullptr) {
+        EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess);
+      }
       if (streams[r] != nullptr) cudaStreamDestroy(streams[r]);
     }
   }
   int size() const { return static_cast<int>(comms.size()); }
-  // Calls call(r) for every rank in one group, as one thread driving several communicators must, then waits.
-  void run(const std::function<ncclResult_t(int)>& call) {
+  // Calls each of calls(r) for every rank in one group, as one thread driving several communicators must, then
+  // waits.
+  template <typename... Calls>
+  void run(const Calls&... calls) {
+    auto expectSuccess = [](ncclResult_t result, int r) {
+      EXPECT_EQ(result, ncclSuccess) << "rank " << r << ": " << ncclGetLastError(nullptr);
+    };
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-    for (int r = 0; r < size(); ++r) EXPECT_EQ(call(r), ncclSuccess) << "rank " << r << ": " << ncclGetLastError(nullptr);
+    for (int r = 0; r < size(); ++r) (expectSuccess(calls(r), r), ...);
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
     for (cudaStream_t stream : streams)
-      if (stream != nullptr) { EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess); }
+      if (stream != nullptr) {
+        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      }
   }
 
   std::vector<ncclComm_t> comms;
@@ -187,13 +196,15 @@ TEST(NcclApi, AllReduceEveryOperator) {
       send[r]->upload(inputs<float>(r, count));
       sendInt[r]->upload(inputs<int32_t>(r, count));
     }
-    world.run([&](int r) {
-      ncclResult_t a = ncclAllReduce(send[r]->get(), recv[r]->get(), count, ncclFloat32, op, world.comms[r],
-                                     world.streams[r]);
-      return a != ncclSuccess ? a
-                              : ncclAllReduce(sendInt[r]->get(), recvInt[r]->get(), count, ncclInt32, op,
-                                              world.comms[r], world.streams[r]);
-    });
+    world.run(
+        [&](int r) {
+          return ncclAllReduce(send[r]->get(), recv[r]->get(), count, ncclFloat32, op, world.comms[r],
+                               world.streams[r]);
+        },
+        [&](int r) {
+          return ncclAllReduce(sendInt[r]->get(), recvInt[r]->get(), count, ncclInt32, op, world.comms[r],
+                               world.streams[r]);
+        });
     for (int r = 0; r < 4; ++r) {
       std::vector<float> got = recv[r]->download();
       std::vector<int32_t> gotInt = recvInt[r]->download();
@@ -220,13 +231,15 @@ TEST(NcclApi, AllReduceEveryOperator) {
     half[r]->upload(h);
     bf16[r]->upload(b);
   }
-  world.run([&](int r) {
-    ncclResult_t a = ncclAllReduce(half[r]->get(), half[r]->get(), count, ncclHalf, ncclSum, world.comms[r],
-                                   world.streams[r]);
-    return a != ncclSuccess ? a
-                            : ncclAllReduce(bf16[r]->get(), bf16[r]->get(), count, ncclBfloat16, ncclSum,
-                                            world.comms[r], world.streams[r]);
-  });
+  world.run(
+      [&](int r) {
+        return ncclAllReduce(half[r]->get(), half[r]->get(), count, ncclHalf, ncclSum, world.comms[r],
+                             world.streams[r]);
+      },
+      [&](int r) {
+        return ncclAllReduce(bf16[r]->get(), bf16[r]->get(), count, ncclBfloat16, ncclSum, world.comms[r],
+                             world.streams[r]);
+      });
   for (int r = 0; r < 4; ++r) {
     std::vector<__half> h = half[r]->download();
     std::vector<__nv_bfloat16> b = bf16[r]->download();
@@ -261,7 +274,9 @@ TEST(NcclApi, EveryOtherCollective) {
   world.run([&](int r) {
     return ncclBroadcast(send[r]->get(), recv[r]->get(), count, ncclFloat, 1, world.comms[r], world.streams[r]);
   });
-  for (int r = 0; r < n; ++r) expectRecv(r, [](size_t i) { return input(1, i); }, count, "Broadcast");
+  for (int r = 0; r < n; ++r)
+    expectRecv(
+        r, [](size_t i) { return input(1, i); }, count, "Broadcast");
   world.run([&](int r) { return ncclBcast(send[r]->get(), count, ncclFloat, 2, world.comms[r], world.streams[r]); });
   for (int r = 0; r < n; ++r) {
     std::vector<float> got = send[r]->download();
@@ -272,15 +287,18 @@ TEST(NcclApi, EveryOtherCollective) {
   world.run([&](int r) {
     return ncclReduce(send[r]->get(), recv[r]->get(), count, ncclFloat, ncclSum, 2, world.comms[r], world.streams[r]);
   });
-  expectRecv(2, [](size_t i) { return input(0, i) + input(1, i) + input(2, i) + input(3, i); }, count, "Reduce");
-  expectRecv(0, [](size_t) { return -1.0f; }, count, "Reduce (not root)");
+  expectRecv(
+      2, [](size_t i) { return input(0, i) + input(1, i) + input(2, i) + input(3, i); }, count, "Reduce");
+  expectRecv(
+      0, [](size_t) { return -1.0f; }, count, "Reduce (not root)");
   // AllGather out of place, then in place.
   reset();
   world.run([&](int r) {
     return ncclAllGather(send[r]->get(), recv[r]->get(), count, ncclFloat, world.comms[r], world.streams[r]);
   });
   for (int r = 0; r < n; ++r)
-    expectRecv(r, [&](size_t i) { return input(static_cast<int>(i / count), i % count); }, count * n, "AllGather");
+    expectRecv(
+        r, [&](size_t i) { return input(static_cast<int>(i / count), i % count); }, count * n, "AllGather");
   reset();
   for (int r = 0; r < n; ++r) {
     std::vector<float> mine(count * n, -1.0f);
@@ -292,8 +310,8 @@ TEST(NcclApi, EveryOtherCollective) {
                          world.streams[r]);
   });
   for (int r = 0; r < n; ++r)
-    expectRecv(r, [&](size_t i) { return input(static_cast<int>(i / count), i % count); }, count * n,
-               "AllGather in place");
+    expectRecv(
+        r, [&](size_t i) { return input(static_cast<int>(i / count), i % count); }, count * n, "AllGather in place");
   // ReduceScatter.
   reset();
   world.run([&](int r) {
@@ -301,35 +319,40 @@ TEST(NcclApi, EveryOtherCollective) {
                              world.streams[r]);
   });
   for (int r = 0; r < n; ++r)
-    expectRecv(r, [&](size_t i) { return input(3, r * count + i); }, count, "ReduceScatter");
+    expectRecv(
+        r, [&](size_t i) { return input(3, r * count + i); }, count, "ReduceScatter");
   // AlltoAll: rank r's block p goes to rank p's block r.
   reset();
   world.run([&](int r) {
     return ncclAlltoAll(send[r]->get(), recv[r]->get(), count, ncclFloat, world.comms[r], world.streams[r]);
   });
   for (int r = 0; r < n; ++r)
-    expectRecv(r, [&](size_t i) { return input(static_cast<int>(i / count), r * count + i % count); }, count * n,
-               "AlltoAll");
+    expectRecv(
+        r, [&](size_t i) { return input(static_cast<int>(i / count), r * count + i % count); }, count * n, "AlltoAll");
   // Gather to rank 3, Scatter from rank 0.
   reset();
   world.run([&](int r) {
     return ncclGather(send[r]->get(), recv[r]->get(), count, ncclFloat, 3, world.comms[r], world.streams[r]);
   });
-  expectRecv(3, [&](size_t i) { return input(static_cast<int>(i / count), i % count); }, count * n, "Gather");
+  expectRecv(
+      3, [&](size_t i) { return input(static_cast<int>(i / count), i % count); }, count * n, "Gather");
   reset();
   world.run([&](int r) {
     return ncclScatter(send[r]->get(), recv[r]->get(), count, ncclFloat, 0, world.comms[r], world.streams[r]);
   });
-  for (int r = 0; r < n; ++r) expectRecv(r, [&](size_t i) { return input(0, r * count + i); }, count, "Scatter");
+  for (int r = 0; r < n; ++r)
+    expectRecv(
+        r, [&](size_t i) { return input(0, r * count + i); }, count, "Scatter");
   // Send/Recv around the ring, both in one group.
   reset();
-  world.run([&](int r) {
-    ncclResult_t sent = ncclSend(send[r]->get(), count, ncclFloat, (r + 1) % n, world.comms[r], world.streams[r]);
-    return sent != ncclSuccess ? sent
-                               : ncclRecv(recv[r]->get(), count, ncclFloat, (r + n - 1) % n, world.comms[r],
-                                          world.streams[r]);
-  });
-  for (int r = 0; r < n; ++r) expectRecv(r, [&](size_t i) { return input((r + n - 1) % n, i); }, count, "Send/Recv");
+  world.run(
+      [&](int r) { return ncclSend(send[r]->get(), count, ncclFloat, (r + 1) % n, world.comms[r], world.streams[r]); },
+      [&](int r) {
+        return ncclRecv(recv[r]->get(), count, ncclFloat, (r + n - 1) % n, world.comms[r], world.streams[r]);
+      });
+  for (int r = 0; r < n; ++r)
+    expectRecv(
+        r, [&](size_t i) { return input((r + n - 1) % n, i); }, count, "Send/Recv");
 }
 
 // PreMulSum: each rank scales its input by its own scalar, then the values are summed.
@@ -368,8 +391,7 @@ void checkPreMulSum(World& world, ncclDataType_t datatype, ncclScalarResidence_t
   std::vector<T> reduced = recv[1]->download();
   for (size_t i = 0; i < count; ++i) ASSERT_EQ(static_cast<double>(reduced[i]), sum(i)) << "Reduce";
   world.run([&](int r) {
-    return ncclReduceScatter(send[r]->get(), recv[r]->get(), count, datatype, ops[r], world.comms[r],
-                             world.streams[r]);
+    return ncclReduceScatter(send[r]->get(), recv[r]->get(), count, datatype, ops[r], world.comms[r], world.streams[r]);
   });
   for (int r = 0; r < n; ++r) {
     std::vector<T> got = recv[r]->download();
@@ -426,9 +448,9 @@ TEST(NcclApi, Fp8MovesAsBytesAndDoesNotReduce) {
     std::vector<uint8_t> got = recv[r]->download();
     for (size_t i = 0; i < count * n; ++i) ASSERT_EQ(got[i], static_cast<uint8_t>((i / count) * 100 + i % count));
   }
-  EXPECT_EQ(ncclAllReduce(send[0]->get(), recv[0]->get(), count, ncclFloat8e5m2, ncclSum, world.comms[0],
-                          world.streams[0]),
-            ncclInvalidUsage);
+  EXPECT_EQ(
+      ncclAllReduce(send[0]->get(), recv[0]->get(), count, ncclFloat8e5m2, ncclSum, world.comms[0], world.streams[0]),
+      ncclInvalidUsage);
   EXPECT_NE(std::string(ncclGetLastError(world.comms[0])).find("ncclFloat8e5m2 reductions are not supported"),
             std::string::npos)
       << ncclGetLastError(world.comms[0]);
@@ -448,12 +470,16 @@ void onThreads(int n, const std::function<void(int)>& body) {
 // One rank's AllReduce of n ranks' inputs, checked, with its own stream.
 void allReduceOnThread(ncclComm_t comm, int r, int n, const char* what) {
   cudaStream_t stream = nullptr;
-  if (!hostMode()) { ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess); }
+  if (!hostMode()) {
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  }
   Buffer<float> buffer(64);
   buffer.upload(inputs<float>(r, 64));
   ASSERT_EQ(ncclAllReduce(buffer.get(), buffer.get(), 64, ncclFloat, ncclSum, comm, stream), ncclSuccess)
       << what << ": " << ncclGetLastError(comm);
-  if (stream != nullptr) { ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess); }
+  if (stream != nullptr) {
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  }
   std::vector<float> got = buffer.download();
   for (size_t i = 0; i < 64; ++i) {
     double sum = 0;
@@ -593,9 +619,9 @@ TEST(NcclApi, GroupSimulateEndRunsNothing) {
   auto buffer = buffers<float>(n, count, 1.0f);
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   for (int r = 0; r < n; ++r)
-    ASSERT_EQ(ncclAllReduce(buffer[r]->get(), buffer[r]->get(), count, ncclFloat, ncclSum, world.comms[r],
-                            world.streams[r]),
-              ncclSuccess);
+    ASSERT_EQ(
+        ncclAllReduce(buffer[r]->get(), buffer[r]->get(), count, ncclFloat, ncclSum, world.comms[r], world.streams[r]),
+        ncclSuccess);
   ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;
   ASSERT_EQ(ncclGroupSimulateEnd(&info), ncclSuccess) << ncclGetLastError(nullptr);
   EXPECT_GT(info.estimatedTime, 0.0f);
@@ -618,13 +644,13 @@ TEST(NcclApi, RefusalsAndBadArguments) {
   EXPECT_EQ(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT), ncclInvalidUsage);
   EXPECT_NE(std::string(ncclGetLastError(comm)).find("ncclCommRevoke is not supported"), std::string::npos);
   Buffer<float> buffer(16);
-  EXPECT_EQ(ncclAllReduce(buffer.get(), buffer.get(), 16, static_cast<ncclDataType_t>(99), ncclSum, comm,
-                          world.streams[0]),
-            ncclInvalidArgument);
+  EXPECT_EQ(
+      ncclAllReduce(buffer.get(), buffer.get(), 16, static_cast<ncclDataType_t>(99), ncclSum, comm, world.streams[0]),
+      ncclInvalidArgument);
   EXPECT_NE(std::string(ncclGetLastError(comm)).find("datatype 99"), std::string::npos);
-  EXPECT_EQ(ncclAllReduce(buffer.get(), buffer.get(), 16, ncclFloat, static_cast<ncclRedOp_t>(40), comm,
-                          world.streams[0]),
-            ncclInvalidArgument);
+  EXPECT_EQ(
+      ncclAllReduce(buffer.get(), buffer.get(), 16, ncclFloat, static_cast<ncclRedOp_t>(40), comm, world.streams[0]),
+      ncclInvalidArgument);
   EXPECT_EQ(ncclAllReduce(buffer.get(), buffer.get(), 16, ncclFloat, ncclSum, nullptr, world.streams[0]),
             ncclInvalidArgument);
   EXPECT_EQ(ncclBroadcast(buffer.get(), buffer.get(), 16, ncclFloat, 5, comm, world.streams[0]), ncclInvalidArgument);
@@ -647,8 +673,7 @@ TEST(NcclApi, RefusalsAndBadArguments) {
   // Nothing above changed the communicators: they still work.
   auto values = buffers<float>(2, 16, 3.0f);
   world.run([&](int r) {
-    return ncclAllReduce(values[r]->get(), values[r]->get(), 16, ncclFloat, ncclSum, world.comms[r],
-                         world.streams[r]);
+    return ncclAllReduce(values[r]->get(), values[r]->get(), 16, ncclFloat, ncclSum, world.comms[r], world.streams[r]);
   });
   EXPECT_EQ(values[1]->download()[15], 6.0f);
 }
