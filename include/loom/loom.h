@@ -134,6 +134,18 @@ loomResult_t loomCommInitFromEnv(loomComm_t* comm);
  * A rank passing LOOM_SPLIT_NOCOLOR gets *newcomm = NULL. Collective over `comm`.
  */
 loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t* newcomm, loomConfig_t* config);
+/** Flags of loomCommShrink (the values of NCCL's NCCL_SHRINK_*). */
+#define LOOM_SHRINK_DEFAULT 0x00 /* the parent is healthy: none of its calls is in flight */
+#define LOOM_SHRINK_ABORT 0x01   /* first end every call of the parent still in flight (after a failure) */
+/**
+ * Makes a communicator of the ranks of `comm` that are not in excludeRanksList, ordered as in `comm`. Collective
+ * over those ranks only: the excluded ranks (dead ones, typically) do not call it, and every caller passes the
+ * same list (in any order), else each gets loomInvalidUsage. With LOOM_SHRINK_ABORT the calls of `comm` still in
+ * flight on other threads end first, with an error, and `comm` can then only be destroyed. config NULL: the
+ * parent's settings.
+ */
+loomResult_t loomCommShrink(loomComm_t comm, const int* excludeRanksList, int excludeRanksCount, loomComm_t* newcomm,
+                            loomConfig_t* config, int shrinkFlags);
 /** Waits for every queued operation on comm to finish and stops accepting new ones. */
 loomResult_t loomCommFinalize(loomComm_t comm);
 /** Frees comm and every resource it holds. Not collective. */
@@ -200,7 +212,8 @@ typedef struct {
   size_t size;         /**< sizeof(loomSimInfo_t) as compiled by the caller. */
   float estimatedTime; /**< Predicted time of the group's calls, in microseconds. */
 } loomSimInfo_t;
-#define LOOM_SIM_INFO_INITIALIZER {sizeof(loomSimInfo_t), 0.0f}
+#define LOOM_SIM_INFO_INITIALIZER \
+  { sizeof(loomSimInfo_t), 0.0f }
 /**
  * Ends the outermost group without running it: its calls are dropped and simInfo->estimatedTime receives the
  * tuner's prediction of how long they would take (each communicator's calls one after another; communicators

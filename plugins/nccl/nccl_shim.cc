@@ -10,6 +10,7 @@
 //     one thread makes several communicators (ncclCommInitAll);
 //   - ncclRedOpCreatePreMulSum's operators scale their input locally (premul.h), then sum;
 //   - fp8 data moves as bytes; fp8 reductions are refused;
+//   - ncclCommShrink is loomCommShrink;
 //   - loomTimeout, which NCCL lacks, is ncclRemoteError: a peer that did not answer in time.
 // Calls loom does not support return ncclInvalidUsage with a message (ncclGetLastError), never crash.
 // docs/DESIGN.md, "The NCCL-compatible library", has the full table.
@@ -25,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -72,6 +74,8 @@ static_assert(sizeof(ncclUniqueId) == sizeof(loomUniqueId) && NCCL_UNIQUE_ID_BYT
               "a unique id is 128 opaque bytes in both APIs");
 static_assert(NCCL_SPLIT_NOCOLOR == LOOM_SPLIT_NOCOLOR && NCCL_CONFIG_UNDEF_INT == LOOM_CONFIG_UNDEF_INT,
               "the split's no-color and the config's unset value agree");
+static_assert(NCCL_SHRINK_DEFAULT == LOOM_SHRINK_DEFAULT && NCCL_SHRINK_ABORT == LOOM_SHRINK_ABORT,
+              "ncclCommShrink's flags are loomCommShrink's");
 static_assert(sizeof(void*) == 8, "the layouts below are LP64's");
 static_assert(sizeof(ncclConfig_t) == 80 && offsetof(ncclConfig_t, blocking) == 16 &&
                   offsetof(ncclConfig_t, commName) == 48,
@@ -536,33 +540,40 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
   return result;
 }
 
-ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
-  const char* fn = "ncclCommSplit";
-  if (comm == nullptr || newcomm == nullptr)
+// A communicator made from `parent` by loom (split, shrink): `make` gets the translated config (NULL: the parent's
+// settings). The device, timeout and channels come from the parent; the new communicator is always complete on
+// return.
+ncclResult_t makeChild(ncclComm* parent, ncclConfig_t* config, ncclComm_t* newcomm, const char* fn,
+                       const std::function<loomResult_t(loomConfig_t*, loomComm_t*)>& make) {
+  if (parent == nullptr || newcomm == nullptr)
     return fail(nullptr, ncclInvalidArgument, "%s: comm and newcomm must not be NULL", fn);
   loomConfig_t options;
   bool blocking = true;
   NCCL_CHECK(translateConfig(config, &options, &blocking, fn));
-  // The device, timeout and channels come from the parent; the split itself always completes before returning.
   loomComm_t child = nullptr;
-  loomResult_t result = loomCommSplit(comm->loom, color, key, &child, config != nullptr ? &options : nullptr);
-  if (result != loomSuccess) return fromLoom(comm, result);
+  loomResult_t result = make(config != nullptr ? &options : nullptr, &child);
+  if (result != loomSuccess) return fromLoom(parent, result);
   *newcomm = nullptr;
   if (child == nullptr) return ncclSuccess;
   auto made = std::make_unique<ncclComm>();
   made->loom = child;
-  made->host = comm->host;
-  made->cudaDevice = comm->cudaDevice;
+  made->host = parent->host;
+  made->cudaDevice = parent->cudaDevice;
   *newcomm = made.release();
   return ncclSuccess;
 }
 
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  return makeChild(comm, config, newcomm, "ncclCommSplit", [&](loomConfig_t* options, loomComm_t* child) {
+    return loomCommSplit(comm->loom, color, key, child, options);
+  });
+}
+
 ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
                             ncclConfig_t* config, int shrinkFlags) {
-  (void)excludeRanksList, (void)excludeRanksCount, (void)newcomm, (void)config, (void)shrinkFlags;
-  return fail(comm, ncclInvalidUsage,
-              "ncclCommShrink is not supported by loom: make the smaller communicator with ncclCommSplit, every rank "
-              "of the parent taking part and the excluded ones passing NCCL_SPLIT_NOCOLOR");
+  return makeChild(comm, config, newcomm, "ncclCommShrink", [&](loomConfig_t* options, loomComm_t* child) {
+    return loomCommShrink(comm->loom, excludeRanksList, excludeRanksCount, child, options, shrinkFlags);
+  });
 }
 
 ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {

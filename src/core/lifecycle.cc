@@ -27,6 +27,43 @@ loomConfig_t normalisedConfig(const loomConfig_t* config) {
   return full;
 }
 
+// The options of a communicator made from `parent` (split, shrink): `config`'s, with what it leaves unset taken
+// from the parent. Always blocking: the new communicator is ready when the call returns.
+loomConfig_t childConfig(const loomComm* parent, const loomConfig_t* config) {
+  loomConfig_t options = config ? normalisedConfig(config) : loomConfig_t(LOOM_CONFIG_INITIALIZER);
+  if (options.timeoutMs == LOOM_CONFIG_UNDEF_INT) options.timeoutMs = static_cast<int>(parent->timeoutMs);
+  if (options.nChannels == LOOM_CONFIG_UNDEF_INT) options.nChannels = parent->nChannels;
+  if (options.device == LOOM_CONFIG_UNDEF_INT) options.device = parent->device;
+  if (options.device == loomDeviceCuda && options.cudaDevice == LOOM_CONFIG_UNDEF_INT)
+    options.cudaDevice = parent->cudaDevice;
+  options.blocking = 1;
+  return options;
+}
+
+// Counts a call inside the library on `comm` while it lives, so that loomCommAbort waits for it to leave.
+struct ActiveCall {
+  explicit ActiveCall(loomComm* comm) : comm(comm) { comm->activeCalls.fetch_add(1); }
+  ~ActiveCall() { comm->activeCalls.fetch_sub(1); }
+  ActiveCall(const ActiveCall&) = delete;
+  ActiveCall& operator=(const ActiveCall&) = delete;
+  loomComm* comm;
+};
+
+// Ends every call of `comm` in flight and tells its peers, so they fail now rather than at their deadline. The
+// FIFOs stay aborted: the communicator is good for nothing but destroy. `reopenBootstrap` (loomCommShrink with
+// LOOM_SHRINK_ABORT) lowers the abort flag again afterwards, so that the shrink can still use the bootstrap.
+void abortCallsInFlight(loomComm* comm, bool reopenBootstrap) {
+  comm->abortFlag.store(true);
+  cudaCommAbort(comm);
+  if (comm->initThread.joinable()) comm->initThread.join();
+  waitForIdle(comm);
+  {
+    std::lock_guard<std::mutex> lock(comm->runMutex);
+    comm->connections.abortAll();
+  }
+  if (reopenBootstrap) comm->abortFlag.store(false);
+}
+
 }  // namespace
 
 loomResult_t loomGetUniqueId(loomUniqueId* uniqueId) {
@@ -82,12 +119,7 @@ loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t* newc
   if (comm->finalized || comm->asyncError.load() != loomSuccess)
     return LOOM_FAIL(loomInvalidUsage, INIT, "loomCommSplit: the communicator is %s",
                      comm->finalized ? "finalized" : "not usable (pending error or still initialising)");
-  // Counted as a call inside the library, so that loomCommAbort waits for it to leave.
-  comm->activeCalls.fetch_add(1);
-  struct ActiveGuard {
-    loomComm* comm;
-    ~ActiveGuard() { comm->activeCalls.fetch_sub(1); }
-  } active{comm};
+  ActiveCall active(comm);
   struct Entry {
     int color, key, rank;
     loomUniqueId id;
@@ -120,15 +152,95 @@ loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t* newc
   }
   int newRank = 0;
   while (members[newRank].rank != comm->rank) ++newRank;
-  loomConfig_t options = config ? normalisedConfig(config) : loomConfig_t(LOOM_CONFIG_INITIALIZER);
-  if (options.timeoutMs == LOOM_CONFIG_UNDEF_INT) options.timeoutMs = static_cast<int>(comm->timeoutMs);
-  if (options.nChannels == LOOM_CONFIG_UNDEF_INT) options.nChannels = comm->nChannels;
-  if (options.device == LOOM_CONFIG_UNDEF_INT) options.device = comm->device;
-  if (options.device == loomDeviceCuda && options.cudaDevice == LOOM_CONFIG_UNDEF_INT)
-    options.cudaDevice = comm->cudaDevice;
-  options.blocking = 1;
+  loomConfig_t options = childConfig(comm, config);
   return loomCommInitRankConfig(newcomm, static_cast<int>(members.size()), entries[members.front().rank].id, newRank,
                                 &options);
+}
+
+// The survivors' lowest rank leads, over the parent's bootstrap, point to point, so that the excluded ranks are
+// never waited on: it sends each other survivor a hash of its exclude list; each answers whether its own list
+// hashes the same; the leader then sends all the verdict and, when they agree, the new communicator's id (drawn
+// only then, so a refused shrink leaves no rendezvous open). So either every survivor joins the new communicator
+// or every one returns loomInvalidUsage. Survivors that disagree on which rank leads wait for each other until
+// their deadline: loomTimeout.
+loomResult_t loomCommShrink(loomComm_t comm, const int* excludeRanksList, int excludeRanksCount, loomComm_t* newcomm,
+                            loomConfig_t* config, int shrinkFlags) {
+  clearThreadLastError();
+  if (comm == nullptr || newcomm == nullptr)
+    return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommShrink: comm and newcomm must not be NULL");
+  if (excludeRanksCount < 0 || (excludeRanksCount > 0 && excludeRanksList == nullptr))
+    return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommShrink: %d excluded ranks in list %p", excludeRanksCount,
+                     static_cast<const void*>(excludeRanksList));
+  if (shrinkFlags != LOOM_SHRINK_DEFAULT && shrinkFlags != LOOM_SHRINK_ABORT)
+    return LOOM_FAIL(loomInvalidArgument, INIT,
+                     "loomCommShrink: shrinkFlags 0x%x; expected LOOM_SHRINK_DEFAULT or LOOM_SHRINK_ABORT",
+                     shrinkFlags);
+  LOOM_CHECK(checkConfig(config));
+  ScopedLogRank logRank(comm->rank);
+  const int n = comm->nranks;
+  std::vector<uint8_t> excluded(n, 0);
+  for (int i = 0; i < excludeRanksCount; ++i) {
+    int rank = excludeRanksList[i];
+    if (rank < 0 || rank >= n)
+      return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommShrink: excluded rank %d is out of range for %d ranks", rank,
+                       n);
+    if (excluded[rank]) return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommShrink: rank %d is listed twice", rank);
+    excluded[rank] = 1;
+  }
+  if (excluded[comm->rank])
+    return LOOM_FAIL(loomInvalidArgument, INIT,
+                     "loomCommShrink: rank %d is in its own exclude list; excluded ranks do not call loomCommShrink",
+                     comm->rank);
+  if (comm->finalized || comm->asyncError.load() == loomInProgress)
+    return LOOM_FAIL(loomInvalidUsage, INIT, "loomCommShrink: the communicator is %s",
+                     comm->finalized ? "finalized" : "still initialising");
+  std::vector<int> survivors;
+  for (int rank = 0; rank < n; ++rank)
+    if (!excluded[rank]) survivors.push_back(rank);
+  const int leader = survivors.front();
+  const int newRank = static_cast<int>(std::find(survivors.begin(), survivors.end(), comm->rank) - survivors.begin());
+  // FNV-1a over the exclusion map: equal lists, in whatever order, hash alike.
+  uint64_t listHash = 14695981039346656037ull;
+  for (uint8_t flag : excluded) listHash = (listHash ^ flag) * 1099511628211ull;
+
+  if (shrinkFlags == LOOM_SHRINK_ABORT) abortCallsInFlight(comm, true);
+  ActiveCall active(comm);
+  constexpr int kShrinkTag = 0x53484b;  // "SHK": the bootstrap messages of a shrink
+  struct Verdict {
+    int32_t mismatch;  // the first survivor whose list differs from the leader's; -1: none
+    loomUniqueId id;   // the new communicator's, when none differs
+  } verdict{-1, {}};
+  {
+    std::lock_guard<std::mutex> lock(comm->runMutex);
+    Bootstrap& bootstrap = *comm->bootstrap;
+    const int64_t timeoutMs = comm->timeoutMs;
+    if (comm->rank == leader) {
+      for (size_t i = 1; i < survivors.size(); ++i)
+        LOOM_CHECK(bootstrap.send(survivors[i], kShrinkTag, &listHash, sizeof(listHash), timeoutMs));
+      for (size_t i = 1; i < survivors.size(); ++i) {
+        uint8_t agrees = 0;
+        LOOM_CHECK(bootstrap.recv(survivors[i], kShrinkTag, &agrees, sizeof(agrees), timeoutMs));
+        if (!agrees && verdict.mismatch < 0) verdict.mismatch = survivors[i];
+      }
+      if (verdict.mismatch < 0) LOOM_CHECK(createUniqueId(&verdict.id));
+      for (size_t i = 1; i < survivors.size(); ++i)
+        LOOM_CHECK(bootstrap.send(survivors[i], kShrinkTag, &verdict, sizeof(verdict), timeoutMs));
+    } else {
+      uint64_t leaderHash = 0;
+      LOOM_CHECK(bootstrap.recv(leader, kShrinkTag, &leaderHash, sizeof(leaderHash), timeoutMs));
+      uint8_t agrees = leaderHash == listHash ? 1 : 0;
+      LOOM_CHECK(bootstrap.send(leader, kShrinkTag, &agrees, sizeof(agrees), timeoutMs));
+      LOOM_CHECK(bootstrap.recv(leader, kShrinkTag, &verdict, sizeof(verdict), timeoutMs));
+    }
+  }
+  const int32_t mismatch = verdict.mismatch;
+  if (mismatch >= 0)
+    return LOOM_FAIL(loomInvalidUsage, INIT,
+                     "loomCommShrink: rank %d passed another exclude list than rank %d (the lowest rank kept); every "
+                     "rank that calls it must exclude the same ranks",
+                     mismatch, leader);
+  loomConfig_t options = childConfig(comm, config);
+  return loomCommInitRankConfig(newcomm, static_cast<int>(survivors.size()), verdict.id, newRank, &options);
 }
 
 loomResult_t loomCommFinalize(loomComm_t comm) {
@@ -151,15 +263,7 @@ loomResult_t loomCommDestroy(loomComm_t comm) {
 
 loomResult_t loomCommAbort(loomComm_t comm) {
   if (comm == nullptr) return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommAbort: comm is NULL");
-  comm->abortFlag.store(true);
-  cudaCommAbort(comm);
-  if (comm->initThread.joinable()) comm->initThread.join();
-  waitForIdle(comm);
-  {
-    // Tell peers waiting on this rank, so they fail now rather than at their deadline.
-    std::lock_guard<std::mutex> lock(comm->runMutex);
-    comm->connections.abortAll();
-  }
+  abortCallsInFlight(comm, false);
   delete comm;
   return loomSuccess;
 }

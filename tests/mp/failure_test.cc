@@ -300,11 +300,15 @@ bool receiveId(int fromParent, loomUniqueId* id) {
   return true;
 }
 
+// What a rank of a failure test does once a call failed, instead of leaving: gets the communicator and the pipe to
+// the parent, returns the child's exit code.
+using AfterError = std::function<int(loomComm_t comm, int toParent)>;
+
 // A rank of a failure test: joins `id` with a 10 s deadline and calls AllReduce on 4M floats (16 MB, 16 FIFOs'
-// worth) until one fails; says "R" after the first, whose result it checks. Returns the failing call's result.
-// With `transports`, the rank uses only those (LOOM_TRANSPORTS).
+// worth) until one fails; says "R" after the first, whose result it checks. Returns the failing call's result,
+// or what `afterError` returns. With `transports`, the rank uses only those (LOOM_TRANSPORTS).
 int allReduceUntilError(const ChildPipes& pipes, int rank, int nranks, const std::string& shmDir,
-                        const char* transports = nullptr) {
+                        const char* transports = nullptr, const AfterError& afterError = nullptr) {
   const int toParent = pipes.toParent;
   setenv("LOOM_SHM_DIR", shmDir.c_str(), 1);
   if (transports != nullptr) setenv("LOOM_TRANSPORTS", transports, 1);
@@ -336,6 +340,7 @@ int allReduceUntilError(const ChildPipes& pipes, int rank, int nranks, const std
     }
   }
   tell(toParent, loomGetLastError(comm));
+  if (afterError) result = static_cast<loomResult_t>(afterError(comm, toParent));
   loomCommDestroy(comm);
   return result;
 }
@@ -388,6 +393,61 @@ void sigkillMidAllReduce(const char* transports) {
 }
 
 TEST(FailureTest, SigkillInTheMiddleOfAllReduce) { sigkillMidAllReduce(nullptr); }
+
+// After rank 2 of 4 is killed mid-AllReduce and the survivors' calls fail, they shrink it away (with
+// LOOM_SHRINK_ABORT, as a program that caught the error on one thread would) and run a correct AllReduce on the
+// three that remain. Every survivor exits 0; nothing is left in the shared-memory directory.
+TEST(FailureTest, SurvivorsShrinkAfterASigkillAndAllReduceCorrectly) {
+  const int nranks = 4, victim = 2;
+  ShmDir shm;
+  ASSERT_FALSE(shm.path().empty()) << "mkdtemp in /dev/shm: " << strerror(errno);
+  auto shrinkAndCheck = [&](int rank) {
+    return [rank, victim](loomComm_t comm, int toParent) {
+      const int excluded[] = {victim};
+      loomComm_t kept = nullptr;
+      if (loomCommShrink(comm, excluded, 1, &kept, nullptr, LOOM_SHRINK_ABORT) != loomSuccess) {
+        tell(toParent, std::string(" | shrink: ") + loomGetLastError(nullptr));
+        return kChildCheckFailed;
+      }
+      int count = 0, newRank = -1;
+      loomCommCount(kept, &count);
+      loomCommUserRank(kept, &newRank);
+      constexpr size_t kCount = size_t{1} << 20;
+      std::vector<float> data(kCount, static_cast<float>(rank + 1));
+      loomResult_t result = loomAllReduce(data.data(), data.data(), kCount, loomFloat32, loomSum, kept, nullptr);
+      const float expected = 1 + 2 + 4;  // ranks 0, 1 and 3
+      bool right = result == loomSuccess && count == 3 && newRank == (rank < victim ? rank : rank - 1) &&
+                   data[0] == expected && data[kCount - 1] == expected;
+      if (!right) tell(toParent, std::string(" | after the shrink: ") + loomGetLastError(kept));
+      loomCommDestroy(kept);
+      return right ? 0 : kChildCheckFailed;
+    };
+  };
+  {
+    Children children;
+    for (int rank = 0; rank < nranks; ++rank)
+      ASSERT_TRUE(children.spawn([&, rank](const ChildPipes& pipes) {
+        return allReduceUntilError(pipes, rank, nranks, shm.path(), nullptr, shrinkAndCheck(rank));
+      })) << "fork: "
+          << strerror(errno);
+    loomUniqueId id;
+    ASSERT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);
+    ASSERT_TRUE(children.sendToAll(&id, sizeof(id)));
+    ASSERT_TRUE(children.waitReady(kHardBoundSeconds))
+        << "ranks did not all finish a first AllReduce:" << (children.waitAll(5), children.report());
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    children.signal(victim, SIGKILL);
+    ASSERT_TRUE(children.waitAll(kHardBoundSeconds)) << "survivors still running:" << children.report();
+    const std::string report = children.report();
+    for (int rank = 0; rank < nranks; ++rank) {
+      if (rank == victim) continue;
+      EXPECT_TRUE(WIFEXITED(children[rank].status) && WEXITSTATUS(children[rank].status) == 0)
+          << "rank " << rank << ":" << report;
+    }
+  }
+  EXPECT_TRUE(shm.entries().empty()) << "left in " << shm.path() << ":" << joined(shm.entries());
+  expectNoChildrenLeft("SurvivorsShrinkAfterASigkillAndAllReduceCorrectly");
+}
 
 // The same over tcp, with the watch of peer processes looking only once a minute: the survivors learn of the
 // death from their sockets alone, as they would across hosts.

@@ -541,6 +541,74 @@ TEST_P(ApiTest, SplitByParityInReverseOrder) {
       &config);
 }
 
+// ---- Shrink ----
+
+// 5 ranks; ranks 1 and 3 are excluded and do not call loomCommShrink. The others form a communicator of 3 in their
+// old order, with the parent's settings or a config of their own. Bad arguments are refused by every caller
+// before it talks to anyone, and leave the parent usable.
+TEST_P(ApiTest, ShrinkExcludesRanksThatDoNotCall) {
+  const int nranks = 5;
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  runRanks(
+      nranks,
+      [&](loomComm_t comm, int rank) {
+        const std::string where = "shrink of rank " + std::to_string(rank) + " on " + GetParam();
+        const int excluded[] = {3, 1};
+        loomComm_t untouched = nullptr;
+        const int self[] = {rank};
+        EXPECT_EQ(loomCommShrink(comm, self, 1, &untouched, nullptr, LOOM_SHRINK_DEFAULT), loomInvalidArgument);
+        EXPECT_TRUE(contains(loomGetLastError(nullptr), "own exclude list")) << loomGetLastError(nullptr);
+        const int twice[] = {(rank + 1) % nranks, (rank + 1) % nranks};
+        EXPECT_EQ(loomCommShrink(comm, twice, 2, &untouched, nullptr, LOOM_SHRINK_DEFAULT), loomInvalidArgument);
+        const int outside[] = {nranks};
+        EXPECT_EQ(loomCommShrink(comm, outside, 1, &untouched, nullptr, LOOM_SHRINK_DEFAULT), loomInvalidArgument);
+        EXPECT_EQ(loomCommShrink(comm, excluded, 2, &untouched, nullptr, 0x4), loomInvalidArgument);
+        EXPECT_EQ(loomCommShrink(comm, excluded, -1, &untouched, nullptr, LOOM_SHRINK_DEFAULT), loomInvalidArgument);
+        EXPECT_EQ(untouched, nullptr);
+        expectCommUsable(comm, rank, nranks, "refused shrinks");
+        if (rank == 1 || rank == 3) return;
+        for (bool ownConfig : {false, true}) {
+          loomConfig_t subConfig = configWithTimeout(kTestTimeoutMs);
+          loomComm_t kept = nullptr;
+          ASSERT_EQ(loomCommShrink(comm, excluded, 2, &kept, ownConfig ? &subConfig : nullptr, LOOM_SHRINK_DEFAULT),
+                    loomSuccess)
+              << where << ": " << loomGetLastError(nullptr);
+          int count = 0, newRank = -1;
+          EXPECT_EQ(loomCommCount(kept, &count), loomSuccess);
+          EXPECT_EQ(loomCommUserRank(kept, &newRank), loomSuccess);
+          EXPECT_EQ(count, 3) << where;
+          EXPECT_EQ(newRank, rank / 2) << where;
+          int32_t oldRank = rank;
+          std::vector<int32_t> order(3, -1);
+          ASSERT_EQ(loomAllGather(&oldRank, order.data(), 1, loomInt32, kept, nullptr), loomSuccess) << where;
+          EXPECT_EQ(order, (std::vector<int32_t>{0, 2, 4})) << where;
+          EXPECT_EQ(loomCommDestroy(kept), loomSuccess);
+        }
+      },
+      &config);
+}
+
+// Survivors that pass different lists all get loomInvalidUsage naming the rank that differs, and no communicator.
+TEST_P(ApiTest, ShrinkWithDisagreeingListsFailsOnEveryCaller) {
+  const int nranks = 4;
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  runRanks(
+      nranks,
+      [&](loomComm_t comm, int rank) {
+        if (rank == 3) return;  // excluded by all
+        std::vector<int> excluded = rank == 2 ? std::vector<int>{3, 1} : std::vector<int>{3};
+        loomComm_t kept = nullptr;
+        EXPECT_EQ(loomCommShrink(comm, excluded.data(), static_cast<int>(excluded.size()), &kept, nullptr,
+                                 LOOM_SHRINK_DEFAULT),
+                  loomInvalidUsage)
+            << "rank " << rank << ": " << loomGetLastError(nullptr);
+        EXPECT_TRUE(contains(loomGetLastError(nullptr), "rank 2 passed another exclude list than rank 0"))
+            << loomGetLastError(nullptr);
+        EXPECT_EQ(kept, nullptr);
+      },
+      &config);
+}
+
 // ---- Init ----
 
 // Non-blocking init returns loomInProgress while its peer has not joined; a call then is invalid usage; once

@@ -489,7 +489,7 @@ void allReduceOnThread(ncclComm_t comm, int r, int n, const char* what) {
   if (stream != nullptr) cudaStreamDestroy(stream);
 }
 
-TEST(NcclApi, InitRankOnThreadsThenSplit) {
+TEST(NcclApi, InitRankOnThreadsThenSplitAndShrink) {
   SKIP_WITHOUT_COMMUNICATORS();
   const int n = 3;
   ncclUniqueId id;
@@ -522,6 +522,18 @@ TEST(NcclApi, InitRankOnThreadsThenSplit) {
       EXPECT_EQ(value.download()[0], 2);
       EXPECT_EQ(ncclCommFinalize(half), ncclSuccess);
       EXPECT_EQ(ncclCommDestroy(half), ncclSuccess);
+      // The same two by shrinking: rank 1 is excluded and does not take part.
+      int excluded = 1;
+      ncclComm_t shrunk = nullptr;
+      ASSERT_EQ(ncclCommShrink(comm, &excluded, 1, &shrunk, nullptr, NCCL_SHRINK_DEFAULT), ncclSuccess)
+          << ncclGetLastError(comm);
+      EXPECT_EQ(ncclCommUserRank(shrunk, &newRank), ncclSuccess);
+      EXPECT_EQ(newRank, r == 0 ? 0 : 1);
+      Buffer<int32_t> other(1, r);
+      EXPECT_EQ(ncclAllReduce(other.get(), other.get(), 1, ncclInt32, ncclSum, shrunk, stream), ncclSuccess);
+      if (!hostMode()) cudaDeviceSynchronize();
+      EXPECT_EQ(other.download()[0], 2);
+      EXPECT_EQ(ncclCommDestroy(shrunk), ncclSuccess);
     }
     ncclResult_t state = ncclInternalError;
     EXPECT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
@@ -639,8 +651,12 @@ TEST(NcclApi, RefusalsAndBadArguments) {
   ncclComm_t comm = world.comms[0];
   int exclude = 1;
   ncclComm_t shrunk = nullptr;
-  EXPECT_EQ(ncclCommShrink(comm, &exclude, 1, &shrunk, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidUsage);
-  EXPECT_NE(std::string(ncclGetLastError(comm)).find("ncclCommShrink is not supported"), std::string::npos);
+  int self = 0;
+  EXPECT_EQ(ncclCommShrink(comm, &self, 1, &shrunk, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(comm)).find("in its own exclude list"), std::string::npos)
+      << ncclGetLastError(comm);
+  EXPECT_EQ(ncclCommShrink(comm, &exclude, 1, &shrunk, nullptr, 0x8), ncclInvalidArgument);
+  EXPECT_EQ(shrunk, nullptr);
   EXPECT_EQ(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT), ncclInvalidUsage);
   EXPECT_NE(std::string(ncclGetLastError(comm)).find("ncclCommRevoke is not supported"), std::string::npos);
   Buffer<float> buffer(16);
