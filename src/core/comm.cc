@@ -52,11 +52,12 @@ struct RankSetup {
   uint64_t algorithmHash;  // would exchange mismatched messages; compared whole through its hash
   char torus[32];          // LOOM_TORUS_DIMS likewise
   uint64_t torusHash;
-  char transports[48];     // the transports this rank would use (LOOM_TRANSPORTS, LOOM_NET or the automatic
+  char transports[48];      // the transports this rank would use (LOOM_TRANSPORTS, LOOM_NET or the automatic
   uint64_t transportsHash;  // choice between hosts), likewise: a sender on ib and its receiver on tcp never meet
   int cuda;                 // a CUDA communicator's rank; then the GPU executor's settings, which its CUDA ranks
   char cudaPath[16];        // must share (LOOM_CUDA_PATH, LOOM_CUDA_ONESHOT_BYTES, LOOM_CUDA_TWOSHOT_BYTES)
   uint64_t oneShotBytes, twoShotBytes;
+  int checkCalls;  // LOOM_CHECK_COLL: a rank checking waits for the others to check too
 };
 
 // The transport that connects this rank to `peer`: the first in priority order that can (null: none can).
@@ -166,8 +167,7 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
   if (!parseAlgorithmRules(comm->algorithm, &comm->algorithmRules, &why))
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_ALGO=\"%s\": %s", comm->algorithm.c_str(), why.c_str());
   comm->torusText = params::torusDims();
-  if (!comm->torusText.empty() &&
-      !parseTorusDims(comm->torusText, nranks, comm->torusDims, &comm->torusDimCount, &why))
+  if (!comm->torusText.empty() && !parseTorusDims(comm->torusText, nranks, comm->torusDims, &comm->torusDimCount, &why))
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_TORUS_DIMS=\"%s\": %s", comm->torusText.c_str(), why.c_str());
   if (netChoiceError(&why)) return LOOM_FAIL(loomInvalidArgument, INIT, "%s", why.c_str());
   std::string proto = params::proto();
@@ -183,6 +183,7 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
   comm->peerCheckMs = clampParam(params::peerCheckMs(), 1, 60000);
   comm->streamingBytes = static_cast<size_t>(std::max<int64_t>(0, params::streamingBytes()));
   comm->directForwardBytes = static_cast<size_t>(std::max<int64_t>(0, params::directForwardBytes()));
+  comm->checkCalls = params::checkColl() != 0;
   if (config != nullptr) {
     if (config->timeoutMs != LOOM_CONFIG_UNDEF_INT && config->timeoutMs > 0) comm->timeoutMs = config->timeoutMs;
     if (config->commName != nullptr) comm->name = config->commName;
@@ -190,8 +191,9 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
       comm->nChannels = static_cast<int>(clampParam(config->nChannels, 1, kMaxChannels));
     if (config->device != LOOM_CONFIG_UNDEF_INT) {
       if (config->device != loomDeviceHost && config->device != loomDeviceCuda)
-        return LOOM_FAIL(loomInvalidArgument, INIT, "config device %d is neither loomDeviceHost (0) nor "
-                                                    "loomDeviceCuda (1)",
+        return LOOM_FAIL(loomInvalidArgument, INIT,
+                         "config device %d is neither loomDeviceHost (0) nor "
+                         "loomDeviceCuda (1)",
                          config->device);
       comm->device = static_cast<loomDevice_t>(config->device);
     }
@@ -290,6 +292,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   snprintf(mine.transports, sizeof(mine.transports), "%s", transports.c_str());
   mine.transportsHash = std::hash<std::string>{}(transports);
   mine.probeAddress = reinterpret_cast<uint64_t>(&kProbeWord);
+  mine.checkCalls = comm->checkCalls ? 1 : 0;
   if (comm->cuda) {
     mine.cuda = 1;
     snprintf(mine.cudaPath, sizeof(mine.cudaPath), "%s", params::cudaPath().c_str());
@@ -303,16 +306,21 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
       return LOOM_FAIL(loomInvalidUsage, INIT,
                        "rank %d uses LOOM_ALGO=\"%.32s\", rank %d uses \"%.32s\": LOOM_ALGO must match on every rank",
                        setup.info.rank, setup.algorithm, rank, mine.algorithm);
+    if (setup.checkCalls != mine.checkCalls)
+      return LOOM_FAIL(loomInvalidUsage, INIT,
+                       "rank %d has LOOM_CHECK_COLL=%d, rank %d %d: it must match on every rank", setup.info.rank,
+                       setup.checkCalls, rank, mine.checkCalls);
     if (setup.torusHash != mine.torusHash)
       return LOOM_FAIL(loomInvalidUsage, INIT,
                        "rank %d uses LOOM_TORUS_DIMS=\"%.32s\", rank %d uses \"%.32s\": it must match on every rank",
                        setup.info.rank, setup.torus, rank, mine.torus);
     if (setup.transportsHash != mine.transportsHash)
-      return LOOM_FAIL(loomInvalidUsage, INIT,
-                       "rank %d would use the transports %.48s, rank %d %.48s: set LOOM_NET (or LOOM_TRANSPORTS) alike "
-                       "on every rank (without it, a rank takes ib between hosts where it has an active RDMA port, else "
-                       "tcp)",
-                       setup.info.rank, setup.transports, rank, mine.transports);
+      return LOOM_FAIL(
+          loomInvalidUsage, INIT,
+          "rank %d would use the transports %.48s, rank %d %.48s: set LOOM_NET (or LOOM_TRANSPORTS) alike "
+          "on every rank (without it, a rank takes ib between hosts where it has an active RDMA port, else "
+          "tcp)",
+          setup.info.rank, setup.transports, rank, mine.transports);
     if (setup.fifoDepth != mine.fifoDepth || setup.slotBytes != mine.slotBytes ||
         setup.networkSlotBytes != mine.networkSlotBytes || setup.llSlotBytes != mine.llSlotBytes ||
         setup.nChannels != mine.nChannels || setup.llThresholdBytes != mine.llThresholdBytes ||
@@ -473,8 +481,7 @@ loomResult_t Connections::attachSenders(loomComm* comm, const RankPlan& plan, co
 
 size_t Connections::tableIndex(int peer, int channel) const {
   constexpr int kCollectiveChannels = kMaxChannels * kChannelSets;
-  size_t slot =
-      channel < kP2PChannel ? static_cast<size_t>(channel) : kCollectiveChannels + (channel - kP2PChannel);
+  size_t slot = channel < kP2PChannel ? static_cast<size_t>(channel) : kCollectiveChannels + (channel - kP2PChannel);
   return slot * static_cast<size_t>(nranks_) + static_cast<size_t>(peer);
 }
 

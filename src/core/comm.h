@@ -21,9 +21,9 @@
 #include "src/core/peer_watch.h"
 #include "src/core/wait.h"
 #include "src/exec/host_executor.h"
+#include "src/exec/peer_memory.h"
 #include "src/topology/topology.h"
 #include "src/tuner/tuner.h"
-#include "src/exec/peer_memory.h"
 #include "transports/transport.h"
 
 namespace loom {
@@ -130,7 +130,7 @@ struct loomComm {
   int64_t timeoutMs = 0;
   int nChannels = 1;
   loomDevice_t device = loomDeviceHost;
-  int cudaDevice = -1;  // a CUDA communicator's device ordinal
+  int cudaDevice = -1;         // a CUDA communicator's device ordinal
   bool everyRankCuda = false;  // every rank's communicator is a CUDA one (known once connected)
   uint64_t commHash = 0;
   std::unique_ptr<loom::Bootstrap> bootstrap;
@@ -138,9 +138,9 @@ struct loomComm {
   loom::PeerWatch peerWatch;
   loom::FifoShape fifoShape{};
   // Read once at init (and checked equal on every rank where both ends of a message must agree).
-  std::string algorithm;                  // LOOM_ALGO as given
-  loom::AlgorithmRules algorithmRules;    // ... parsed
-  std::string torusText;                  // LOOM_TORUS_DIMS as given
+  std::string algorithm;                    // LOOM_ALGO as given
+  loom::AlgorithmRules algorithmRules;      // ... parsed
+  std::string torusText;                    // LOOM_TORUS_DIMS as given
   int torusDims[loom::kMaxTorusDims] = {};  // ... parsed (torusDimCount 0: the builders' default grid)
   int torusDimCount = 0;
   std::vector<int> hostOf;                // host index of every rank, by LOOM_HOSTID or the machine's identity
@@ -151,7 +151,7 @@ struct loomComm {
   size_t chunkBytes = 0;                  // LOOM_CHUNK_BYTES (0: the tuner chooses)
   int64_t peerCheckMs = 50;               // LOOM_PEER_CHECK_MS
   loom::Clock::time_point nextPeerCheck;  // when a wait next checks peer processes (calls share it: under runMutex)
-  size_t directForwardBytes = 0;  // LOOM_DIRECT_FORWARD_BYTES
+  size_t directForwardBytes = 0;          // LOOM_DIRECT_FORWARD_BYTES
   size_t streamingBytes = 0;  // outputs of at least this many bytes are written with streaming stores (0: never)
   int64_t spinPolls = loom::kSpinPollsShared;  // polls a collective spins before yielding (see Backoff)
   // Each transport's state for this communicator (null for those that keep none), made at init. Declared before
@@ -167,7 +167,10 @@ struct loomComm {
   std::atomic<int> asyncError{loomSuccess};
   std::atomic<int> activeCalls{0};  // calls inside the library right now; Abort waits for them to leave
   bool finalized = false;
-  std::mutex runMutex;  // one operation at a time on a communicator (streams and callers may race)
+  std::mutex runMutex;        // one operation at a time on a communicator (streams and callers may race)
+  bool checkCalls = false;    // LOOM_CHECK_COLL (coll_check.h)
+  uint64_t checkedCalls = 0;  // submissions checked so far (under checkMutex)
+  std::mutex checkMutex;
   std::mutex errorMutex;
   std::string lastError;
   std::thread initThread;                               // a non-blocking init runs here (config blocking = 0)

@@ -7,6 +7,7 @@
 
 #include "algorithms/builders.h"
 #include "src/core/check.h"
+#include "src/core/coll_check.h"
 #include "src/core/comm.h"
 #include "src/core/cuda_calls.h"
 #include "src/core/dtype.h"
@@ -52,8 +53,7 @@ loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** p
       logMessage(LogLevel::kTrace, Subsys::COLL, "%s count %zu root %d: %s", collectiveName(call.collective),
                  call.count, call.root, describe(built).c_str());
     found = comm->planCache.insert(
-        PlanKey{static_cast<int>(call.collective), call.count, call.root, nChannels, algorithm},
-        std::move(built));
+        PlanKey{static_cast<int>(call.collective), call.count, call.root, nChannels, algorithm}, std::move(built));
   }
   *plan = &found->plan;
   *cached = found;
@@ -108,7 +108,8 @@ ExecTask taskFor(const Call& call, const RankPlan* plan, const TuneEstimate& cho
   task.nranks = comm->nranks;
   task.forcedProtocol = comm->forcedProtocol;
   task.llThresholdBytes = choice.slicing.llThresholdBytes;
-  task.simpleSliceBytes = std::min(choice.slicing.simpleSliceBytes, fifoPayloadBytes(comm->fifoShape, Protocol::kSimple));
+  task.simpleSliceBytes =
+      std::min(choice.slicing.simpleSliceBytes, fifoPayloadBytes(comm->fifoShape, Protocol::kSimple));
   task.llSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kLL);
   task.links = &comm->connections;
   task.what = collectiveName(call.collective);
@@ -183,8 +184,9 @@ struct RunWorkspace {
 // Takes this thread's workspace (or a fresh one if a run is already using it) and hands it back cleared.
 class WorkspaceLease {
  public:
-  WorkspaceLease() : own_(threadWorkspace().busy ? std::make_unique<RunWorkspace>() : nullptr),
-                     ws_(own_ ? *own_ : threadWorkspace()) {
+  WorkspaceLease()
+      : own_(threadWorkspace().busy ? std::make_unique<RunWorkspace>() : nullptr),
+        ws_(own_ ? *own_ : threadWorkspace()) {
     ws_.busy = true;
   }
   ~WorkspaceLease() {
@@ -291,8 +293,7 @@ loomResult_t runCalls(std::span<Call> calls) {
       [&](bool progressed, const NeedsPeerFn& needsPeer) {
         // After progress a watch looks at the abort flag only: the peer query is built for idle checks alone.
         for (size_t q = 0; q < watches.size(); ++q)
-          LOOM_CHECK(progressed ? watches[q](true)
-                                : watches[q](false, [&](int peer) { return needsPeer(q, peer); }));
+          LOOM_CHECK(progressed ? watches[q](true) : watches[q](false, [&](int peer) { return needsPeer(q, peer); }));
         return loomSuccess;
       },
       spinPolls);
@@ -304,12 +305,16 @@ loomResult_t submit(Call&& call) {
     groupAdd(std::move(call));
     return loomSuccess;
   }
+  if (call.comm->checkCalls) {
+    LOOM_CHECK(checkSameCalls(call.comm, {&call, 1}));
+    if (call.fingerprintOnly) return loomSuccess;
+  }
   if (call.comm->device == loomDeviceCuda || call.stream != nullptr) {
     loomStream_t stream = call.stream;
     std::vector<Call> calls;
     calls.push_back(std::move(call));
     return calls.front().comm->device == loomDeviceCuda ? cudaEnqueue(std::move(calls))
-                                                         : streamEnqueue(stream, std::move(calls));
+                                                        : streamEnqueue(stream, std::move(calls));
   }
   return runCalls({&call, 1});
 }

@@ -24,6 +24,7 @@ struct Call {
   InlineVector<void*, 1> outputs;
   std::vector<size_t> sendCounts, sendDispls, recvCounts, recvDispls;  // AllToAllv
   std::vector<P2POp> p2p;                                              // SendRecv
+  bool fingerprintOnly = false;  // a call of count 0 under LOOM_CHECK_COLL: compared with the peers', not run
 };
 
 // The plan builders' arguments for `call` on `nChannels` channels.

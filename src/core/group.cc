@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "src/core/check.h"
+#include "src/core/coll_check.h"
 #include "src/core/comm.h"
 #include "src/core/cuda_calls.h"
 #include "src/core/dtype.h"
@@ -118,6 +119,19 @@ loomResult_t loomGroupEnd(void) {
       return result;
     }
   }
+  // LOOM_CHECK_COLL: a group on one communicator compares its collectives with the peers' groups. A thread driving
+  // several ranks in one group cannot wait for each in turn: such groups go unchecked.
+  loomComm* first = calls.front().comm;
+  if (first->checkCalls &&
+      std::all_of(calls.begin(), calls.end(), [first](const Call& call) { return call.comm == first; })) {
+    loomResult_t checked = checkSameCalls(first, calls);
+    if (checked != loomSuccess) {
+      first->setLastError(threadLastError());
+      return checked;
+    }
+  }
+  std::erase_if(calls, [](const Call& call) { return call.fingerprintOnly; });
+  if (calls.empty()) return loomSuccess;
   loomStream_t stream = calls.front().stream;
   if (calls.front().comm->device == loomDeviceCuda) return enqueueCudaGroup(std::move(calls));
   if (stream != nullptr) return streamEnqueue(stream, std::move(calls));

@@ -609,6 +609,78 @@ TEST_P(ApiTest, ShrinkWithDisagreeingListsFailsOnEveryCaller) {
       &config);
 }
 
+// ---- LOOM_CHECK_COLL ----
+
+// With LOOM_CHECK_COLL=1, 3 ranks: matching calls run (single, count 0, a group with Send/Recv beside two
+// collectives); a rank passing another count, another collective, an empty call or one call more in a group makes
+// every rank fail with loomInvalidUsage naming each rank's call; after each, the communicator still works.
+TEST(ApiCheckCollTest, MismatchedCallsFailOnEveryRankAndNameThem) {
+  loomtest::ScopedEnv check("LOOM_CHECK_COLL", "1");
+  const int nranks = 3;
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  runRanks(
+      nranks,
+      [&](loomComm_t comm, int rank) {
+        const std::string where = "rank " + std::to_string(rank);
+        std::vector<float> a(101, 1.0f), b(101, 0.0f);
+        ASSERT_EQ(loomAllReduce(a.data(), b.data(), 101, loomFloat32, loomSum, comm, nullptr), loomSuccess) << where;
+        EXPECT_EQ(b[100], 3.0f);
+        EXPECT_EQ(loomAllReduce(a.data(), b.data(), 0, loomFloat32, loomSum, comm, nullptr), loomSuccess) << where;
+        std::vector<int32_t> out(8, rank), in(8, -1);
+        ASSERT_EQ(loomGroupStart(), loomSuccess);
+        loomSend(out.data(), 8, loomInt32, (rank + 1) % nranks, comm, nullptr);
+        loomBroadcast(a.data(), b.data(), 101, loomFloat32, 2, comm, nullptr);
+        loomRecv(in.data(), 8, loomInt32, (rank + nranks - 1) % nranks, comm, nullptr);
+        loomAllReduce(a.data(), a.data(), 101, loomFloat32, loomMax, comm, nullptr);
+        ASSERT_EQ(loomGroupEnd(), loomSuccess) << where << ": " << loomGetLastError(nullptr);
+        EXPECT_EQ(in[0], (rank + nranks - 1) % nranks);
+
+        // Rank 1 passes another count: every rank is told, with each rank's call.
+        size_t count = rank == 1 ? 100 : 101;
+        EXPECT_EQ(loomAllReduce(a.data(), b.data(), count, loomFloat32, loomSum, comm, nullptr), loomInvalidUsage);
+        std::string message = loomGetLastError(nullptr);
+        EXPECT_TRUE(contains(message.c_str(), "ranks 0, 2: call #4: AllReduce of 101 float (sum)")) << message;
+        EXPECT_TRUE(contains(message.c_str(), "rank 1: call #4: AllReduce of 100 float (sum)")) << message;
+        // Rank 2 calls Broadcast where the others call AllReduce; rank 0's call has count 0.
+        loomResult_t result =
+            rank == 2 ? loomBroadcast(a.data(), b.data(), 101, loomFloat32, 1, comm, nullptr)
+                      : loomAllReduce(a.data(), b.data(), rank == 0 ? 0 : 101, loomFloat32, loomSum, comm, nullptr);
+        EXPECT_EQ(result, loomInvalidUsage) << where;
+        message = loomGetLastError(nullptr);
+        EXPECT_TRUE(contains(message.c_str(), "rank 2: call #5: Broadcast of 101 float, root 1")) << message;
+        EXPECT_TRUE(contains(message.c_str(), "rank 0: call #5: AllReduce of 0 float (sum)")) << message;
+        // Rank 0's group holds one collective more.
+        ASSERT_EQ(loomGroupStart(), loomSuccess);
+        loomAllReduce(a.data(), b.data(), 101, loomFloat32, loomSum, comm, nullptr);
+        if (rank == 0) loomAllGather(a.data(), b.data(), 10, loomFloat32, comm, nullptr);
+        EXPECT_EQ(loomGroupEnd(), loomInvalidUsage) << where;
+        message = loomGetLastError(nullptr);
+        EXPECT_TRUE(contains(message.c_str(), "rank 0: call #6: a group of 2 collectives")) << message;
+        expectCommUsable(comm, rank, nranks, "mismatched calls under LOOM_CHECK_COLL");
+      },
+      &config);
+}
+
+// Ranks that disagree on LOOM_CHECK_COLL fail init, naming both settings.
+TEST(ApiCheckCollTest, RanksMustAgreeOnTheSetting) {
+  loomUniqueId id;
+  ASSERT_EQ(loomGetUniqueId(&id), loomSuccess);
+  loomConfig_t config = configWithTimeout(kTestTimeoutMs);
+  config.blocking = 0;
+  loomComm_t checking = nullptr, plain = nullptr;
+  {
+    loomtest::ScopedEnv check("LOOM_CHECK_COLL", "1");  // read when init starts, on this thread
+    ASSERT_EQ(loomCommInitRankConfig(&checking, 2, id, 0, &config), loomInProgress);
+  }
+  config.blocking = 1;
+  EXPECT_EQ(loomCommInitRankConfig(&plain, 2, id, 1, &config), loomInvalidUsage);
+  EXPECT_TRUE(contains(loomGetLastError(nullptr), "LOOM_CHECK_COLL")) << loomGetLastError(nullptr);
+  loomResult_t state = loomInProgress;
+  while (state == loomInProgress) ASSERT_EQ(loomCommGetAsyncError(checking, &state), loomSuccess);
+  EXPECT_EQ(state, loomInvalidUsage);
+  EXPECT_EQ(loomCommDestroy(checking), loomSuccess);
+}
+
 // ---- Init ----
 
 // Non-blocking init returns loomInProgress while its peer has not joined; a call then is invalid usage; once
