@@ -446,9 +446,8 @@ const char* ncclGetLastError(ncclComm_t comm) {
   return tLastError.c_str();
 }
 
-void ncclResetDebugInit() {
-  // loom reads LOOM_DEBUG and LOOM_DEBUG_SUBSYS as it logs: there is nothing to reload.
-}
+// Reads LOOM_DEBUG, LOOM_DEBUG_SUBSYS and LOOM_DEBUG_FILE again, as NCCL rereads NCCL_DEBUG.
+void ncclResetDebugInit() { loom::reloadLogSettings(); }
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   if (uniqueId == nullptr) return fail(nullptr, ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");

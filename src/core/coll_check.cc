@@ -33,14 +33,6 @@ struct Fingerprint {
   CallPrint shown[kShownCalls];
 };
 
-bool reduces(Collective c) {
-  return c == Collective::kAllReduce || c == Collective::kReduce || c == Collective::kReduceScatter;
-}
-bool rooted(Collective c) {
-  return c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kGather ||
-         c == Collective::kScatter;
-}
-
 CallPrint printOf(const Call& call) {
   CallPrint print;
   std::memset(&print, 0, sizeof(print));
@@ -53,14 +45,8 @@ CallPrint printOf(const Call& call) {
 }
 
 std::string describe(const CallPrint& print) {
-  auto collective = static_cast<Collective>(print.collective);
-  std::string text = collectiveName(collective);
-  if (collective == Collective::kBarrier) return text;
-  text += collective == Collective::kAllToAllv ? " of " : " of " + std::to_string(print.count) + " ";
-  text += dtypeName(static_cast<loomDataType_t>(print.datatype));
-  if (reduces(collective)) text += std::string(" (") + opName(static_cast<loomRedOp_t>(print.op)) + ")";
-  if (rooted(collective)) text += ", root " + std::to_string(print.root);
-  return text;
+  return describeCall(static_cast<Collective>(print.collective), print.count,
+                      static_cast<loomDataType_t>(print.datatype), static_cast<loomRedOp_t>(print.op), print.root);
 }
 
 std::string describe(const Fingerprint& print) {

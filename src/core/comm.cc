@@ -410,6 +410,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   if (comm->cuda) LOOM_CHECK(cudaCommConnected(comm));
   LOOM_INFO(INIT, "comm %s rank %d of %d ready on %zu host(s) (%d channel(s), FIFO %d x %zu bytes)", comm->name.c_str(),
             rank, nranks, hosts.size(), comm->nChannels, comm->fifoShape.depth, comm->fifoShape.slotBytes);
+  comm->listing.list(comm);
   return loomSuccess;
 }
 

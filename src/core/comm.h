@@ -19,6 +19,7 @@
 #include "src/core/bootstrap.h"
 #include "src/core/cuda_calls.h"
 #include "src/core/peer_watch.h"
+#include "src/core/status.h"
 #include "src/core/wait.h"
 #include "src/exec/host_executor.h"
 #include "src/exec/peer_memory.h"
@@ -178,6 +179,8 @@ struct loomComm {
   // A CUDA communicator's queue of staged calls and its worker (cuda_calls.h). Last: destroyed first, while
   // everything its worker uses is still there.
   loom::CudaCallsPtr cuda;
+  loom::CommStatus status;      // what the status report says of it (status.h)
+  loom::StatusListing listing;  // last: out of the report's list before anything else goes
 
   void setLastError(const std::string& message);
 };

@@ -167,6 +167,24 @@ CollArgs collArgsOf(const Call& call, int nChannels) {
   return args;
 }
 
+bool reduces(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kReduce || c == Collective::kReduceScatter;
+}
+bool rooted(Collective c) {
+  return c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kGather ||
+         c == Collective::kScatter;
+}
+
+std::string describeCall(Collective collective, size_t count, loomDataType_t datatype, loomRedOp_t op, int root) {
+  std::string text = collectiveName(collective);
+  if (collective == Collective::kBarrier || collective == Collective::kSendRecv) return text;
+  text += collective == Collective::kAllToAllv ? " of " : " of " + std::to_string(count) + " ";
+  text += dtypeName(datatype);
+  if (reduces(collective)) text += std::string(" (") + opName(op) + ")";
+  if (rooted(collective)) text += ", root " + std::to_string(root);
+  return text;
+}
+
 // The containers of a run, kept per thread and cleared rather than freed, so that once warm a small call's run
 // allocates nothing: at a microsecond a call, a dozen allocations are a fifth of the time.
 struct RunWorkspace {
@@ -178,6 +196,11 @@ struct RunWorkspace {
   std::vector<CachedPlan*> cached;
   std::vector<const TuneEstimate*> choices;  // the tuner's, per call
   std::vector<std::vector<ExecTask>> queues;
+  struct Idle {
+    bool idle = false;
+    Clock::time_point since, published;
+  };
+  std::vector<Idle> idle;  // per queue: how long it has waited, for the status report (status.h)
   HostExecutor executor;
 };
 
@@ -196,6 +219,7 @@ class WorkspaceLease {
     ws_.plans.clear();
     ws_.cached.clear();
     ws_.choices.clear();
+    ws_.idle.clear();
     for (auto& queue : ws_.queues) queue.clear();
     ws_.busy = false;
   }
@@ -239,6 +263,17 @@ loomResult_t runCalls(std::span<Call> calls) {
   for (loomComm* comm : comms)
     if (comm->planCache.size() > kMaxCachedPlans) comm->planCache.clear();
 
+  // Each communicator's status shows the run's first call of it until the run ends, however it ends.
+  for (loomComm* comm : comms) {
+    const Call& first = *std::find_if(calls.begin(), calls.end(), [&](const Call& call) { return call.comm == comm; });
+    comm->status.begin(static_cast<uint8_t>(first.collective), first.count, first.datatype, first.op, first.root);
+  }
+  struct StatusEnd {
+    std::vector<loomComm*>& comms;
+    ~StatusEnd() {
+      for (loomComm* comm : comms) comm->status.end();
+    }
+  } statusEnd{comms};
   // One watch per communicator for the whole run, connection setup included.
   std::vector<CommWatch>& watches = ws.watches;
   for (loomComm* comm : comms) {
@@ -288,12 +323,32 @@ loomResult_t runCalls(std::span<Call> calls) {
   ScopedLogRank logRank(comms.front()->rank);
   int64_t spinPolls = INT64_MAX;
   for (loomComm* comm : comms) spinPolls = std::min(spinPolls, comm->spinPolls);
+  ws.idle.resize(comms.size());
+  // A queue idle for a while tells its communicator's status what it waits for, at most every 200 ms.
+  constexpr auto kPublishAfter = std::chrono::milliseconds(200);
+  auto publishWaiting = [&](size_t q, const WaitingForFn& waitingFor) {
+    RunWorkspace::Idle& idle = ws.idle[q];
+    Clock::time_point now = Clock::now();
+    if (!idle.idle) {
+      idle = {true, now, now};
+    } else if (now - idle.since >= kPublishAfter && now - idle.published >= kPublishAfter) {
+      comms[q]->status.waiting(waitingFor(q), idle.since);
+      idle.published = now;
+    }
+  };
   loomResult_t result = ws.executor.run(
       queues,
-      [&](bool progressed, const NeedsPeerFn& needsPeer) {
+      [&](bool progressed, const NeedsPeerFn& needsPeer, const WaitingForFn& waitingFor) {
         // After progress a watch looks at the abort flag only: the peer query is built for idle checks alone.
-        for (size_t q = 0; q < watches.size(); ++q)
-          LOOM_CHECK(progressed ? watches[q](true) : watches[q](false, [&](int peer) { return needsPeer(q, peer); }));
+        for (size_t q = 0; q < watches.size(); ++q) {
+          if (progressed) {
+            ws.idle[q].idle = false;
+            LOOM_CHECK(watches[q](true));
+            continue;
+          }
+          LOOM_CHECK(watches[q](false, [&](int peer) { return needsPeer(q, peer); }));
+          publishWaiting(q, waitingFor);
+        }
         return loomSuccess;
       },
       spinPolls);

@@ -27,6 +27,13 @@ struct Call {
   bool fingerprintOnly = false;  // a call of count 0 under LOOM_CHECK_COLL: compared with the peers', not run
 };
 
+// Whether a collective takes an operator / a root.
+bool reduces(Collective collective);
+bool rooted(Collective collective);
+// A call as messages name it: "AllReduce of 1024 float (sum)", "Broadcast of 8 int32, root 2", "Barrier". Only
+// what the collective uses is shown (AllToAllv: no count).
+std::string describeCall(Collective collective, size_t count, loomDataType_t datatype, loomRedOp_t op, int root);
+
 // The plan builders' arguments for `call` on `nChannels` channels.
 CollArgs collArgsOf(const Call& call, int nChannels);
 // Runs `call` now, or adds it to this thread's open group, or queues it on its stream.

@@ -4,9 +4,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -196,9 +196,7 @@ class TaskRun {
     return step.count() * elementBytes_ <= task_->llThresholdBytes ? Protocol::kLL : Protocol::kSimple;
   }
 
-  size_t sliceElems(Protocol protocol) const {
-    return protocol == Protocol::kLL ? llSliceElems_ : simpleSliceElems_;
-  }
+  size_t sliceElems(Protocol protocol) const { return protocol == Protocol::kLL ? llSliceElems_ : simpleSliceElems_; }
 
   // How many slices a step has: what LaneCursor walks.
   struct SlicesOf {
@@ -333,7 +331,7 @@ class TaskRun {
   size_t simpleSliceElems_ = 1;
   ReduceFn reduce_ = nullptr;
   std::vector<LaneRun> lanes_;
-  std::vector<std::byte> staging_;                           // a direct payload on its way into a reduction
+  std::vector<std::byte> staging_;                          // a direct payload on its way into a reduction
   std::vector<std::pair<FifoSender*, int>> directSenders_;  // connections (and their peer) that carried direct
                                                             // messages, each once
 };
@@ -370,6 +368,9 @@ loomResult_t HostExecutor::runQueues(std::vector<std::vector<ExecTask>>& queues,
   NeedsPeerFn needsPeer = [&](size_t queue, int peer) {
     return queue < current.size() && current[queue]->active() && current[queue]->waitsOn(peer);
   };
+  WaitingForFn waitingFor = [&](size_t queue) {
+    return queue < current.size() && current[queue]->active() ? current[queue]->waitingFor() : std::string();
+  };
   auto stopAll = [&](loomResult_t result) {
     for (auto& run : current) {
       if (run->active()) run->abortLinks();
@@ -396,7 +397,8 @@ loomResult_t HostExecutor::runQueues(std::vector<std::vector<ExecTask>>& queues,
     if (!progress && (!backoff.spinning() || backoff.polls() % 64 == 63)) progress = progressNetwork(current);
     if (progress) {
       backoff.reset();
-      if (loomResult_t result = watch(true, needsPeer); result != loomSuccess) return stopAll(result);  // abort
+      if (loomResult_t result = watch(true, needsPeer, waitingFor); result != loomSuccess)
+        return stopAll(result);  // abort
       continue;
     }
     // While spinning, poll tight and look at aborts, deadline and peers every 64th pass only (a clock read and a
@@ -424,13 +426,12 @@ loomResult_t HostExecutor::runQueues(std::vector<std::vector<ExecTask>>& queues,
       if (code != 0) {
         // A connection of this rank that failed may be why: its peer gave up first, and the others followed.
         std::string why = run->task().links->whyLost(-1);
-        return stopAll(LOOM_FAIL(loomRemoteError, COLL,
-                                 "%s: rank %d gave up on the operation (it failed or was aborted)%s%s",
-                                 run->task().what, peer, why.empty() ? "" : "; this rank lost a connection before: ",
-                                 why.c_str()));
+        return stopAll(LOOM_FAIL(
+            loomRemoteError, COLL, "%s: rank %d gave up on the operation (it failed or was aborted)%s%s",
+            run->task().what, peer, why.empty() ? "" : "; this rank lost a connection before: ", why.c_str()));
       }
     }
-    loomResult_t result = watch(false, needsPeer);
+    loomResult_t result = watch(false, needsPeer, waitingFor);
     if (result != loomSuccess) {
       // Name what this rank was waiting for: the peer at fault, most of the time.
       std::string message = threadLastError();

@@ -49,7 +49,7 @@ class Links {
 
 // A buffer of a task that peers may read in place, and the shared file it lies in, if any.
 struct DirectBuffer {
-  bool direct = false;    // registered, and not written by the call while a peer may read it
+  bool direct = false;     // registered, and not written by the call while a peer may read it
   bool unwritten = false;  // not written by the call while a proxy may read it (registered or not)
   SharedRegion region;
 };
@@ -83,9 +83,13 @@ struct ExecTask {
 // or its read of a direct message): a peer that has exited fails only the operations that still need it.
 using NeedsPeerFn = std::function<bool(size_t queue, int peer)>;
 
+// What the task in progress on queue `queue` waits for ("a message from rank 3 on channel 0"; empty when none).
+using WaitingForFn = std::function<std::string(size_t queue)>;
+
 // Called after every pass over the lanes, with whether anything moved: loomSuccess to go on, or the error that
 // ends the run (its message recorded with fail()). A deadline is on waiting, so progress restarts it.
-using WatchFn = std::function<loomResult_t(bool progressed, const NeedsPeerFn& needsPeer)>;
+using WatchFn =
+    std::function<loomResult_t(bool progressed, const NeedsPeerFn& needsPeer, const WaitingForFn& waitingFor)>;
 
 class TaskRun;
 
@@ -107,7 +111,7 @@ class HostExecutor {
   loomResult_t runQueues(std::vector<std::vector<ExecTask>>& queues, const WatchFn& watch, int64_t spinPolls);
   bool progressNetwork(std::span<std::unique_ptr<TaskRun>> runs);
 
-  std::vector<size_t> next_;                     // per queue: the next task to start
+  std::vector<size_t> next_;                    // per queue: the next task to start
   std::vector<std::unique_ptr<TaskRun>> runs_;  // per queue: its task in progress (reused)
   std::vector<Links*> driving_;                 // links whose network this run moves (beginNetworkProgress)
 };
