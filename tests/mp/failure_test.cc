@@ -336,20 +336,6 @@ TEST(FailureTest, RankExitsRightAfterInitEverySurvivorSeesRemoteError) { exitRig
 // ---- loomCommInitFromEnv ----
 
 // A TCP port that was free a moment ago on 127.0.0.1.
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0)
-    port = ntohs(address.sin_port);
-  close(fd);
-  return port;
-}
 
 // Removes every launcher variable loomCommInitFromEnv reads, so only what a test sets counts.
 void clearLauncherEnv() {
