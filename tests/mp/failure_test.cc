@@ -87,6 +87,19 @@ int allReduceUntilError(const ChildPipes& pipes, int rank, int nranks, const std
   return result;
 }
 
+// Forks `nranks` children running rank(pipes, r), then gives them a fresh unique id (whose root runs in this
+// process) and waits until each has said it finished a first AllReduce.
+void startRanks(Children& children, int nranks, const std::function<int(const ChildPipes&, int)>& rank) {
+  for (int r = 0; r < nranks; ++r)
+    ASSERT_TRUE(children.spawn([&, r](const ChildPipes& pipes) { return rank(pipes, r); }))
+        << "fork: " << strerror(errno);
+  loomUniqueId id;
+  ASSERT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);
+  ASSERT_TRUE(children.sendToAll(&id, sizeof(id)));
+  ASSERT_TRUE(children.waitReady(kHardBoundSeconds))
+      << "ranks did not all finish a first AllReduce:" << (children.waitAll(5), children.report());
+}
+
 // ---- A rank killed with SIGKILL in the middle of AllReduce calls ----
 
 // 4 ranks loop 16 MB AllReduce calls; rank 2 is killed with SIGKILL about 1 s into the loop. Every survivor
@@ -99,16 +112,9 @@ void sigkillMidAllReduce(const char* transports) {
   ASSERT_FALSE(shm.path().empty()) << "mkdtemp in /dev/shm: " << strerror(errno);
   {
     Children children;
-    for (int rank = 0; rank < nranks; ++rank)
-      ASSERT_TRUE(children.spawn([&, rank](const ChildPipes& pipes) {
-        return allReduceUntilError(pipes, rank, nranks, shm.path(), transports);
-      })) << "fork: "
-          << strerror(errno);
-    loomUniqueId id;
-    ASSERT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);  // starts the root in this process
-    ASSERT_TRUE(children.sendToAll(&id, sizeof(id)));
-    ASSERT_TRUE(children.waitReady(kHardBoundSeconds))
-        << "ranks did not all finish a first AllReduce:" << (children.waitAll(5), children.report());
+    ASSERT_NO_FATAL_FAILURE(startRanks(children, nranks, [&](const ChildPipes& pipes, int rank) {
+      return allReduceUntilError(pipes, rank, nranks, shm.path(), transports);
+    }));
     std::this_thread::sleep_for(std::chrono::seconds(1));
     const Clock::time_point killedAt = Clock::now();
     children.signal(victim, SIGKILL);
@@ -167,16 +173,9 @@ TEST(FailureTest, SurvivorsShrinkAfterASigkillAndAllReduceCorrectly) {
   };
   {
     Children children;
-    for (int rank = 0; rank < nranks; ++rank)
-      ASSERT_TRUE(children.spawn([&, rank](const ChildPipes& pipes) {
-        return allReduceUntilError(pipes, rank, nranks, shm.path(), nullptr, shrinkAndCheck(rank));
-      })) << "fork: "
-          << strerror(errno);
-    loomUniqueId id;
-    ASSERT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);
-    ASSERT_TRUE(children.sendToAll(&id, sizeof(id)));
-    ASSERT_TRUE(children.waitReady(kHardBoundSeconds))
-        << "ranks did not all finish a first AllReduce:" << (children.waitAll(5), children.report());
+    ASSERT_NO_FATAL_FAILURE(startRanks(children, nranks, [&](const ChildPipes& pipes, int rank) {
+      return allReduceUntilError(pipes, rank, nranks, shm.path(), nullptr, shrinkAndCheck(rank));
+    }));
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     children.signal(victim, SIGKILL);
     ASSERT_TRUE(children.waitAll(kHardBoundSeconds)) << "survivors still running:" << children.report();
@@ -227,17 +226,10 @@ TEST(FailureTest, QpErrorInTheMiddleOfAllReduceOverIb) {
   ASSERT_FALSE(shm.path().empty()) << "mkdtemp in /dev/shm: " << strerror(errno);
   {
     Children children;
-    for (int rank = 0; rank < nranks; ++rank)
-      ASSERT_TRUE(children.spawn([&, rank](const ChildPipes& pipes) {
-        if (rank == faulty) setenv("LOOM_SOFTIB_FAULT", "qp_error:2000", 1);
-        return allReduceUntilError(pipes, rank, nranks, shm.path(), "ib");
-      })) << "fork: "
-          << strerror(errno);
-    loomUniqueId id;
-    ASSERT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);
-    ASSERT_TRUE(children.sendToAll(&id, sizeof(id)));
-    ASSERT_TRUE(children.waitReady(kHardBoundSeconds))
-        << "ranks did not all finish a first AllReduce:" << (children.waitAll(5), children.report());
+    ASSERT_NO_FATAL_FAILURE(startRanks(children, nranks, [&](const ChildPipes& pipes, int rank) {
+      if (rank == faulty) setenv("LOOM_SOFTIB_FAULT", "qp_error:2000", 1);
+      return allReduceUntilError(pipes, rank, nranks, shm.path(), "ib");
+    }));
     ASSERT_TRUE(children.waitAll(kHardBoundSeconds))
         << "ranks still running " << kHardBoundSeconds << " s into the loop:" << children.report();
     const std::string report = children.report();
