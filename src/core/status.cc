@@ -54,7 +54,7 @@ void statusThread(int readFd, std::string file) {
   timespec last = modifiedAt(file, &existed);
   for (;;) {
     pollfd wake{readFd, POLLIN, 0};
-    int ready = poll(&wake, 1, 1000);
+    int ready = poll(&wake, 1, file.empty() ? -1 : 1000);  // without a file, only SIGUSR1 wakes it
     bool report = false;
     if (ready > 0) {
       char drained[64];
