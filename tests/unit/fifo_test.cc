@@ -18,7 +18,8 @@ namespace {
 
 struct Fifo {
   explicit Fifo(FifoShape shape)
-      : shape(shape), memory(static_cast<std::byte*>(std::aligned_alloc(4096, fifoBytes(shape)))) {
+      : shape(shape),
+        memory(static_cast<std::byte*>(std::aligned_alloc(4096, (fifoBytes(shape) + 4095) / 4096 * 4096))) {
     fifoInit(memory, shape);
   }
   ~Fifo() { std::free(memory); }

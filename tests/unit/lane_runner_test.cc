@@ -61,7 +61,7 @@ std::string runCall(Collective collective, const std::string& algorithm, int nra
   auto fifo = [&](int from, int to, int channel) {
     auto& memory = fifos[{from, to, channel}];
     if (!memory) {
-      memory.reset(std::aligned_alloc(4096, fifoBytes(kShape)));
+      memory.reset(std::aligned_alloc(4096, (fifoBytes(kShape) + 4095) / 4096 * 4096));  // a multiple of the alignment
       fifoInit(memory.get(), kShape);
     }
     return static_cast<unsigned char*>(memory.get());
