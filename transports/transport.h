@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,6 +92,12 @@ class Transport {
   // Whether its FIFOs lie in CUDA device memory (cuda_ipc), which only the GPU executor reads and writes: such a
   // transport is never in transportsInPriorityOrder(), and its endpoints' fifo() addresses are the device's.
   virtual bool deviceMemory() const { return false; }
+  // Removes what the transport left on this machine for communicator `commHash` on behalf of ranks that died
+  // (`dead(rank)`) before a peer could take it over (shm: a segment a receiver created and no sender attached to,
+  // so no one unlinked). Called by the survivors' destroy and abort.
+  virtual void removeLeftoversOfDead(uint64_t commHash, const std::function<bool(int rank)>& dead) const {
+    (void)commHash, (void)dead;
+  }
   // Whether a thread of the transport's own moves the messages (tcp's proxy), which then needs a core too.
   virtual bool movesByProxy() const { return false; }
   // Whether that proxy can send a message straight from the caller's memory (a DirectDescriptor of this process,

@@ -64,6 +64,14 @@ void abortCallsInFlight(loomComm* comm, bool reopenBootstrap) {
   if (reopenBootstrap) comm->abortFlag.store(false);
 }
 
+// What dead peers of this host left for the communicator that no one else will remove.
+void removeLeftoversOfDead(loomComm* comm) {
+  auto dead = [comm](int rank) {
+    return rank != comm->rank && comm->peerWatch.firstDead([rank](int r) { return r == rank; }) == rank;
+  };
+  for (Transport* transport : transportsInPriorityOrder()) transport->removeLeftoversOfDead(comm->commHash, dead);
+}
+
 }  // namespace
 
 loomResult_t loomGetUniqueId(loomUniqueId* uniqueId) {
@@ -257,6 +265,7 @@ loomResult_t loomCommDestroy(loomComm_t comm) {
   waitForIdle(comm);
   LOOM_INFO(SHM, "rank %d: %llu direct (zero-copy) messages sent", comm->rank,
             (unsigned long long)comm->directMessages);
+  removeLeftoversOfDead(comm);
   delete comm;
   return loomSuccess;
 }
@@ -264,6 +273,7 @@ loomResult_t loomCommDestroy(loomComm_t comm) {
 loomResult_t loomCommAbort(loomComm_t comm) {
   if (comm == nullptr) return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommAbort: comm is NULL");
   abortCallsInFlight(comm, false);
+  removeLeftoversOfDead(comm);
   delete comm;
   return loomSuccess;
 }

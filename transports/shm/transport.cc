@@ -6,12 +6,15 @@
 // happens to either process. A receiver whose sender never came unlinks the file when it is destroyed.
 #include "transports/transport.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "src/core/check.h"
@@ -51,6 +54,23 @@ class ShmTransport : public Transport {
       return false;
     }
     return true;
+  }
+
+  // Segments are named loom-<commHash>-<sender>-<receiver>-<channel> (ConnectionKey::name); the receiver made them.
+  void removeLeftoversOfDead(uint64_t commHash, const std::function<bool(int)>& dead) const override {
+    const std::string dir = params::shmDir();
+    char prefix[32];
+    std::snprintf(prefix, sizeof(prefix), "loom-%016llx-", (unsigned long long)commHash);
+    DIR* listing = opendir(dir.c_str());
+    if (listing == nullptr) return;
+    while (dirent* entry = readdir(listing)) {
+      int sender = -1, receiver = -1, channel = -1;
+      if (std::strncmp(entry->d_name, prefix, std::strlen(prefix)) != 0 ||
+          std::sscanf(entry->d_name + std::strlen(prefix), "%d-%d-%d", &sender, &receiver, &channel) != 3)
+        continue;
+      if (receiver >= 0 && dead(receiver)) unlink((dir + "/" + entry->d_name).c_str());
+    }
+    closedir(listing);
   }
 
   loomResult_t createReceiver(TransportComm*, const ConnectionKey& key, const FifoShape& shape,
