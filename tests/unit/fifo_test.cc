@@ -2,7 +2,6 @@
 // whole and in order under both protocols (and when they alternate), flow control stops a sender at `depth`
 // unreleased messages, and the abort flag is seen by both ends.
 #include "transports/fifo.h"
-#include "transports/fifo_protocol.h"
 
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
@@ -12,6 +11,8 @@
 #include <cstring>
 #include <thread>
 #include <vector>
+
+#include "transports/fifo_protocol.h"
 
 namespace loom {
 namespace {
