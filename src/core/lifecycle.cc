@@ -64,8 +64,10 @@ void abortCallsInFlight(loomComm* comm, bool reopenBootstrap) {
   if (reopenBootstrap) comm->abortFlag.store(false);
 }
 
-// What dead peers of this host left for the communicator that no one else will remove.
+// What dead peers of this host left for the communicator that no one else will remove. Nothing to look for (no
+// directory to scan) while every peer lives, the usual destroy.
 void removeLeftoversOfDead(loomComm* comm) {
+  if (comm->peerWatch.firstDead() < 0) return;
   auto dead = [comm](int rank) {
     return rank != comm->rank && comm->peerWatch.firstDead([rank](int r) { return r == rank; }) == rank;
   };
