@@ -138,7 +138,6 @@ Step recvCopySend(int peerIn, Region dst, int peerOut) { return {Action::kRecvCo
 Step copy(Region src, Region dst) { return {Action::kCopy, -1, -1, src, {}, dst}; }
 Step reduce(Region src, Region src2, Region dst) { return {Action::kReduce, -1, -1, src, src2, dst}; }
 
-namespace {
 std::string describeRegion(const Region& region) {
   static const char* kNames[] = {"in", "out", "scratch"};
   char text[96];
@@ -147,7 +146,17 @@ std::string describeRegion(const Region& region) {
                 region.count);
   return text;
 }
-}  // namespace
+
+std::string describeStep(const Step& step) {
+  std::string text = actionName(step.action);
+  if (actionReceives(step.action)) text += " from " + std::to_string(step.recvPeer);
+  if (actionSends(step.action)) text += " to " + std::to_string(step.sendPeer);
+  if (step.action != Action::kRecv && step.action != Action::kRecvCopySend) text += " src " + describeRegion(step.src);
+  if (step.action == Action::kReduce) text += " src2 " + describeRegion(step.src2);
+  if (step.action != Action::kSend && step.action != Action::kRecvReduceSend)
+    text += " dst " + describeRegion(step.dst);
+  return text;
+}
 
 std::string describe(const RankPlan& plan) {
   std::string text = std::string("algorithm ") + plan.algorithm + "\n";
@@ -158,15 +167,7 @@ std::string describe(const RankPlan& plan) {
       const Step& step = lane.steps[s];
       for (size_t p = 1; p < lane.phaseCount(); ++p)
         if (lane.phaseBegin(p) == s) text += "    -- phase " + std::to_string(p) + "\n";
-      text += std::string("    ") + actionName(step.action);
-      if (actionReceives(step.action)) text += " from " + std::to_string(step.recvPeer);
-      if (actionSends(step.action)) text += " to " + std::to_string(step.sendPeer);
-      if (step.action != Action::kRecv && step.action != Action::kRecvCopySend)
-        text += " src " + describeRegion(step.src);
-      if (step.action == Action::kReduce) text += " src2 " + describeRegion(step.src2);
-      if (step.action != Action::kSend && step.action != Action::kRecvReduceSend)
-        text += " dst " + describeRegion(step.dst);
-      text += "\n";
+      text += "    " + describeStep(step) + "\n";
     }
   }
   return text;

@@ -249,7 +249,10 @@ inline Region input(size_t offset, size_t count) { return {Buffer::kInput, offse
 inline Region output(size_t offset, size_t count) { return {Buffer::kOutput, offset, count}; }
 inline Region scratch(size_t offset, size_t count) { return {Buffer::kScratch, offset, count}; }
 
-// Human-readable dump of a plan, for errors and LOOM_DEBUG=TRACE.
+// Human-readable dump of a plan, for errors and LOOM_DEBUG=TRACE. A step reads "recvReduceSend from 3 to 1 src
+// in[0+250]"; plan files (plan_text.h) use the same form.
 std::string describe(const RankPlan& plan);
+std::string describeStep(const Step& step);
+std::string describeRegion(const Region& region);
 
 }  // namespace loom

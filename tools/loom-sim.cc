@@ -6,14 +6,19 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "algorithms/builders.h"
+#include "algorithms/plan_text.h"
+#include "algorithms/verifier.h"
 #include "perf/cli.h"
 #include "src/core/dtype.h"
 #include "src/core/params.h"
@@ -40,6 +45,8 @@ struct Options {
   sim::Mode mode = sim::Mode::kFast;
   bool timing = false;
   sim::Params params;
+  std::string planFile;  // --plan: time this file's plans instead of loom's algorithms
+  std::string dumpPlan;  // --dump-plan: write the plans of one algorithm at -b bytes, then exit
 };
 
 const Collective kCollectives[] = {Collective::kAllReduce, Collective::kBroadcast,     Collective::kReduce,
@@ -59,7 +66,7 @@ void usage(std::FILE* out) {
       "                [--channels C] [--nranks N] [--mode fast|exact] [--timing]\n"
       "                [--ll-overhead US] [--simple-overhead US] [--copy-bw GBPS] [--efficiency KIND=F,...]\n"
       "                [--slice-bytes B] [--ll-slot-bytes B] [--ll-threshold B] [--fifo-depth D]\n"
-      "                [--build-all] [--max-steps N] [--threads N]\n"
+      "                [--build-all] [--max-steps N] [--threads N] [--plan FILE | --dump-plan FILE]\n"
       "Times every algorithm of a collective (or those named) on a topology, for sizes from -b to -e\n"
       "(default 8 to 128M, times -f 2), and prints nccl-tests' table. docs/SIMULATION.md has the model.\n"
       "  --topo          a preset (below) or a topology XML file (docs/TOPOLOGY.md)\n"
@@ -76,6 +83,9 @@ void usage(std::FILE* out) {
       "                  LOOM_SIMPLE_SLOT_BYTES, LOOM_LL_SLOT_BYTES, LOOM_LL_THRESHOLD, LOOM_FIFO_DEPTH)\n"
       "  --build-all     build every rank's plan even when a sample shows them alike up to a shift\n"
       "  --max-steps     refuse algorithms whose plans hold more steps over all ranks (default 2^27)\n"
+      "  --plan          prove the plans of a plan file (its call: collective, ranks, count) with the verifier\n"
+      "                  and time them with the exact engine; one row\n"
+      "  --dump-plan     write every rank's plan of one algorithm for a call of -b bytes to a plan file\n"
       "Presets:\n",
       static_cast<long long>(params::nChannels()));
   for (const std::string& line : presetUsage()) std::fprintf(out, "  %s\n", line.c_str());
@@ -205,6 +215,10 @@ Options parseOptions(int argc, char** argv) {
       options.params.fifoDepth = perf::parseIntArg(value, name, 1, 1 << 16);
     } else if (flag == "--max-steps") {
       options.params.maxSteps = perf::parseSizeArg(value, name);
+    } else if (flag == "--plan") {
+      options.planFile = value;
+    } else if (flag == "--dump-plan") {
+      options.dumpPlan = value;
     } else if (flag == "--threads") {
       options.params.threads = perf::parseIntArg(value, name, 1, 1024);
     } else {
@@ -213,6 +227,9 @@ Options parseOptions(int argc, char** argv) {
   }
   if (options.topo.empty()) throw UsageError("--topo is required: a preset such as fattree:2, or an XML file");
   if (options.minBytes > options.maxBytes) throw UsageError("-b is larger than -e");
+  if (!options.planFile.empty() && !options.dumpPlan.empty()) throw UsageError("--plan and --dump-plan together");
+  if (!options.dumpPlan.empty() && options.algorithms.size() > 1)
+    throw UsageError("--dump-plan writes the plans of one algorithm; --algorithm names several");
   return options;
 }
 
@@ -235,7 +252,72 @@ std::string describeParams(const sim::Params& p) {
   return text;
 }
 
-int run(const Options& options) {
+std::string readText(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in) throw UsageError(std::string(flag) + " " + path + ": cannot read it: " + std::strerror(errno));
+  return text.str();
+}
+
+// --plan: the file's plans, parsed and proven correct for its call.
+PlanFile loadPlanFile(const std::string& path) {
+  PlanFile file;
+  std::string error;
+  if (!parsePlanFile(readText(path, "--plan"), &file, &error)) throw UsageError("--plan " + path + ": " + error);
+  std::vector<CollArgs> perRank;
+  for (int r = 0; r < file.nranks; ++r) perRank.push_back(file.argsFor(r));
+  const std::string wrong = verifyPlan(
+      perRank, [&file](const CollArgs& args) { return file.plans[args.rank]; }, VerifyOptions{});
+  if (!wrong.empty()) {
+    throw UsageError("--plan " + path + ": the verifier rejects its " + collectiveName(file.collective) + ": " + wrong);
+  }
+  return file;
+}
+
+// --dump-plan: every rank's plan of `algorithm` for one call, written as a plan file.
+void dumpPlans(const Options& options, const Topology& topo, int nranks, int root, const std::string& algorithm) {
+  PlanFile file;
+  file.collective = options.collective;
+  file.nranks = nranks;
+  file.count = sim::callCountFor(options.collective, options.minBytes, dtypeSize(options.type), nranks);
+  file.root = root;
+  file.nChannels = options.channels;
+  file.algorithm = algorithm;
+  std::vector<int> hostOf, hosts;
+  for (int r = 0; r < nranks; ++r) {
+    auto known = std::find(hosts.begin(), hosts.end(), topo.rankHost(r));
+    hostOf.push_back(static_cast<int>(known - hosts.begin()));
+    if (known == hosts.end()) hosts.push_back(topo.rankHost(r));
+  }
+  file.plans.resize(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    CollArgs args = file.argsFor(r);
+    args.hostOf = hostOf;
+    if (!buildPlan(args, algorithm, &file.plans[r]))
+      throw UsageError("--dump-plan: " + algorithm + " has no plan for this call on rank " + std::to_string(r));
+  }
+  std::ofstream out(options.dumpPlan, std::ios::binary | std::ios::trunc);
+  out << formatPlanFile(file);
+  out.close();
+  if (!out) throw UsageError("--dump-plan " + options.dumpPlan + ": cannot write it: " + std::strerror(errno));
+  std::printf("# loom-sim: wrote the %s plans of %d ranks for %s of %zu elements to %s\n", algorithm.c_str(), nranks,
+              collectiveName(file.collective), file.count, options.dumpPlan.c_str());
+}
+
+int run(const Options& given) {
+  Options options = given;
+  PlanFile planFile;
+  if (!options.planFile.empty()) {
+    // The file's call replaces the command line's: one row, for its collective, ranks and count.
+    planFile = loadPlanFile(options.planFile);
+    options.collective = planFile.collective;
+    options.nranks = planFile.nranks;
+    options.root = planFile.root;
+    options.channels = planFile.nChannels;
+    options.mode = sim::Mode::kExact;
+  }
+  const bool fromFile = !options.planFile.empty();
   Topology topo = loadTopology(options.topo);
   int nranks = options.nranks > 0 ? options.nranks : topo.rankCount();
   if (nranks > topo.rankCount())
@@ -245,7 +327,8 @@ int run(const Options& options) {
     throw UsageError("-r " + std::to_string(options.root) + ": the root must be below " + std::to_string(nranks));
   std::vector<std::string> known = algorithmsFor(options.collective);
   std::vector<std::string> algorithms = options.algorithms.empty() ? known : options.algorithms;
-  for (const std::string& name : algorithms) {
+  if (!options.dumpPlan.empty()) algorithms.resize(1);  // the one named, or the collective's default
+  for (const std::string& name : fromFile ? std::vector<std::string>{} : algorithms) {
     if (std::find(known.begin(), known.end(), name) == known.end()) {
       std::string list;
       for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
@@ -260,6 +343,15 @@ int run(const Options& options) {
                options.collective == Collective::kReduceScatter;
   bool hasRoot = options.collective == Collective::kBroadcast || options.collective == Collective::kReduce ||
                  options.collective == Collective::kGather || options.collective == Collective::kScatter;
+  if (!options.dumpPlan.empty()) {
+    dumpPlans(options, topo, nranks, hasRoot ? options.root : 0, algorithms[0]);
+    return 0;
+  }
+  if (fromFile) {
+    algorithms = {planFile.algorithm};
+    options.minBytes = options.maxBytes =
+        sim::rowBytesFor(options.collective, planFile.count, elementBytes, nranks);
+  }
 
   std::printf("# loom-sim: %s on %s: %d ranks on %zu host%s, %d channel%s, %s engine\n",
               collectiveName(options.collective), options.topo.c_str(), nranks, hosts.size(),
@@ -281,11 +373,12 @@ int run(const Options& options) {
       sim::Call call;
       call.collective = options.collective;
       call.elementBytes = elementBytes;
-      call.count = sim::callCountFor(options.collective, size, elementBytes, nranks);
+      call.count = fromFile ? planFile.count : sim::callCountFor(options.collective, size, elementBytes, nranks);
       call.root = hasRoot ? options.root : 0;
       call.nChannels = options.channels;
       call.nranks = nranks;
-      call.algorithm = algorithm;
+      call.algorithm = fromFile ? "" : algorithm;
+      call.plans = fromFile ? &planFile.plans : nullptr;
       auto started = std::chrono::steady_clock::now();
       sim::Result result = simulator.run(call, options.mode);
       double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <span>
 
 namespace loom::parallel {
 namespace {
@@ -41,7 +42,7 @@ void put(std::vector<unsigned char>* out, size_t at, T value) {
   std::memcpy(out->data() + at, &value, sizeof(value));
 }
 template <typename T>
-T get(const std::vector<unsigned char>& in, size_t at) {
+T get(std::span<const unsigned char> in, size_t at) {
   T value;
   std::memcpy(&value, in.data() + at, sizeof(value));
   return value;
@@ -62,7 +63,7 @@ std::string systemError(const std::string& what) { return what + ": " + std::str
 
 }  // namespace
 
-bool writeCheckpoint(const std::string& path, const Checkpoint& checkpoint, std::string* error) {
+bool encodeCheckpoint(const Checkpoint& checkpoint, std::vector<unsigned char>* out, std::string* error) {
   const size_t n = GptLayout::of(checkpoint.config).total;
   if (checkpoint.params.size() != n) {
     *error =
@@ -108,7 +109,13 @@ bool writeCheckpoint(const std::string& path, const Checkpoint& checkpoint, std:
     at += n * sizeof(float);
   }
   put<uint64_t>(&bytes, at, fnv1a(bytes.data(), at));
+  *out = std::move(bytes);
+  return true;
+}
 
+bool writeCheckpoint(const std::string& path, const Checkpoint& checkpoint, std::string* error) {
+  std::vector<unsigned char> bytes;
+  if (!encodeCheckpoint(checkpoint, &bytes, error)) return false;
   const std::string temporary = path + ".tmp";
   int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -155,6 +162,12 @@ bool readCheckpoint(const std::string& path, Checkpoint* checkpoint, std::string
     bytes.insert(bytes.end(), chunk, chunk + got);
   }
   close(fd);
+  return parseCheckpoint(bytes.data(), bytes.size(), path, checkpoint, error);
+}
+
+bool parseCheckpoint(const unsigned char* data, size_t size, const std::string& path, Checkpoint* checkpoint,
+                     std::string* error) {
+  const std::span<const unsigned char> bytes(data, size);
   if (bytes.size() < kHeaderBytes + sizeof(uint64_t) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
     *error = "checkpoint: " + path + " is not a loom checkpoint (no LOOMCKPT header)";
     return false;
@@ -187,14 +200,26 @@ bool readCheckpoint(const std::string& path, Checkpoint* checkpoint, std::string
     *error = "checkpoint: " + path + " holds an invalid model: " + problem;
     return false;
   }
-  const uint64_t n = get<uint64_t>(bytes, 40);
-  if (get<uint32_t>(bytes, 36) != 0 || n != GptLayout::of(result.config).total) {
-    *error = "checkpoint: " + path + " holds " + std::to_string(n) + " parameters of type " +
-             std::to_string(get<uint32_t>(bytes, 36)) + "; its model has " +
-             std::to_string(GptLayout::of(result.config).total) + " fp32 ones";
+  // The model's largest matrices (the embeddings, every block's MLP of every expert) must fit in the file before its
+  // layout is computed: a corrupted size could otherwise ask for more memory than any machine has.
+  const size_t body = bytes.size() - header - sizeof(uint64_t);
+  const GptConfig& c = result.config;
+  const double floats = static_cast<double>(body / sizeof(float)), C = c.channels;
+  if (C * c.vocab > floats || C * c.maxT > floats ||
+      static_cast<double>(c.layers) * std::max(c.experts, 1) * C * c.hidden() > floats) {
+    *error = "checkpoint: " + path + " is " + std::to_string(bytes.size()) + " bytes, too few for its model (" +
+             std::to_string(c.layers) + " layers of " + std::to_string(c.channels) + " channels, vocabulary " +
+             std::to_string(c.vocab) + "): truncated or corrupted";
     return false;
   }
-  const size_t body = bytes.size() - header - sizeof(uint64_t);
+  const uint64_t n = get<uint64_t>(bytes, 40);
+  const size_t modelParams = GptLayout::of(result.config).total;
+  if (get<uint32_t>(bytes, 36) != 0 || n != modelParams) {
+    *error = "checkpoint: " + path + " holds " + std::to_string(n) + " parameters of type " +
+             std::to_string(get<uint32_t>(bytes, 36)) + "; its model has " + std::to_string(modelParams) +
+             " fp32 ones";
+    return false;
+  }
   if (body != n * sizeof(float) && body != 3 * n * sizeof(float)) {
     *error = "checkpoint: " + path + " is " + std::to_string(bytes.size()) + " bytes, which fits neither " +
              "parameters alone nor parameters with moments (truncated?)";
@@ -207,11 +232,13 @@ bool readCheckpoint(const std::string& path, Checkpoint* checkpoint, std::string
   }
   result.step = get<uint64_t>(bytes, 48);
   result.dataPosition = get<uint64_t>(bytes, 56);
-  const float* arrays = reinterpret_cast<const float*>(bytes.data() + header);
-  result.params.assign(arrays, arrays + n);
-  if (body == 3 * n * sizeof(float)) {
-    result.m.assign(arrays + n, arrays + 2 * n);
-    result.v.assign(arrays + 2 * n, arrays + 3 * n);
+  // memcpy, not a cast: the bytes need not be aligned for floats.
+  size_t at = header;
+  for (std::vector<float>* array : {&result.params, &result.m, &result.v}) {
+    if (at == header + body) break;
+    array->resize(n);
+    std::memcpy(array->data(), bytes.data() + at, n * sizeof(float));
+    at += n * sizeof(float);
   }
   *checkpoint = std::move(result);
   return true;

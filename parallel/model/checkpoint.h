@@ -29,4 +29,11 @@ bool writeCheckpoint(const std::string& path, const Checkpoint& checkpoint, std:
 // with *error saying what was wrong.
 bool readCheckpoint(const std::string& path, Checkpoint* checkpoint, std::string* error);
 
+// The file's bytes, without the file: what writeCheckpoint writes and readCheckpoint reads. parseCheckpoint checks
+// every field and size against the `size` bytes at `data` before it reads them (tests/fuzz/checkpoint_fuzz.cc);
+// `name` starts its errors.
+bool encodeCheckpoint(const Checkpoint& checkpoint, std::vector<unsigned char>* out, std::string* error);
+bool parseCheckpoint(const unsigned char* data, size_t size, const std::string& name, Checkpoint* checkpoint,
+                     std::string* error);
+
 }  // namespace loom::parallel

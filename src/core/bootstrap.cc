@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/core/bootstrap_wire.h"
 #include "src/core/check.h"
 #include "src/core/params.h"
 #include "src/core/siphash.h"
@@ -32,83 +33,13 @@
 namespace loom {
 namespace {
 
+using namespace bootwire;
+
 static_assert(kSecretBytes == kAuthSecretBytes && kSecretBytes == kSipHashKeyBytes);
 
-// The 128-byte id: u32 magic, u16 version, u16 zero, the secret, then the NUL-terminated root address.
-constexpr uint32_t kIdMagic = 0x4d4f4f4c;  // "LOOM" in memory
-constexpr uint16_t kIdVersion = 1;
-constexpr size_t kIdSecretOffset = 8;
-constexpr size_t kIdAddressOffset = kIdSecretOffset + kSecretBytes;
-constexpr size_t kMaxAddressBytes = LOOM_UNIQUE_ID_BYTES - kIdAddressOffset - 1;  // 103, without the NUL
-
-enum MessageKind : uint32_t { kRegister = 1, kTable = 2, kReject = 3 };
-enum ConnKind : uint32_t { kRingConn = 1, kP2pConn = 2, kHandoffConn = 3 };
-constexpr size_t kRegisterHeaderBytes = 12;
-constexpr size_t kMaxRegisterBytes = kRegisterHeaderBytes + kMaxAddressBytes;
-constexpr size_t kMaxRejectBytes = 400;
-constexpr int kMaxRanks = 1 << 20;
-constexpr size_t kHelloBytes = 8;
-constexpr size_t kFrameHeaderBytes = 16;
-// Bootstrap messages are setup data (addresses, topology graphs): anything larger is a bug, not a use.
-constexpr uint64_t kMaxP2pBytes = uint64_t{1} << 32;
 // The root exits when no rank has registered for this long (or LOOM_TIMEOUT_MS if longer): by then every rank
 // that could still use it has timed out itself, and a leaked listener would only invite strangers.
 constexpr int64_t kRootIdleMs = int64_t{10} * 60 * 1000;
-
-void putU32(std::vector<uint8_t>* out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-void putU64(std::vector<uint8_t>* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-void putBytes(std::vector<uint8_t>* out, const void* data, size_t bytes) {
-  out->insert(out->end(), static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + bytes);
-}
-// Prefixes `body` with its u32 length.
-std::vector<uint8_t> lengthPrefixed(const std::vector<uint8_t>& body) {
-  std::vector<uint8_t> out;
-  putU32(&out, static_cast<uint32_t>(body.size()));
-  putBytes(&out, body.data(), body.size());
-  return out;
-}
-
-// Bounds-checked reads of a received message.
-class Reader {
- public:
-  Reader(const uint8_t* data, size_t bytes) : data_(data), left_(bytes) {}
-  bool u16(uint16_t* v) { return little(v, 2); }
-  bool u32(uint32_t* v) { return little(v, 4); }
-  bool u64(uint64_t* v) { return little(v, 8); }
-  bool text(size_t bytes, std::string* out) {
-    if (bytes > left_) return false;
-    out->assign(reinterpret_cast<const char*>(data_), bytes);
-    data_ += bytes, left_ -= bytes;
-    return true;
-  }
-  size_t left() const { return left_; }
-
- private:
-  template <typename T>
-  bool little(T* v, size_t bytes) {
-    if (bytes > left_) return false;
-    *v = 0;
-    for (size_t i = 0; i < bytes; ++i) *v |= static_cast<T>(static_cast<T>(data_[i]) << (8 * i));
-    data_ += bytes, left_ -= bytes;
-    return true;
-  }
-  const uint8_t* data_;
-  size_t left_;
-};
-
-// An address a peer sent us is only used if it is printable and of the form host:port.
-bool plausibleAddress(const std::string& text) {
-  std::string host;
-  int port;
-  if (text.empty() || text.size() > kMaxAddressBytes) return false;
-  for (char c : text)
-    if (c < 0x21 || c > 0x7e) return false;
-  return splitHostPort(text, &host, &port) && port != 0;
-}
 
 // ---- The root ----
 
@@ -159,7 +90,7 @@ class RootServer : public AuthServer {
   }
 
   void onMessage(Conn& conn) override {
-    Reader in(conn.io.input().data(), conn.io.input().size());
+    Reader in(conn.io.input());
     if (conn.stage == kLength) {
       uint32_t length = 0;
       in.u32(&length);
@@ -171,17 +102,16 @@ class RootServer : public AuthServer {
       return expectInput(conn, length);
     }
     if (conn.stage == kRegistered) return drop(conn, "it sent data after registering");
-    uint32_t kind = 0, rank = 0, nranks = 0;
-    std::string address;
-    in.u32(&kind), in.u32(&rank), in.u32(&nranks), in.text(in.left(), &address);
-    if (kind != kRegister) return drop(conn, "message kind %u where a registration (%u) was expected", kind, kRegister);
-    int r = static_cast<int>(rank), n = static_cast<int>(nranks);
-    if (!plausibleAddress(address)) return reject(conn, "its listener address is not a printable host:port");
-    if (n < 1 || n > kMaxRanks) return reject(conn, "nranks %d is outside 1..%d", n, kMaxRanks);
+    Registration registration;
+    bool isRegistration = false;
+    const std::string problem = parseRegistration(conn.io.input(), &registration, &isRegistration);
+    if (!isRegistration) return drop(conn, "%s", problem.c_str());
+    if (!problem.empty()) return reject(conn, "%s", problem.c_str());
+    const int r = registration.rank, n = registration.nranks;
+    const std::string& address = registration.address;
     if (nranks_ > 0 && n != nranks_) {
       return reject(conn, "rank %d says nranks is %d but the ranks registered so far said %d", r, n, nranks_);
     }
-    if (r < 0 || r >= n) return reject(conn, "rank %d is outside 0..%d", r, n - 1);
     if (nranks_ > 0 && byRank_[r] != nullptr) {
       return reject(conn, "rank %d is already registered from %s", r, byRank_[r]->io.peerName().c_str());
     }
@@ -217,25 +147,14 @@ class RootServer : public AuthServer {
     std::vsnprintf(why, sizeof(why), fmt, args);
     va_end(args);
     LOOM_WARN(BOOT, "%s: rejecting the registration from %s: %s", name_.c_str(), conn.io.peerName().c_str(), why);
-    std::vector<uint8_t> body;
-    putU32(&body, kReject);
-    putBytes(&body, why, std::strlen(why));
-    std::vector<uint8_t> message = lengthPrefixed(body);
+    std::vector<uint8_t> message = encodeReject(why);
     conn.io.queue(message.data(), message.size());
     conn.closeWhenFlushed = true;
     conn.deadline = Clock::now() + std::chrono::milliseconds(handshakeMs_);
   }
 
   void sendTables() {
-    std::vector<uint8_t> body;
-    putU32(&body, kTable);
-    putU32(&body, static_cast<uint32_t>(nranks_));
-    for (const std::string& address : addresses_) {
-      body.push_back(static_cast<uint8_t>(address.size()));
-      body.push_back(static_cast<uint8_t>(address.size() >> 8));
-      putBytes(&body, address.data(), address.size());
-    }
-    std::vector<uint8_t> message = lengthPrefixed(body);
+    std::vector<uint8_t> message = encodeTable(addresses_);
     tablesSent_ = true;
     listener_.reset();  // the rendezvous is complete: late or stray connections are refused by the kernel
     for (auto& conn : conns_) {
@@ -327,19 +246,19 @@ class PeerServer : public AuthServer {
   }
 
   void onMessage(Conn& conn) override {
-    Reader in(conn.io.input().data(), conn.io.input().size());
     if (conn.stage == kHello) {
-      uint32_t kind = 0, from = 0;
-      in.u32(&kind), in.u32(&from);
-      int peer = static_cast<int>(from);
-      if (peer < 0 || peer >= nranks_ || peer == rank_) return drop(conn, "hello from invalid rank %d", peer);
+      uint32_t kind = 0;
+      int peer = -1;
+      const std::string problem =
+          parseHello(std::span<const uint8_t, kHelloBytes>(conn.io.input().data(), kHelloBytes), rank_, nranks_, &kind,
+                     &peer);
+      if (!problem.empty()) return drop(conn, "%s", problem.c_str());
       if (kind == kRingConn) return takeRing(conn, peer);
       if (kind == kHandoffConn) {
         conn.rank = peer;
         conn.stage = kHandoffHello;
         return expectInput(conn, kHandoffHelloBytes);
       }
-      if (kind != kP2pConn) return drop(conn, "hello of unknown kind %u from rank %d", kind, peer);
       if (p2pConnected_[peer]) return drop(conn, "a second p2p connection from rank %d", peer);
       // A sender whose write failed starts over on a new connection once the old one has closed.
       p2pConnected_[peer] = true;
@@ -351,11 +270,10 @@ class PeerServer : public AuthServer {
     }
     if (conn.stage == kHandoffHello) return handOff(conn);
     if (conn.stage == kFrameHeader) {
-      uint32_t tag = 0, zero = 0;
       uint64_t bytes = 0;
-      in.u32(&tag), in.u32(&zero), in.u64(&bytes);
-      if (bytes > kMaxP2pBytes) return drop(conn, "it declared a %llu-byte message", (unsigned long long)bytes);
-      conn.tag = static_cast<int>(tag);
+      const std::string problem = parseFrameHeader(
+          std::span<const uint8_t, kFrameHeaderBytes>(conn.io.input().data(), kFrameHeaderBytes), &conn.tag, &bytes);
+      if (!problem.empty()) return drop(conn, "%s", problem.c_str());
       if (bytes > 0) {
         conn.stage = kFramePayload;
         return expectInput(conn, bytes);
@@ -430,48 +348,16 @@ loomResult_t packUniqueId(const UniqueIdInfo& info, loomUniqueId* id) {
     return LOOM_FAIL(loomInvalidArgument, BOOT, "root address \"%s\" has %zu characters; a unique id holds 1 to %zu",
                      info.rootAddress.c_str(), info.rootAddress.size(), kMaxAddressBytes);
   }
-  std::vector<uint8_t> bytes;
-  putU32(&bytes, kIdMagic);
-  bytes.push_back(static_cast<uint8_t>(kIdVersion));
-  bytes.push_back(static_cast<uint8_t>(kIdVersion >> 8));
-  bytes.resize(kIdSecretOffset, 0);
-  putBytes(&bytes, info.secret, kSecretBytes);
-  putBytes(&bytes, info.rootAddress.data(), info.rootAddress.size());
-  bytes.resize(LOOM_UNIQUE_ID_BYTES, 0);
+  std::vector<uint8_t> bytes = encodeUniqueId(info);
   std::memcpy(id->internal, bytes.data(), LOOM_UNIQUE_ID_BYTES);
   return loomSuccess;
 }
 
 loomResult_t unpackUniqueId(const loomUniqueId& id, UniqueIdInfo* info) {
-  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(id.internal);
-  Reader in(bytes, LOOM_UNIQUE_ID_BYTES);
-  uint32_t magic = 0;
-  uint16_t version = 0;
-  in.u32(&magic), in.u16(&version);
-  if (magic != kIdMagic) {
-    return LOOM_FAIL(loomInvalidArgument, BOOT,
-                     "unique id starts with 0x%08x, expected 0x%08x: it is not from loomGetUniqueId or was corrupted",
-                     magic, kIdMagic);
-  }
-  if (version != kIdVersion) {
-    return LOOM_FAIL(loomInvalidArgument, BOOT, "unique id has format version %u, this library reads version %u",
-                     version, kIdVersion);
-  }
-  const char* address = id.internal + kIdAddressOffset;
-  const void* nul = std::memchr(address, '\0', kMaxAddressBytes + 1);
-  if (nul == nullptr) {
-    return LOOM_FAIL(loomInvalidArgument, BOOT, "unique id's root address is not NUL-terminated within %zu bytes",
-                     kMaxAddressBytes + 1);
-  }
-  std::string text(address, static_cast<const char*>(nul));
-  if (!plausibleAddress(text)) {
-    for (char& c : text)
-      if (c < 0x20 || c > 0x7e) c = '?';
-    return LOOM_FAIL(loomInvalidArgument, BOOT, "unique id's root address \"%s\" is not of the form host:port",
-                     text.c_str());
-  }
-  info->rootAddress = text;
-  std::memcpy(info->secret, bytes + kIdSecretOffset, kSecretBytes);
+  const std::string problem = parseUniqueId(
+      std::span<const uint8_t, LOOM_UNIQUE_ID_BYTES>(reinterpret_cast<const uint8_t*>(id.internal), LOOM_UNIQUE_ID_BYTES),
+      info);
+  if (!problem.empty()) return LOOM_FAIL(loomInvalidArgument, BOOT, "%s", problem.c_str());
   return loomSuccess;
 }
 
@@ -564,49 +450,31 @@ loomResult_t Bootstrap::Impl::joinRoot(const UniqueIdInfo& info, const IoWait& w
   LOOM_CHECK(listenOn(local, false, listener, &listenAddress));
   LOOM_CHECK(authenticateToAcceptor(root.get(), secret, AuthRole::kRoot, rootName, wait));
 
-  std::vector<uint8_t> body;
-  putU32(&body, kRegister);
-  putU32(&body, static_cast<uint32_t>(rank));
-  putU32(&body, static_cast<uint32_t>(nranks));
-  putBytes(&body, listenAddress.data(), listenAddress.size());
-  std::vector<uint8_t> message = lengthPrefixed(body);
+  std::vector<uint8_t> message = encodeRegistration({rank, nranks, listenAddress});
   LOOM_CHECK(writeExact(root.get(), message.data(), message.size(), rootName, wait));
 
   uint8_t lengthBytes[4];
   LOOM_CHECK(readExact(root.get(), lengthBytes, sizeof(lengthBytes), rootName, wait));
   uint32_t length = 0;
-  Reader(lengthBytes, sizeof(lengthBytes)).u32(&length);
-  const size_t maxLength = std::max(8 + static_cast<size_t>(nranks) * (2 + kMaxAddressBytes), 4 + kMaxRejectBytes);
+  Reader(lengthBytes).u32(&length);
+  const size_t maxLength = maxRootReplyBytes(nranks);
   if (length < 4 || length > maxLength) {
     return LOOM_FAIL(loomRemoteError, BOOT, "%s: %s announced a %u-byte reply; expected 4 to %zu bytes",
                      wait.operation.c_str(), rootName.c_str(), length, maxLength);
   }
   std::vector<uint8_t> reply(length);
   LOOM_CHECK(readExact(root.get(), reply.data(), reply.size(), rootName, wait));
-  Reader in(reply.data(), reply.size());
-  uint32_t kind = 0, count = 0;
-  in.u32(&kind);
-  if (kind == kReject) {
-    std::string why;
-    in.text(in.left(), &why);
-    for (char& c : why)
-      if (c < 0x20 || c > 0x7e) c = '?';
+  RootReply parsed;
+  const std::string problem = parseRootReply(reply, nranks, &parsed);
+  if (!problem.empty()) {
+    return LOOM_FAIL(loomRemoteError, BOOT, "%s: %s sent %s", wait.operation.c_str(), rootName.c_str(),
+                     problem.c_str());
+  }
+  if (parsed.rejected) {
     return LOOM_FAIL(loomInvalidUsage, BOOT, "%s: %s rejected this rank: %s", wait.operation.c_str(), rootName.c_str(),
-                     why.c_str());
+                     parsed.reason.c_str());
   }
-  in.u32(&count);
-  if (kind != kTable || count != static_cast<uint32_t>(nranks)) {
-    return LOOM_FAIL(loomRemoteError, BOOT, "%s: %s replied with kind %u for %u ranks; expected a table (%u) of %d",
-                     wait.operation.c_str(), rootName.c_str(), kind, count, kTable, nranks);
-  }
-  addresses.resize(nranks);
-  for (int r = 0; r < nranks; ++r) {
-    uint16_t size = 0;
-    if (!in.u16(&size) || !in.text(size, &addresses[r]) || !plausibleAddress(addresses[r])) {
-      return LOOM_FAIL(loomRemoteError, BOOT, "%s: the table from %s has no valid address for rank %d",
-                       wait.operation.c_str(), rootName.c_str(), r);
-    }
-  }
+  addresses = std::move(parsed.addresses);
   LOOM_INFO(BOOT, "rank %d listens at %s; got the addresses of all %d ranks from %s", rank, listenAddress.c_str(),
             nranks, rootName.c_str());
   return loomSuccess;
@@ -637,9 +505,7 @@ loomResult_t Bootstrap::Impl::connectPeer(int peer, ConnKind kind, const IoWait&
   // A peer's listener opened before it registered, so a refusal means the peer has gone: no retries.
   LOOM_CHECK(connectTo(addresses[peer], /*untilListening=*/false, wait, &fd));
   LOOM_CHECK(authenticateToAcceptor(fd.get(), secret, AuthRole::kPeer, name, wait));
-  std::vector<uint8_t> hello;
-  putU32(&hello, kind);
-  putU32(&hello, static_cast<uint32_t>(rank));
+  std::vector<uint8_t> hello = encodeHello(kind, rank);
   LOOM_CHECK(writeExact(fd.get(), hello.data(), hello.size(), name, wait));
   *out = std::move(fd);
   return loomSuccess;
@@ -683,7 +549,7 @@ loomResult_t Bootstrap::Impl::ringAllGather(uint8_t* slots, size_t bytesPerRank,
   LOOM_CHECK(exchange(ringNext.get(), mine.data(), mine.size(), nextName, ringPrev.get(), theirs, sizeof(theirs),
                       prevName, wait));
   uint64_t theirCall = 0, theirBytes = 0;
-  Reader in(theirs, sizeof(theirs));
+  Reader in(theirs);
   in.u64(&theirCall), in.u64(&theirBytes);
   if (theirCall != call || theirBytes != bytesPerRank) {
     return LOOM_FAIL(loomInternalError, BOOT,
@@ -762,10 +628,7 @@ loomResult_t Bootstrap::send(int peer, int tag, const void* data, size_t bytes, 
   std::lock_guard<std::mutex> lock(self.sendMutex);
   UniqueFd& conn = self.sendConns[peer];
   if (!conn.valid()) LOOM_CHECK(self.connectPeer(peer, kP2pConn, wait, &conn));
-  std::vector<uint8_t> header;
-  putU32(&header, static_cast<uint32_t>(tag));
-  putU32(&header, 0);
-  putU64(&header, bytes);
+  std::vector<uint8_t> header = encodeFrameHeader(tag, bytes);
   const std::string name = Impl::peerName(peer);
   loomResult_t result = writeExact(conn.get(), header.data(), header.size(), name, wait);
   if (result == loomSuccess) result = writeExact(conn.get(), data, bytes, name, wait);

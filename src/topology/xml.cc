@@ -128,6 +128,8 @@ class XmlReader {
       char c = text_[pos_];
       if (c == quote) break;
       if (c == '<') return fail("'<' inside an attribute value (write &lt;)");
+      if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r')
+        return fail("control character " + std::to_string(static_cast<int>(c)) + " inside an attribute value");
       if (c == '&') {
         if (!entity(out)) return false;
         continue;

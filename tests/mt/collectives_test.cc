@@ -1,7 +1,8 @@
 // Every collective x datatype x op x layout x count {0, 1, 7, 1000, 1M+3} at ranks 1 to 8 (1M+3 not at 6, 7), as threads
 // of one process over shm; the same matrix at small counts over the loopback transport, over tcp, with two
 // channels, forced LL and forced Simple, with the alternative algorithms, and with zero-copy buffers; host streams
-// and barriers.
+// and barriers. By default (CI) 1M+3 runs at 1 to 4 ranks (70000 above), and the transports' variants and zero-copy
+// buffers at 2, 3 and 8 ranks; LOOM_TEST_FULL=1 runs them all (loomtest::fullMatrix).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "src/core/socket.h"
 #include "transports/transport.h"
 #include "tests/common/matrix.h"
+#include "tests/common/test_level.h"
 #include "tests/mt/thread_ranks.h"
 
 namespace {
@@ -50,13 +52,19 @@ uint64_t runMatrix(int nranks, const std::vector<size_t>& counts, loomtest::Memo
 
 class Collectives : public testing::TestWithParam<int> {};
 
+// The rank counts at which the variants of a transport's matrix run: the smallest, an odd one and the largest, or
+// all with LOOM_TEST_FULL=1.
+bool variantsAt(int nranks) { return loomtest::fullMatrix() || nranks == 2 || nranks == 3 || nranks == 8; }
+
 // The largest count at 6 and 7 ranks too would double the suite's time for little: 5 and 8 cover the shapes.
 TEST_P(Collectives, FullMatrixOverShm) {
   int n = GetParam();
   if (n == 6 || n == 7) {
     runMatrix(n, {0, 1, 7, 1000});
-  } else {
+  } else if (n <= 4 || loomtest::fullMatrix()) {
     runMatrix(n, {0, 1, 7, 1000, 1000003});
+  } else {
+    runMatrix(n, {0, 1, 7, 1000, 70000});
   }
 }
 
@@ -75,6 +83,7 @@ TEST_P(Collectives, MatrixOverTcp) {
   if (GetParam() > 1) {
     EXPECT_GT(direct, 0u) << "no message left from the caller's buffer";
   }
+  if (!variantsAt(GetParam())) return;
   {
     loomtest::ScopedEnv copies("LOOM_DIRECT", "0");
     EXPECT_EQ(runMatrix(GetParam(), {7, 70000}), 0u);
@@ -97,6 +106,7 @@ TEST_P(Collectives, MatrixOverUcx) {
   if (!loom::transportAvailable("ucx", &why)) GTEST_SKIP() << "ucx: " << why;
   loomtest::ScopedEnv transport("LOOM_TRANSPORTS", "ucx");
   runMatrix(GetParam(), {1, 7, 1000, 70000});
+  if (!variantsAt(GetParam())) return;
   loomtest::ScopedEnv channels("LOOM_NCHANNELS", "2");
   for (const char* proto : {"LL", "Simple"}) {
     loomtest::ScopedEnv force("LOOM_PROTO", proto);
@@ -106,7 +116,7 @@ TEST_P(Collectives, MatrixOverUcx) {
 
 // Over ib on the software verbs device: both protocols, two channels, messages of one slot and of many, striped
 // over three queue pairs per connection. softib is slower per message than tcp here (each message is an RDMA
-// write and a clear-to-send, each through its completion queue): 5 to 7 ranks run the first matrix only.
+// write and a clear-to-send, each through its completion queue): the variants run where variantsAt says.
 TEST_P(Collectives, MatrixOverIb) {
   loomtest::ScopedEnv provider("LOOM_IB_PROVIDER", "softib");
   std::string why;
@@ -119,7 +129,7 @@ TEST_P(Collectives, MatrixOverIb) {
     loomtest::ScopedEnv both("LOOM_TRANSPORTS", "ib,tcp");
     runMatrix(n, {7, 70000});
   }
-  if (n >= 5 && n <= 7) return;
+  if (!variantsAt(n)) return;
   loomtest::ScopedEnv channels("LOOM_NCHANNELS", "2");
   loomtest::ScopedEnv qps("LOOM_IB_QPS_PER_CONNECTION", "3");
   for (const char* proto : {"LL", "Simple"}) {
@@ -166,6 +176,7 @@ TEST_P(Collectives, EveryAlternativeAlgorithm) {
 TEST_P(Collectives, ZeroCopyFromRegisteredAndLoomMemory) {
   // Large enough for Simple messages; every collective, type and op with buffers peers read in place: what a
   // step forwards in place too (LOOM_DIRECT_FORWARD_BYTES=0), and through the slots (the default at this size).
+  if (!variantsAt(GetParam())) GTEST_SKIP() << "runs at 2, 3 and 8 ranks (all with LOOM_TEST_FULL=1)";
   for (const char* forward : {"0", "16777216"}) {
     loomtest::ScopedEnv forwardBytes("LOOM_DIRECT_FORWARD_BYTES", forward);
     for (loomtest::Memory memory : {loomtest::Memory::kLoomAlloc, loomtest::Memory::kRegistered}) {

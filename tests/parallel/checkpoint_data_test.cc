@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <string>
@@ -104,6 +105,15 @@ TEST(Checkpoint, RefusesBadFilesByName) {
   flipped[100] ^= 1;
   rewrite(flipped);
   refused("checksum");
+  // A header claiming a model far larger than the file is refused before the model's layout is computed: 2^30 layers
+  // of 2^20 channels would otherwise ask for more memory than any machine has.
+  std::string huge = bytes;
+  const int32_t layers = 1 << 30, channels = 1 << 20;
+  std::memcpy(huge.data() + 16, &layers, 4);
+  std::memcpy(huge.data() + 20, &channels, 4);  // heads, dividing channels
+  std::memcpy(huge.data() + 24, &channels, 4);
+  rewrite(huge);
+  refused("too few for its model");
   // A wrong count for the model is refused before anything is read.
   Checkpoint wrong = smallCheckpoint(false);
   wrong.params.pop_back();

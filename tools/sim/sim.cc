@@ -22,6 +22,13 @@ Result Simulator::run(const Call& call, Mode mode) {
   Result result;
   CallSetup setup;
   if (!setUpCall(state_->topo, call, state_->params, &setup, &result.error)) return result;
+  if (call.plans != nullptr) {
+    if (call.plans->size() != static_cast<size_t>(call.nranks)) {
+      result.error = std::to_string(call.plans->size()) + " plans for " + std::to_string(call.nranks) + " ranks";
+      return result;
+    }
+    return runExact(setup, *call.plans, state_->network, state_->params);
+  }
   if (mode == Mode::kExact) {
     // Every slice is an event: refuse calls that would take minutes, judged by rank 0's plan.
     RankPlan first;

@@ -59,6 +59,8 @@ struct Call {
   int nChannels = 1;
   int nranks = 0;         // the topology's ranks 0 .. nranks-1 take part
   std::string algorithm;  // a registry name; "" = the default
+  // Plans given rather than built (a plan file: one per rank, for this call): timed with the exact engine.
+  const std::vector<RankPlan>* plans = nullptr;
 };
 
 struct Result {
