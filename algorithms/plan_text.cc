@@ -11,8 +11,9 @@ namespace {
 
 constexpr int kFormatVersion = 1;
 
-const Action kActions[] = {Action::kSend,         Action::kRecv, Action::kRecvReduce, Action::kRecvReduceSend,
-                           Action::kRecvReduceCopySend, Action::kRecvCopySend, Action::kCopy, Action::kReduce};
+const Action kActions[] = {
+    Action::kSend,         Action::kRecv, Action::kRecvReduce, Action::kRecvReduceSend, Action::kRecvReduceCopySend,
+    Action::kRecvCopySend, Action::kCopy, Action::kReduce};
 
 bool sameName(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
@@ -44,7 +45,8 @@ class Reader {
       if (!nextLine() || !word("rank")) return fail("expected the line of rank " + std::to_string(rank));
       int number = 0;
       if (!integer(&number, 0, result.nranks - 1)) return false;
-      if (number != rank) return fail("rank " + std::to_string(number) + " where rank " + std::to_string(rank) + " is due");
+      if (number != rank)
+        return fail("rank " + std::to_string(number) + " where rank " + std::to_string(rank) + " is due");
       RankPlan plan;
       if (!rankLine(result, rank, &plan)) return false;
       // Lanes, steps and phases up to the next rank line.
@@ -57,7 +59,8 @@ class Reader {
           if (!word("channel")) return fail("expected \"lane channel C\"");
           Lane lane;
           if (!integer(&lane.channel, 0, kChannelSets * result.nChannels - 1) || !endOfLine()) return false;
-          if (++steps > kPlanFileMaxSteps) return fail("more than " + std::to_string(kPlanFileMaxSteps) + " lanes and steps");
+          if (++steps > kPlanFileMaxSteps)
+            return fail("more than " + std::to_string(kPlanFileMaxSteps) + " lanes and steps");
           plan.lanes.push_back(std::move(lane));
         } else if (word("phase")) {
           if (plan.lanes.empty()) return fail("a phase before any lane");
@@ -65,7 +68,8 @@ class Reader {
           plan.lanes.back().startPhase();
         } else {
           if (plan.lanes.empty()) return fail("a step before any lane");
-          if (++steps > kPlanFileMaxSteps) return fail("more than " + std::to_string(kPlanFileMaxSteps) + " lanes and steps");
+          if (++steps > kPlanFileMaxSteps)
+            return fail("more than " + std::to_string(kPlanFileMaxSteps) + " lanes and steps");
           Step step;
           if (!stepLine(result.nranks, plan, &step)) return false;
           plan.lanes.back().steps.push_back(step);
@@ -81,10 +85,10 @@ class Reader {
  private:
   bool callLine(PlanFile* file) {
     std::string_view name = token();
-    if (!parseCollectiveName(name, &file->collective))
-      return fail("unknown collective \"" + std::string(name) + "\"");
+    if (!parseCollectiveName(name, &file->collective)) return fail("unknown collective \"" + std::string(name) + "\"");
     if (file->collective == Collective::kAllToAllv || file->collective == Collective::kSendRecv)
-      return fail(std::string(collectiveName(file->collective)) + " has counts per rank; plan files hold collectives "
+      return fail(std::string(collectiveName(file->collective)) +
+                  " has counts per rank; plan files hold collectives "
                   "whose arguments every rank shares");
     if (!word("ranks") || !integer(&file->nranks, 1, kPlanFileMaxRanks)) return fail("expected \"ranks N\"");
     if (!word("count") || !size(&file->count, kPlanFileMaxCount)) return fail("expected \"count N\"");
@@ -144,8 +148,7 @@ class Reader {
       if (*seen) return fail("\"" + std::string(field) + "\" given twice");
       *seen = true;
     }
-    if (from != actionReceives(a) || to != actionSends(a) || src != hasSrc(a) || src2 != hasSrc2(a) ||
-        dst != hasDst(a))
+    if (from != actionReceives(a) || to != actionSends(a) || src != hasSrc(a) || src2 != hasSrc2(a) || dst != hasDst(a))
       return fail(std::string(actionName(a)) + " needs" + (actionReceives(a) ? " from" : "") +
                   (actionSends(a) ? " to" : "") + (hasSrc(a) ? " src" : "") + (hasSrc2(a) ? " src2" : "") +
                   (hasDst(a) ? " dst" : ""));
@@ -290,8 +293,6 @@ std::string formatPlanFile(const PlanFile& file) {
   return text;
 }
 
-bool parsePlanFile(std::string_view text, PlanFile* file, std::string* error) {
-  return Reader(text, error).read(file);
-}
+bool parsePlanFile(std::string_view text, PlanFile* file, std::string* error) { return Reader(text, error).read(file); }
 
 }  // namespace loom

@@ -5,8 +5,8 @@
 #include <malloc.h>
 #include <sys/stat.h>
 
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -349,8 +349,7 @@ int run(const Options& given) {
   }
   if (fromFile) {
     algorithms = {planFile.algorithm};
-    options.minBytes = options.maxBytes =
-        sim::rowBytesFor(options.collective, planFile.count, elementBytes, nranks);
+    options.minBytes = options.maxBytes = sim::rowBytesFor(options.collective, planFile.count, elementBytes, nranks);
   }
 
   std::printf("# loom-sim: %s on %s: %d ranks on %zu host%s, %d channel%s, %s engine\n",

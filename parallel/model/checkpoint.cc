@@ -216,8 +216,7 @@ bool parseCheckpoint(const unsigned char* data, size_t size, const std::string& 
   const size_t modelParams = GptLayout::of(result.config).total;
   if (get<uint32_t>(bytes, 36) != 0 || n != modelParams) {
     *error = "checkpoint: " + path + " holds " + std::to_string(n) + " parameters of type " +
-             std::to_string(get<uint32_t>(bytes, 36)) + "; its model has " + std::to_string(modelParams) +
-             " fp32 ones";
+             std::to_string(get<uint32_t>(bytes, 36)) + "; its model has " + std::to_string(modelParams) + " fp32 ones";
     return false;
   }
   if (body != n * sizeof(float) && body != 3 * n * sizeof(float)) {

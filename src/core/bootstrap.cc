@@ -249,9 +249,8 @@ class PeerServer : public AuthServer {
     if (conn.stage == kHello) {
       uint32_t kind = 0;
       int peer = -1;
-      const std::string problem =
-          parseHello(std::span<const uint8_t, kHelloBytes>(conn.io.input().data(), kHelloBytes), rank_, nranks_, &kind,
-                     &peer);
+      const std::string problem = parseHello(std::span<const uint8_t, kHelloBytes>(conn.io.input().data(), kHelloBytes),
+                                             rank_, nranks_, &kind, &peer);
       if (!problem.empty()) return drop(conn, "%s", problem.c_str());
       if (kind == kRingConn) return takeRing(conn, peer);
       if (kind == kHandoffConn) {
@@ -354,9 +353,9 @@ loomResult_t packUniqueId(const UniqueIdInfo& info, loomUniqueId* id) {
 }
 
 loomResult_t unpackUniqueId(const loomUniqueId& id, UniqueIdInfo* info) {
-  const std::string problem = parseUniqueId(
-      std::span<const uint8_t, LOOM_UNIQUE_ID_BYTES>(reinterpret_cast<const uint8_t*>(id.internal), LOOM_UNIQUE_ID_BYTES),
-      info);
+  const std::string problem = parseUniqueId(std::span<const uint8_t, LOOM_UNIQUE_ID_BYTES>(
+                                                reinterpret_cast<const uint8_t*>(id.internal), LOOM_UNIQUE_ID_BYTES),
+                                            info);
   if (!problem.empty()) return LOOM_FAIL(loomInvalidArgument, BOOT, "%s", problem.c_str());
   return loomSuccess;
 }
@@ -641,8 +640,9 @@ loomResult_t Bootstrap::connectHandoff(int peer, const uint8_t hello[kHandoffHel
                                        UniqueFd* out) {
   Impl& self = *impl_;
   if (peer < 0 || peer >= self.nranks || peer == self.rank) {
-    return LOOM_FAIL(loomInvalidArgument, BOOT, "bootstrap handoff connection of rank %d: peer %d is not another of %d ranks",
-                     self.rank, peer, self.nranks);
+    return LOOM_FAIL(loomInvalidArgument, BOOT,
+                     "bootstrap handoff connection of rank %d: peer %d is not another of %d ranks", self.rank, peer,
+                     self.nranks);
   }
   const IoWait wait = self.waitFor("handoff connection", timeoutMs);
   UniqueFd fd;

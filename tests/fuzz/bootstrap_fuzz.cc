@@ -59,8 +59,8 @@ void hello(std::span<const uint8_t> bytes, int self, int nranks) {
   if (bytes.size() < bw::kHelloBytes) return;
   uint32_t kind = 0;
   int from = -1;
-  const std::string error =
-      bw::parseHello(std::span<const uint8_t, bw::kHelloBytes>(bytes.data(), bw::kHelloBytes), self, nranks, &kind, &from);
+  const std::string error = bw::parseHello(std::span<const uint8_t, bw::kHelloBytes>(bytes.data(), bw::kHelloBytes),
+                                           self, nranks, &kind, &from);
   loomfuzz::verdict(error);
   if (!error.empty()) return;
   FUZZ_CHECK(from >= 0 && from < nranks && from != self);
@@ -91,9 +91,9 @@ void uniqueId(std::span<const uint8_t> bytes) {
   FUZZ_CHECK(bw::plausibleAddress(info.rootAddress));
   const std::vector<uint8_t> encoded = bw::encodeUniqueId(info);
   loom::UniqueIdInfo again;
-  FUZZ_CHECK(bw::parseUniqueId(std::span<const uint8_t, LOOM_UNIQUE_ID_BYTES>(encoded.data(), LOOM_UNIQUE_ID_BYTES),
-                               &again)
-                 .empty());
+  FUZZ_CHECK(
+      bw::parseUniqueId(std::span<const uint8_t, LOOM_UNIQUE_ID_BYTES>(encoded.data(), LOOM_UNIQUE_ID_BYTES), &again)
+          .empty());
   FUZZ_CHECK(again.rootAddress == info.rootAddress);
   FUZZ_CHECK(std::memcmp(again.secret, info.secret, loom::kSecretBytes) == 0);
 }

@@ -14,7 +14,8 @@ namespace loomfuzz {
 }
 
 inline void verdict(const std::string& error) {
-  if (std::getenv("LOOM_FUZZ_VERBOSE") != nullptr) std::fprintf(stderr, "%s\n", error.empty() ? "parsed" : error.c_str());
+  if (std::getenv("LOOM_FUZZ_VERBOSE") != nullptr)
+    std::fprintf(stderr, "%s\n", error.empty() ? "parsed" : error.c_str());
 }
 
 }  // namespace loomfuzz

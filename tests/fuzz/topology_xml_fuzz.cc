@@ -11,7 +11,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   loom::Topology topo;
   std::string error;
-  const bool parsed = loom::parseTopologyXml(std::string_view(reinterpret_cast<const char*>(data), size), &topo, &error);
+  const bool parsed =
+      loom::parseTopologyXml(std::string_view(reinterpret_cast<const char*>(data), size), &topo, &error);
   loomfuzz::verdict(parsed ? "" : error);
   if (!parsed) {
     FUZZ_CHECK(!error.empty());

@@ -1,7 +1,7 @@
-// Every collective x datatype x op x layout x count {0, 1, 7, 1000, 1M+3} at ranks 1 to 8 (1M+3 not at 6, 7), as threads
-// of one process over shm; the same matrix at small counts over the loopback transport, over tcp, with two
+// Every collective x datatype x op x layout x count {0, 1, 7, 1000, 1M+3} at ranks 1 to 8 (1M+3 not at 6, 7), as
+// threads of one process over shm; the same matrix at small counts over the loopback transport, over tcp, with two
 // channels, forced LL and forced Simple, with the alternative algorithms, and with zero-copy buffers; host streams
-// and barriers. By default (CI) 1M+3 runs at 1 to 4 ranks (70000 above), and the transports' variants and zero-copy
+// and barriers. By default (CI) 1M+3 runs at 1 to 4 ranks (70000 at 5 and 8), and the transports' variants and zero-copy
 // buffers at 2, 3 and 8 ranks; LOOM_TEST_FULL=1 runs them all (loomtest::fullMatrix).
 #include <gtest/gtest.h>
 
@@ -17,10 +17,10 @@
 #include "algorithms/builders.h"
 #include "src/core/comm.h"
 #include "src/core/socket.h"
-#include "transports/transport.h"
 #include "tests/common/matrix.h"
 #include "tests/common/test_level.h"
 #include "tests/mt/thread_ranks.h"
+#include "transports/transport.h"
 
 namespace {
 

@@ -159,12 +159,11 @@ TEST(BootstrapWire, RefusesBadMessagesSayingWhy) {
   message[0] = 9;
   contains(bootwire::parseRegistration(message, &registration, &kindOk), "message kind 9");
   EXPECT_FALSE(kindOk);
-  contains(bootwire::parseRegistration(bodyOf(bootwire::encodeRegistration({5, 2, "10.0.0.1:1"})), &registration,
-                                       &kindOk),
-           "rank 5 is outside 0..1");
+  contains(
+      bootwire::parseRegistration(bodyOf(bootwire::encodeRegistration({5, 2, "10.0.0.1:1"})), &registration, &kindOk),
+      "rank 5 is outside 0..1");
   EXPECT_TRUE(kindOk);
-  contains(bootwire::parseRegistration(bodyOf(bootwire::encodeRegistration({0, 2, "no port"})), &registration,
-                                       &kindOk),
+  contains(bootwire::parseRegistration(bodyOf(bootwire::encodeRegistration({0, 2, "no port"})), &registration, &kindOk),
            "not a printable host:port");
   std::vector<uint8_t> shortOne = {1, 0, 0, 0, 0};
   contains(bootwire::parseRegistration(shortOne, &registration, &kindOk), "too short");
