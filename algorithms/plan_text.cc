@@ -201,6 +201,7 @@ class Reader {
       line_ = line_.substr(0, std::min(line_.find('#'), line_.size()));
       if (!peek().empty()) return true;
     }
+    atEnd_ = true;
     return false;
   }
   void pushBack() { pushedBack_ = true; }
@@ -246,7 +247,7 @@ class Reader {
     return true;
   }
   bool fail(const std::string& what) {
-    *error_ = "line " + std::to_string(lineNumber_) + ": " + what;
+    *error_ = (atEnd_ ? std::string("the end of the file") : "line " + std::to_string(lineNumber_)) + ": " + what;
     return false;
   }
 
@@ -255,7 +256,7 @@ class Reader {
   std::string_view line_;
   size_t rest_ = 0, at_ = 0;
   int lineNumber_ = 0;
-  bool pushedBack_ = false;
+  bool pushedBack_ = false, atEnd_ = false;
 };
 
 }  // namespace

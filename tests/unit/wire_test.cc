@@ -75,7 +75,7 @@ TEST(PlanFile, RefusesBadFilesNamingTheLine) {
   const std::string rank0 = "rank 0 input 8 output 8 scratch 0 reduced out[0+8]\nlane channel 0\n";
   const std::string rank1 = "rank 1 input 8 output 8 scratch 0 reduced out[0+8]\n";
   const std::pair<std::string, std::string> cases[] = {
-      {"", "line 0: the file does not start with \"loom-plan 1\""},
+      {"", "the end of the file: the file does not start with \"loom-plan 1\""},
       {"loom-plan 2\n", "line 1: format version 2"},
       {"loom-plan 1\ncall AllToAllv ranks 2 count 8 root 0 channels 1 algorithm x\n", "line 2: AllToAllv has counts"},
       {"loom-plan 1\ncall AllReduce ranks 0 count 8 root 0 channels 1 algorithm x\n", "line 2: expected \"ranks N\""},
@@ -90,7 +90,7 @@ TEST(PlanFile, RefusesBadFilesNamingTheLine) {
       {head + rank0 + "copy src in[0+1] dst out[0+1] to 1\n", "line 5: copy has no \"to\""},
       {head + rank0 + "teleport to 1\n", "line 5: unknown step \"teleport\""},
       {head + "rank 0 input 8 output 8 scratch 0 reduced out[0+8]\nlane channel 2\n", "line 4: \"2\" is not a number"},
-      {head + rank0, "line 4: expected the line of rank 1"},
+      {head + rank0, "the end of the file: expected the line of rank 1"},
       {head + rank0 + rank1 + "rank 2\n", "line 6: text after the last rank's plan"},
   };
   for (const auto& [text, expected] : cases) {
