@@ -31,6 +31,7 @@ constexpr int kMaxRanks = 1024;
 constexpr int kUsageExit = 2;
 constexpr int kTimeoutExit = 124;  // what coreutils timeout(1) returns
 constexpr double kGraceSeconds = 2.0;
+constexpr int kReapPollMs = 1000;  // the longest loomrun sleeps without checking on its ranks
 constexpr size_t kMaxPendingLine = 64 * 1024;  // longer lines are passed on in pieces
 
 const char kUsage[] =
@@ -235,8 +236,13 @@ void makePipe(int fds[2]) {
 }
 
 void signalRanks(std::vector<Rank>& ranks, int signo) {
-  for (Rank& r : ranks) {
-    if (r.running) kill(-r.pid, signo);
+  for (size_t rank = 0; rank < ranks.size(); rank++) {
+    Rank& r = ranks[rank];
+    // ESRCH: the rank's group is gone between its exit and our reaping it; anything else is worth a line.
+    if (r.running && kill(-r.pid, signo) != 0 && errno != ESRCH) {
+      fprintf(stderr, "loomrun: cannot send signal %d to rank %zu (process group %d): %s\n", signo, rank, r.pid,
+              strerror(errno));
+    }
   }
 }
 
@@ -325,9 +331,12 @@ int main(int argc, char** argv) {
         pipesPolled.push_back({p, rank});
       }
     }
+    // Ranks are also reaped at least every second, whatever the signalfd says: a missed wake-up costs a second, not
+    // the job.
     double wakeAt = stopping ? killDeadline : jobDeadline;
-    int timeoutMs = -1;
-    if (wakeAt > 0) timeoutMs = static_cast<int>(std::max(0.0, (wakeAt - nowSeconds()) * 1000.0)) + 1;
+    int timeoutMs = kReapPollMs;
+    if (wakeAt > 0)
+      timeoutMs = std::min(kReapPollMs, static_cast<int>(std::max(0.0, (wakeAt - nowSeconds()) * 1000.0)) + 1);
     if (poll(fds.data(), fds.size(), timeoutMs) < 0 && errno != EINTR) fatal("poll");
 
     for (size_t i = 1; i < fds.size(); i++) {
