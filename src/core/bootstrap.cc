@@ -213,6 +213,16 @@ struct Inbox {
   };
   std::vector<Handoff> handoffs;
   std::map<uint32_t, Bootstrap::HandoffFn> handoffHandlers;  // by the hello's kind (its first 4 bytes)
+  // The first accept() that failed (out of file descriptors, say): a peer this rank waits for may have been left
+  // unanswered, so every wait that times out says so.
+  std::string listenerProblem;
+
+  // What a timeout's message adds when the listener has failed ("" when it has not); the mutex must be held.
+  std::string listenerNote() const {
+    return listenerProblem.empty()
+               ? ""
+               : "; this rank's bootstrap listener could not accept a connection: " + listenerProblem;
+  }
 };
 
 // A rank's listener: accepts the ring connection from rank-1 and p2p connections from any rank, and reads p2p
@@ -329,6 +339,12 @@ class PeerServer : public AuthServer {
     if (conn.rank < 0) return;
     p2pConnected_[conn.rank] = false;
     setPeerGone(conn.rank, true);
+  }
+
+  void onAcceptFailed(const std::string& why) override {
+    std::lock_guard<std::mutex> lock(inbox_->mutex);
+    if (inbox_->listenerProblem.empty()) inbox_->listenerProblem = why;
+    inbox_->changed.notify_all();
   }
 
   int rank_;
@@ -518,12 +534,14 @@ loomResult_t Bootstrap::Impl::connectRing(const IoWait& wait) {
   std::unique_lock<std::mutex> lock(inbox.mutex);
   while (!inbox.ringPrev.valid()) {
     if (wait.aborted()) {
-      return LOOM_FAIL(loomRemoteError, BOOT, "%s: aborted while waiting for rank %d (previous in the ring) to connect",
-                       wait.operation.c_str(), prev);
+      return LOOM_FAIL(loomRemoteError, BOOT,
+                       "%s: aborted while waiting for rank %d (previous in the ring) to connect%s",
+                       wait.operation.c_str(), prev, inbox.listenerNote().c_str());
     }
     if (wait.deadline.expired()) {
-      return LOOM_FAIL(loomTimeout, BOOT, "%s: rank %d (previous in the ring) did not connect within %lld ms",
-                       wait.operation.c_str(), prev, (long long)wait.deadline.timeoutMs());
+      return LOOM_FAIL(loomTimeout, BOOT, "%s: rank %d (previous in the ring) did not connect within %lld ms%s",
+                       wait.operation.c_str(), prev, (long long)wait.deadline.timeoutMs(),
+                       inbox.listenerNote().c_str());
     }
     inbox.changed.wait_for(lock, waitSlice(wait.deadline));
   }
@@ -652,6 +670,11 @@ loomResult_t Bootstrap::connectHandoff(int peer, const uint8_t hello[kHandoffHel
   return loomSuccess;
 }
 
+std::string Bootstrap::listenerProblem() const {
+  std::lock_guard<std::mutex> lock(impl_->inbox.mutex);
+  return impl_->inbox.listenerProblem;
+}
+
 void Bootstrap::setHandoffHandler(uint32_t kind, HandoffFn handler) {
   std::lock_guard<std::mutex> lock(impl_->inbox.mutex);
   if (!handler) {
@@ -694,18 +717,19 @@ loomResult_t Bootstrap::recv(int peer, int tag, void* data, size_t bytes, int64_
       return loomSuccess;
     }
     if (self.inbox.peerGone[peer]) {
-      return LOOM_FAIL(loomRemoteError, BOOT,
-                       "bootstrap recv of rank %d: rank %d closed its connection without sending a message with tag %d",
-                       self.rank, peer, tag);
+      return LOOM_FAIL(
+          loomRemoteError, BOOT,
+          "bootstrap recv of rank %d: rank %d closed its connection without sending a message with tag %d%s", self.rank,
+          peer, tag, self.inbox.listenerNote().c_str());
     }
     if (self.abortFlag != nullptr && self.abortFlag->load(std::memory_order_relaxed)) {
-      return LOOM_FAIL(loomRemoteError, BOOT, "bootstrap recv of rank %d: aborted while waiting for rank %d, tag %d",
-                       self.rank, peer, tag);
+      return LOOM_FAIL(loomRemoteError, BOOT, "bootstrap recv of rank %d: aborted while waiting for rank %d, tag %d%s",
+                       self.rank, peer, tag, self.inbox.listenerNote().c_str());
     }
     if (deadline.expired()) {
       return LOOM_FAIL(loomTimeout, BOOT,
-                       "bootstrap recv of rank %d: no message with tag %d from rank %d within %lld ms", self.rank, tag,
-                       peer, (long long)timeoutMs);
+                       "bootstrap recv of rank %d: no message with tag %d from rank %d within %lld ms%s", self.rank,
+                       tag, peer, (long long)timeoutMs, self.inbox.listenerNote().c_str());
     }
     self.inbox.changed.wait_for(lock, waitSlice(deadline));
   }

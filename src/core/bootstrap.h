@@ -82,6 +82,10 @@ class Bootstrap {
   using HandoffFn = std::function<void(int peer, const uint8_t* hello, UniqueFd fd)>;
   void setHandoffHandler(uint32_t kind, HandoffFn handler);
 
+  // Why the listener could not accept a connection, the first time it could not ("" while it always could): a
+  // peer's connection may then be waiting unanswered, so errors that follow should say so.
+  std::string listenerProblem() const;
+
  private:
   struct Impl;
   explicit Bootstrap(std::unique_ptr<Impl> impl);

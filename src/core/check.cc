@@ -23,7 +23,9 @@ loomResult_t fail(loomResult_t code, Subsys subsys, const char* fmt, ...) {
   va_end(args);
   tLastError = text;
   // Out of file descriptors: say which limit to raise, whatever ran out (a socket, a segment, an accept).
-  if (code == loomSystemError && (cause == EMFILE || cause == ENFILE) && std::strstr(text, "open files") != nullptr) {
+  // Said once: a message that wraps another's already carries it.
+  if (code == loomSystemError && (cause == EMFILE || cause == ENFILE) && std::strstr(text, "open files") != nullptr &&
+      std::strstr(text, "limit on open files") == nullptr) {
     rlimit limit{};
     getrlimit(RLIMIT_NOFILE, &limit);
     tLastError += cause == EMFILE ? "; raise this process's limit on open files (ulimit -n; it is now " +

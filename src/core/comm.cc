@@ -18,8 +18,17 @@
 #include "src/topology/xml.h"
 
 void loomComm::setLastError(const std::string& message) {
+  // A peer left unanswered by a failed accept() shows up as a timeout elsewhere: name the cause with it.
+  std::string text = message;
+  const loom::Bootstrap* up = bootstrapUp.load();
+  const std::string problem = up != nullptr ? up->listenerProblem() : std::string();
+  // (Not when the message already names the same shortage, which the listener's would only repeat.)
+  const bool sameShortage =
+      problem.find("open files") != std::string::npos && text.find("open files") != std::string::npos;
+  if (!problem.empty() && !sameShortage && text.find(problem) == std::string::npos)
+    text += "; this rank's bootstrap listener could not accept a connection: " + problem;
   std::lock_guard<std::mutex> lock(errorMutex);
-  lastError = message;
+  lastError = std::move(text);
 }
 
 namespace loom {
@@ -265,6 +274,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   ScopedLogRank logRank(rank);
   Deadline deadline(comm->timeoutMs);
   LOOM_CHECK(Bootstrap::create(id, rank, nranks, deadline, &comm->abortFlag, &comm->bootstrap));
+  comm->bootstrapUp.store(comm->bootstrap.get());
   comm->commHash = comm->bootstrap->commHash();
   comm->fifoShape = {static_cast<int>(clampParam(params::fifoDepth(), 2, kMaxFifoDepth)),
                      simpleSlotBytes(params::simpleSlotBytes()),

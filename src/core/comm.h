@@ -135,6 +135,8 @@ struct loomComm {
   bool everyRankCuda = false;  // every rank's communicator is a CUDA one (known once connected)
   uint64_t commHash = 0;
   std::unique_ptr<loom::Bootstrap> bootstrap;
+  // The same, for threads other than the one initializing: set once the bootstrap is up (setLastError reads it).
+  std::atomic<loom::Bootstrap*> bootstrapUp{nullptr};
   std::vector<loom::PeerInfo> peers;
   loom::PeerWatch peerWatch;
   loom::FifoShape fifoShape{};

@@ -667,6 +667,7 @@ void AuthServer::acceptPending() {
     if (acceptOne(listener_.get(), &fd, &peer) != loomSuccess) {
       // Out of descriptors: stop listening for a moment instead of spinning on a readable listener.
       listenPausedUntil_ = Clock::now() + std::chrono::milliseconds(kPollSliceMs);
+      onAcceptFailed(threadLastError());
       return;
     }
     if (!fd.valid()) return;

@@ -210,6 +210,9 @@ class AuthServer {
   virtual void onEof(Conn& conn);
   // The stage as a noun phrase for messages: "it closed the connection during <...>".
   virtual const char* describeStage(const Conn& conn) const;
+  // accept() failed for a reason other than a client giving up (out of file descriptors, say): `why` is the
+  // message. Listening pauses for a poll slice, then resumes.
+  virtual void onAcceptFailed(const std::string& /*why*/) {}
 
   static void expectInput(Conn& conn, size_t bytes) {
     conn.io.expect(bytes);
