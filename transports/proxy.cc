@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,14 +29,24 @@ constexpr uint64_t kCallerPassesPerPoll = 16;
 
 }  // namespace
 
-LocalFifo::LocalFifo(const FifoShape& shape, int doorbell)
-    : bytes_((fifoBytes(shape) + 4095) / 4096 * 4096), base_(std::aligned_alloc(4096, bytes_)) {
-  if (base_ == nullptr) return;
+LocalFifo::LocalFifo(const FifoShape& shape, int doorbell) : bytes_((fifoBytes(shape) + 4095) / 4096 * 4096) {
+  base_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base_ == MAP_FAILED) {
+    base_ = nullptr;
+    return;
+  }
   fifoInit(base_, shape);
   fifoView(base_).header->doorbell = doorbell;
 }
 
-LocalFifo::~LocalFifo() { std::free(base_); }
+LocalFifo::~LocalFifo() {
+  if (base_ == nullptr) return;
+  // Quarantined: the pages go back to the system, the addresses stay reserved (address space only).
+  if (quarantined_ &&
+      mmap(base_, bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) != MAP_FAILED)
+    return;
+  munmap(base_, bytes_);
+}
 
 std::string ProxyConn::name() const {
   return std::string(sends ? "to" : "from") + " rank " + std::to_string(peer) + " on channel " + std::to_string(channel);

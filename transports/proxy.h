@@ -32,7 +32,11 @@
 
 namespace loom {
 
-// A FIFO in this process's memory, with the proxy's eventfd as its doorbell.
+// A FIFO in this process's memory, with the proxy's eventfd as its doorbell. Pages of its own (mmap), not the
+// heap's: a transport whose peers write into it directly (ucx's RMA puts, which may move by process_vm_writev) can
+// have a write from a peer that has not yet heard of the failure land after the FIFO is gone. quarantine() says so;
+// the FIFO's pages are then not unmapped but replaced by inaccessible ones, so that such a write fails in the
+// writer instead of landing in memory this process has since reused.
 class LocalFifo {
  public:
   LocalFifo(const FifoShape& shape, int doorbell);
@@ -42,10 +46,12 @@ class LocalFifo {
   bool valid() const { return base_ != nullptr; }
   size_t bytes() const { return bytes_; }
   FifoMemory view() const { return fifoView(base_); }
+  void quarantine() { quarantined_ = true; }
 
  private:
   size_t bytes_;
   void* base_;
+  bool quarantined_ = false;
 };
 
 // One direction of one channel between this rank and `peer`. A transport derives its own.

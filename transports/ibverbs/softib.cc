@@ -7,7 +7,8 @@
 // another host), GID 1 the IPv4-mapped address of the first up interface other than loopback. Queue pairs,
 // memory regions and completion queues are entries in the fabric's shared tables (softib_fabric.h), so a peer in
 // another process finds them, checks keys and pushes receive completions; RDMA writes move with
-// process_vm_writev into the owner of the remote region (memcpy within a process).
+// process_vm_writev into the owner of the remote region (memcpy within a process), under the fabric's lock, so that
+// a region is never written once its owner's deregMr has returned.
 //
 // Work requests are carried out as a real RC QP would: in order, checking the local keys, the responder (it
 // exists, is alive, is in RTR or RTS, is connected back to this QP, answers to the destination GID), the remote

@@ -280,9 +280,14 @@ Step attempt(SoftQp* qp, PendingWr& wr) {
   if (now < wr.nextTry && loadRelaxed(qp->slot->waiting) != 0) return Step::kWait;
   Target target;
   Verdict verdict;
+  int error = 0;
   {
     FabricLock lock(fabric());
     verdict = check(qp, wr, &target);
+    // The bytes move under the fabric's lock, which deregMr takes too: as with a real HCA, once the owner's deregMr
+    // has returned, no write lands in the region, so the owner may free or reuse its memory. (Checked, then copied
+    // after unlocking, a write could land in memory the owner had already freed and handed out again.)
+    if (verdict == Verdict::kReady) error = copyOut(wr, target.pid);
   }
   switch (verdict) {
     case Verdict::kLocalProtection:
@@ -305,7 +310,6 @@ Step attempt(SoftQp* qp, PendingWr& wr) {
       break;
   }
   wr.retryDeadline = Clock::time_point::max();
-  int error = copyOut(wr, target.pid);
   if (error == ESRCH) return noResponder(qp, wr, now);  // the responder's process has just gone
   if (error != 0) {
     errno = error;

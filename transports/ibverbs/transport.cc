@@ -805,6 +805,9 @@ bool IbComm::readControl(IbConn& conn) {
     size_t want = conn.controlDone > 0 && conn.controlIn[0] == kBye ? 9 : 1;
     ssize_t n = recv(conn.control.get(), conn.controlIn + conn.controlDone, want - conn.controlDone, MSG_DONTWAIT);
     if (n == 0) {
+      // Closed first: controlClosed runs pumpIn, which reads the control socket again while no "ready" has come,
+      // and an end of file read again would recurse until the stack ran out (a peer killed right after connecting).
+      conn.control.reset();
       controlClosed(conn);
       return true;
     }
@@ -846,7 +849,6 @@ void IbComm::controlClosed(IbConn& conn) {
   if (!conn.sends && conn.byeCount != UINT64_MAX) {
     // A sender that said bye finished: its last writes' completions may still be on their way here (the network
     // acknowledges a write before the completion lands); pumpIn closes once the count is reached.
-    conn.control.reset();
     return;
   }
   peerClosed(conn);

@@ -700,6 +700,9 @@ void UcxComm::notifyGaveUp(ProxyConn& conn) {
 void UcxComm::shutNetwork(ProxyConn& base, bool) {
   auto& conn = static_cast<UcxConn&>(base);
   std::shared_ptr<ProxyConn> keep = held(base);
+  // A receive in flight means a CTS is out: the sender may yet put into the slot, even after this rank has let go
+  // of the FIFO (a peer that has not heard of the failure yet). LocalFifo keeps such a FIFO's addresses reserved.
+  if (!conn.sends && conn.receiving) conn.fifo.quarantine();
   for (void** request : {&conn.request, &conn.back}) {
     if (*request == nullptr) continue;
     if (!conn.sends || request == &conn.back) ucx().requestCancel(worker_, *request);
