@@ -33,10 +33,11 @@
 namespace loom {
 
 // A FIFO in this process's memory, with the proxy's eventfd as its doorbell. Pages of its own (mmap), not the
-// heap's: a transport whose peers write into it directly (ucx's RMA puts, which may move by process_vm_writev) can
-// have a write from a peer that has not yet heard of the failure land after the FIFO is gone. quarantine() says so;
-// the FIFO's pages are then not unmapped but replaced by inaccessible ones, so that such a write fails in the
-// writer instead of landing in memory this process has since reused.
+// heap's: a transport whose peers write into it directly (ucx's RMA puts, carried out by this process's UCX worker
+// or by process_vm_writev) can have a write from a peer that was cleared to send land after the FIFO is gone.
+// quarantine() says so: the FIFO's pages are then given back to the system but its addresses stay mapped, writable
+// and never reused, so that such a write lands in zero pages of its own instead of memory this process has since
+// handed out. The cost is address space only.
 class LocalFifo {
  public:
   LocalFifo(const FifoShape& shape, int doorbell);

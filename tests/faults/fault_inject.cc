@@ -4,14 +4,16 @@
 // stop, some survivor's loomTimeout must name the operation and the rank it waited for (how often that is the
 // stopped rank itself is counted); nothing may be left in the shared-memory directory.
 //
-//   fault_inject [--trials N] [--seed S] [--transports shm,tcp,ucx,ib] [--min-ranks 2] [--max-ranks 8]
+//   fault_inject [--trials N] [--seed S] [--transports shm,tcp,ucx,ib] [--min-ranks 2] [--max-ranks 8] [--only T]
 //                [--stop-every K] [--timeout-ms T] [--verbose]
 //
 // Each trial draws a transport among those available, a rank count, a victim, a signal (every K-th trial SIGSTOP,
 // else SIGKILL) and a delay; the ranks draw the same sequence of collectives (AllReduce, AllGather, Broadcast,
 // ReduceScatter, AllToAll, Barrier) and sizes from the trial's seed. A line per trial, then the totals: trials,
 // hangs, crashes, wrong results, and the worst detection time per signal. Exit status 0 when every trial held.
-// CI runs a few trials (meson test faults); tests/faults/run-long.sh runs 200 for docs/RELIABILITY.md.
+// CI runs a few trials (meson test faults); tests/faults/run-long.sh runs 200 for docs/RELIABILITY.md. --only T runs
+// trial T alone, drawn as in a run of the same options (so `--trials 200 --seed 2026 --timeout-ms 3000 --only 149`
+// replays the long run's trial 149; the timing is the machine's).
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +45,7 @@ struct Options {
   int maxRanks = 8;
   int stopEvery = 5;
   int timeoutMs = 3000;
+  int only = -1;  // >= 0: run only this trial (the draws before it still made, so it replays a long run's trial)
   bool verbose = false;
 };
 
@@ -267,7 +270,7 @@ std::vector<std::string> splitList(const std::string& text) {
 int usage(const char* why) {
   std::fprintf(stderr,
                "fault_inject: %s\nusage: fault_inject [--trials N] [--seed S] [--transports shm,tcp,ucx,ib] "
-               "[--min-ranks N] [--max-ranks N] [--stop-every K] [--timeout-ms T] [--verbose]\n",
+               "[--min-ranks N] [--max-ranks N] [--stop-every K] [--timeout-ms T] [--only T] [--verbose]\n",
                why);
   return 2;
 }
@@ -283,7 +286,7 @@ int main(int argc, char** argv) {
     if (arg == "--verbose") {
       options.verbose = true;
     } else if ((arg == "--trials" || arg == "--seed" || arg == "--transports" || arg == "--min-ranks" ||
-                arg == "--max-ranks" || arg == "--stop-every" || arg == "--timeout-ms") &&
+                arg == "--max-ranks" || arg == "--stop-every" || arg == "--timeout-ms" || arg == "--only") &&
                (v = value()) != nullptr) {
       if (arg == "--transports") {
         options.transports = splitList(v);
@@ -298,6 +301,7 @@ int main(int argc, char** argv) {
       if (arg == "--max-ranks") options.maxRanks = static_cast<int>(number);
       if (arg == "--stop-every") options.stopEvery = static_cast<int>(number);
       if (arg == "--timeout-ms") options.timeoutMs = static_cast<int>(number);
+      if (arg == "--only") options.only = static_cast<int>(number);
     } else {
       return usage(("unknown or incomplete argument " + arg).c_str());
     }
@@ -339,7 +343,7 @@ int main(int argc, char** argv) {
     trial.seed = draw();
     trial.destroy = draw() % 2 == 0;
     trial.timeoutMs = options.timeoutMs;
-    runTrial(trial, options, &totals);
+    if (options.only < 0 || options.only == t) runTrial(trial, options, &totals);
   }
   std::printf("# %d trials (", totals.trials);
   bool first = true;

@@ -701,8 +701,9 @@ void UcxComm::shutNetwork(ProxyConn& base, bool) {
   auto& conn = static_cast<UcxConn&>(base);
   std::shared_ptr<ProxyConn> keep = held(base);
   // A receive in flight means a CTS is out: the sender may yet put into the slot, even after this rank has let go
-  // of the FIFO (a peer that has not heard of the failure yet). LocalFifo keeps such a FIFO's addresses reserved.
-  if (!conn.sends && conn.receiving) conn.fifo.quarantine();
+  // of the FIFO (a peer that has not heard of a failure yet, whose put this worker carries out while it closes).
+  // LocalFifo then keeps the FIFO's addresses mapped.
+  if (!conn.sends && conn.receiving && conn.memh != nullptr) conn.fifo.quarantine();
   for (void** request : {&conn.request, &conn.back}) {
     if (*request == nullptr) continue;
     if (!conn.sends || request == &conn.back) ucx().requestCancel(worker_, *request);
