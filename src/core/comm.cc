@@ -531,6 +531,14 @@ void Connections::abortAll() {
   for (auto& [key, link] : receivers_) link.end->abort();
 }
 
+int Connections::firstGaveUp() const {
+  for (const auto& [key, link] : senders_)
+    if (link.end->abortCode() == kAbortedByPeer) return key.first;
+  for (const auto& [key, link] : receivers_)
+    if (link.end->abortCode() == kAbortedByPeer) return key.first;
+  return -1;
+}
+
 CommWatch::CommWatch(loomComm* comm, const char* what) : comm_(comm), what_(what), deadline_(-1) {}
 
 loomResult_t CommWatch::operator()(bool progressed, const std::function<bool(int)>& needsPeer) {
@@ -551,6 +559,17 @@ loomResult_t CommWatch::operator()(bool progressed, const std::function<bool(int
     if (dead >= 0)
       return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: rank %d (pid %d) has exited", what_, comm_->rank, dead,
                        comm_->peers[dead].pid);
+    // A peer that gave up, even one this wait does not involve: the failure spreads to every rank it is connected
+    // with within a peer check, instead of each waiting out its own deadline behind the others. (Not once this
+    // rank has failed itself: the marks are then its own.)
+    if (comm_->asyncError.load(std::memory_order_relaxed) == loomSuccess) {
+      int gaveUp = comm_->connections.firstGaveUp();
+      if (gaveUp >= 0)
+        return LOOM_FAIL(loomRemoteError, COLL,
+                         "%s on rank %d: rank %d gave up on an operation of this communicator (it failed or was "
+                         "aborted)",
+                         what_, comm_->rank, gaveUp);
+    }
   }
   if (deadline_.expired())
     return LOOM_FAIL(loomTimeout, COLL,

@@ -70,6 +70,9 @@ class Connections : public Links {
   loomResult_t attachSenders(loomComm* comm, const RankPlan& plan, const WaitCheck& check);
   // Marks every FIFO aborted, so that peers waiting on this rank stop at once.
   void abortAll();
+  // A peer that marked one of its connections with this rank aborted (it gave up: its call failed, or it aborted
+  // its communicator), or -1. Whatever this rank waits for, the communicator cannot complete a collective then.
+  int firstGaveUp() const;
 
  private:
   template <typename End>

@@ -296,13 +296,21 @@ loomResult_t runCalls(std::span<Call> calls) {
     recordFailure(comms, result);
     return result;
   };
+  // A connection that cannot be made fails the call that needed it: say which (the transport names the peer).
+  auto failConnecting = [&](const Call& call, loomResult_t result) {
+    const std::string why = threadLastError();
+    return fail(LOOM_FAIL(result, COLL, "%s on rank %d, connecting: %s", collectiveName(call.collective),
+                          call.comm->rank, why.c_str()));
+  };
   // Plan every call and create every receiver, then attach every sender (see Connections).
   for (size_t i = 0; i < calls.size(); ++i) {
     ScopedLogRank logRank(calls[i].comm->rank);
     loomResult_t result = planFor(calls[i], &uncached[i], &plans[i], &cached[i], &choices[i]);
-    if (result == loomSuccess && !connected(i))
-      result = calls[i].comm->connections.createReceivers(calls[i].comm, *plans[i]);
     if (result != loomSuccess) return fail(result);
+    if (!connected(i)) {
+      result = calls[i].comm->connections.createReceivers(calls[i].comm, *plans[i]);
+      if (result != loomSuccess) return failConnecting(calls[i], result);
+    }
   }
   for (size_t i = 0; i < calls.size(); ++i) {
     loomComm* comm = calls[i].comm;
@@ -310,7 +318,7 @@ loomResult_t runCalls(std::span<Call> calls) {
     size_t q = queueOf(calls[i]);
     if (!connected(i)) {
       loomResult_t result = comm->connections.attachSenders(comm, *plans[i], [&]() { return watches[q](false); });
-      if (result != loomSuccess) return fail(result);
+      if (result != loomSuccess) return failConnecting(calls[i], result);
       if (cached[i] != nullptr) cached[i]->connected = true;
     }
     size_t scratchBytes = plans[i]->scratchCount * dtypeSize(calls[i].datatype);
