@@ -18,9 +18,11 @@ constexpr const char* kSubsysNames[] = {"INIT", "BOOT", "TOPO", "TUNE", "SHM", "
                                         "IB",   "UCX",  "CUDA", "COLL", "PAR"};
 constexpr int kNumSubsys = sizeof(kSubsysNames) / sizeof(kSubsysNames[0]);
 
+// Level and mask are read by every thread on every log call, without the lock: atomics, since reloadLogSettings
+// (ncclResetDebugInit) may change them while other threads log. The file is used and replaced under gMutex.
 struct Settings {
-  LogLevel level = LogLevel::kWarn;
-  unsigned mask = ~0u;
+  std::atomic<int> level{static_cast<int>(LogLevel::kWarn)};
+  std::atomic<unsigned> mask{~0u};
   FILE* out = stderr;
 };
 
@@ -72,8 +74,8 @@ FILE* openLogFile(const std::string& pattern) {
 }
 
 void loadLocked() {
-  gSettings.level = parseLevel(params::debug());
-  gSettings.mask = parseMask(params::debugSubsys());
+  gSettings.level.store(static_cast<int>(parseLevel(params::debug())), std::memory_order_relaxed);
+  gSettings.mask.store(parseMask(params::debugSubsys()), std::memory_order_relaxed);
   if (gSettings.out != stderr) std::fclose(gSettings.out);
   gSettings.out = openLogFile(params::debugFile());
   gLoaded.store(true, std::memory_order_release);
@@ -91,7 +93,8 @@ const Settings& settings() {
 
 bool logEnabled(LogLevel level, Subsys subsys) {
   const Settings& s = settings();
-  return level <= s.level && (s.mask >> static_cast<int>(subsys) & 1u);
+  return static_cast<int>(level) <= s.level.load(std::memory_order_relaxed) &&
+         (s.mask.load(std::memory_order_relaxed) >> static_cast<int>(subsys) & 1u);
 }
 
 void reloadLogSettings() {
@@ -100,21 +103,24 @@ void reloadLogSettings() {
 }
 
 void logMessageV(LogLevel level, Subsys subsys, const char* fmt, va_list args) {
-  static char host[64] = "";
-  if (host[0] == '\0') gethostname(host, sizeof(host) - 1);
+  static const std::string host = [] {
+    char name[64] = "";
+    gethostname(name, sizeof(name) - 1);
+    return std::string(name);
+  }();
   const char* levelName = level == LogLevel::kWarn ? "WARN" : level == LogLevel::kInfo ? "INFO" : "TRACE";
   char line[2048];
-  int used = std::snprintf(line, sizeof(line), "%s:%d:%d [loom] %s %s ", host, (int)getpid(), tRank, levelName,
+  int used = std::snprintf(line, sizeof(line), "%s:%d:%d [loom] %s %s ", host.c_str(), (int)getpid(), tRank, levelName,
                            kSubsysNames[static_cast<int>(subsys)]);
   if (used < 0) return;
   int body = std::vsnprintf(line + used, sizeof(line) - used - 1, fmt, args);
   size_t len = body < 0 ? (size_t)used : std::min(sizeof(line) - 2, (size_t)(used + body));
   line[len] = '\n';
   line[len + 1] = '\0';
-  FILE* out = settings().out;
+  settings();  // loaded
   std::lock_guard<std::mutex> lock(gMutex);
-  std::fputs(line, out);
-  std::fflush(out);
+  std::fputs(line, gSettings.out);
+  std::fflush(gSettings.out);
 }
 
 void logMessage(LogLevel level, Subsys subsys, const char* fmt, ...) {
