@@ -670,9 +670,9 @@ loomResult_t Bootstrap::connectHandoff(int peer, const uint8_t hello[kHandoffHel
   return loomSuccess;
 }
 
-std::string Bootstrap::listenerProblem() const {
+std::string Bootstrap::listenerNote() const {
   std::lock_guard<std::mutex> lock(impl_->inbox.mutex);
-  return impl_->inbox.listenerProblem;
+  return impl_->inbox.listenerNote();
 }
 
 void Bootstrap::setHandoffHandler(uint32_t kind, HandoffFn handler) {

@@ -82,9 +82,9 @@ class Bootstrap {
   using HandoffFn = std::function<void(int peer, const uint8_t* hello, UniqueFd fd)>;
   void setHandoffHandler(uint32_t kind, HandoffFn handler);
 
-  // Why the listener could not accept a connection, the first time it could not ("" while it always could): a
-  // peer's connection may then be waiting unanswered, so errors that follow should say so.
-  std::string listenerProblem() const;
+  // "; this rank's bootstrap listener could not accept a connection: <why>" for the first time it could not, or ""
+  // while it always could: a peer's connection may then be waiting unanswered, so errors that follow add it.
+  std::string listenerNote() const;
 
  private:
   struct Impl;

@@ -21,12 +21,11 @@ void loomComm::setLastError(const std::string& message) {
   // A peer left unanswered by a failed accept() shows up as a timeout elsewhere: name the cause with it.
   std::string text = message;
   const loom::Bootstrap* up = bootstrapUp.load();
-  const std::string problem = up != nullptr ? up->listenerProblem() : std::string();
+  const std::string note = up != nullptr ? up->listenerNote() : std::string();
   // (Not when the message already names the same shortage, which the listener's would only repeat.)
   const bool sameShortage =
-      problem.find("open files") != std::string::npos && text.find("open files") != std::string::npos;
-  if (!problem.empty() && !sameShortage && text.find(problem) == std::string::npos)
-    text += "; this rank's bootstrap listener could not accept a connection: " + problem;
+      note.find("open files") != std::string::npos && text.find("open files") != std::string::npos;
+  if (!note.empty() && !sameShortage && text.find(note) == std::string::npos) text += note;
   std::lock_guard<std::mutex> lock(errorMutex);
   lastError = std::move(text);
 }
