@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "src/core/api_scope.h"
 #include "src/core/check.h"
 #include "src/core/comm.h"
 #include "src/core/dtype.h"
@@ -16,58 +17,11 @@ using loom::Collective;
 namespace loom {
 namespace {
 
-// Marks a call as inside the library for its lifetime and files its error message on the communicator.
-class ApiScope {
- public:
-  explicit ApiScope(loomComm* comm) : comm_(comm), logRank_(comm ? comm->rank : -1) {
-    clearThreadLastError();
-    if (comm_) comm_->activeCalls.fetch_add(1);
-  }
-  ~ApiScope() {
-    if (comm_) comm_->activeCalls.fetch_sub(1);
-  }
-  loomResult_t finish(loomResult_t result) {
-    if (result != loomSuccess && comm_) comm_->setLastError(threadLastError());
-    return result;
-  }
-
- private:
-  loomComm* comm_;
-  ScopedLogRank logRank_;
-};
-
 bool multiplyOverflows(size_t a, size_t b, size_t* product) { return __builtin_mul_overflow(a, b, product); }
 
 bool overlap(const void* a, size_t aBytes, const void* b, size_t bBytes) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return aBytes > 0 && bBytes > 0 && x < y + bBytes && y < x + aBytes;
-}
-
-// Checks shared by every call on a communicator.
-loomResult_t checkComm(loomComm* comm, const char* what, loomStream_t stream) {
-  if (comm == nullptr) return LOOM_FAIL(loomInvalidArgument, COLL, "%s: comm is NULL", what);
-  if (comm->finalized) return LOOM_FAIL(loomInvalidUsage, COLL, "%s: the communicator was finalized", what);
-  int pending = comm->asyncError.load();
-  if (pending == loomInProgress)
-    return LOOM_FAIL(loomInvalidUsage, COLL, "%s: the communicator is still initialising (loomInProgress)", what);
-  if (pending != loomSuccess)
-    return LOOM_FAIL(loomInvalidUsage, COLL,
-                     "%s: the communicator has a pending error (%s) from an earlier call; abort or destroy it", what,
-                     loomGetErrorString(static_cast<loomResult_t>(pending)));
-  if (stream != nullptr && comm->device == loomDeviceHost && !isHostStream(stream))
-    return LOOM_FAIL(loomInvalidArgument, COLL, "%s: stream %p is neither NULL nor a stream from loomStreamCreate",
-                     what, stream);
-  return loomSuccess;
-}
-
-// C callers may pass any int as an enum; reading it through memcpy avoids loading an out-of-range enum value
-// (undefined in C++) before it is checked.
-template <typename Enum>
-int rawValue(const Enum& value) {
-  int raw = 0;
-  static_assert(sizeof(Enum) == sizeof(int));
-  std::memcpy(&raw, &value, sizeof(raw));
-  return raw;
 }
 
 loomResult_t checkType(const char* what, const loomDataType_t& datatype) {
@@ -99,12 +53,6 @@ loomResult_t bytesOf(const char* what, size_t count, size_t scale, loomDataType_
       *bytes > static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()))
     return LOOM_FAIL(loomInvalidArgument, COLL, "%s: count %zu x %zu elements of %s overflows the address space", what,
                      count, scale, dtypeName(datatype));
-  return loomSuccess;
-}
-
-loomResult_t checkBuffer(const char* what, const char* name, const void* buffer, size_t bytes) {
-  if (buffer == nullptr && bytes > 0)
-    return LOOM_FAIL(loomInvalidArgument, COLL, "%s: %s is NULL with a non-zero count", what, name);
   return loomSuccess;
 }
 
@@ -145,6 +93,29 @@ loomResult_t submitUnlessEmpty(Call&& call, bool empty) {
 }
 
 }  // namespace
+
+loomResult_t checkComm(loomComm* comm, const char* what, loomStream_t stream) {
+  if (comm == nullptr) return LOOM_FAIL(loomInvalidArgument, COLL, "%s: comm is NULL", what);
+  if (comm->finalized) return LOOM_FAIL(loomInvalidUsage, COLL, "%s: the communicator was finalized", what);
+  int pending = comm->asyncError.load();
+  if (pending == loomInProgress)
+    return LOOM_FAIL(loomInvalidUsage, COLL, "%s: the communicator is still initialising (loomInProgress)", what);
+  if (pending != loomSuccess)
+    return LOOM_FAIL(loomInvalidUsage, COLL,
+                     "%s: the communicator has a pending error (%s) from an earlier call; abort or destroy it", what,
+                     loomGetErrorString(static_cast<loomResult_t>(pending)));
+  if (stream != nullptr && comm->device == loomDeviceHost && !isHostStream(stream))
+    return LOOM_FAIL(loomInvalidArgument, COLL, "%s: stream %p is neither NULL nor a stream from loomStreamCreate",
+                     what, stream);
+  return loomSuccess;
+}
+
+loomResult_t checkBuffer(const char* what, const char* name, const void* buffer, size_t bytes) {
+  if (buffer == nullptr && bytes > 0)
+    return LOOM_FAIL(loomInvalidArgument, COLL, "%s: %s is NULL with a non-zero count", what, name);
+  return loomSuccess;
+}
+
 }  // namespace loom
 
 using namespace loom;

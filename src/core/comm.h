@@ -181,6 +181,8 @@ struct loomComm {
   std::string lastError;
   std::thread initThread;                               // a non-blocking init runs here (config blocking = 0)
   std::vector<std::pair<void*, size_t>> registrations;  // loomCommRegister: regions peers may access
+  uint32_t epSlotsInUse = 0;                            // loom_ep.h: a bit per EP object alive (under runMutex)
+  uint32_t epObjectsMade = 0;                           // ... and how many were made (each one's id)
   // A CUDA communicator's queue of staged calls and its worker (cuda_calls.h). Last: destroyed first, while
   // everything its worker uses is still there.
   loom::CudaCallsPtr cuda;

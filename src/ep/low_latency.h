@@ -1,0 +1,101 @@
+// The low-latency mode (loom_ep.h): every rank owns one receive window, made at create time, that holds for each
+// source rank a fixed region per phase (dispatch, combine) and per buffer (two, used by alternate calls):
+//
+//   window = control words | dispatch[2][nranks] | combine[2][nranks]
+//   dispatch region of source s = header (1 + L words: tokens, then tokens per local expert) | maxTokens records
+//   combine region of source s  = header (1 word: rows) | maxTokens rows
+//
+// every word an LL word (ll_words.h) whose flag is the call's sequence number (llFlag), so a region is read as
+// it is written and stale data from two calls before never matches. A sender writes its regions straight into
+// the peer's window where it can map it (a peer on the same machine, over shm or in the same process); for any
+// other peer it writes the region's image locally and sends it, in pieces that name their place, through the
+// communicator's connections (the network transports' proxy); the receiver copies each piece into its window and
+// reads it there like the rest.
+//
+// Why two buffers need no barrier: every rank writes a header into every rank's region in every call, and a call
+// ends on a rank only when it has read every header of that call. So a rank that starts call n + 2 has finished
+// call n + 1, which means every peer had started n + 1, so had finished call n, the last user of the buffer that
+// call n + 2 writes. (Dispatch and combine have separate windows and counters; the same holds for each.)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "loom/loom.h"
+#include "src/ep/ep.h"
+#include "src/exec/peer_memory.h"
+
+struct loomComm;
+
+namespace loom::ep {
+
+class LowLatency {
+ public:
+  // Collective: makes this rank's window, maps its peers' and connects the rest. `id` (equal on every rank)
+  // tells this object's messages from those of an earlier object that used the same channel.
+  static loomResult_t create(loomComm* comm, const Shape& shape, uint32_t id, int channel,
+                             std::unique_ptr<LowLatency>* out);
+  ~LowLatency();
+
+  loomResult_t dispatch(const void* x, int numTokens, const int32_t* topkIdx, const float* topkWeights, void* recvX,
+                        int* counts, Routing* routing, uint64_t* bytesSent, uint64_t* dropped);
+  loomResult_t combine(const void* expertOut, const Routing& routing, int numTokens, void* out, uint64_t* bytesSent);
+  size_t windowBytes() const { return windowBytes_; }
+
+ private:
+  enum Phase : uint32_t { kDispatch = 1, kCombine = 2 };
+  struct Piece;  // the header of a region's piece sent through a connection
+  struct Outbound {
+    int peer;
+    const uint64_t* words;
+    size_t total, sent;
+    Phase phase;
+    uint64_t sequence;
+  };
+
+  LowLatency(loomComm* comm, const Shape& shape, uint32_t id, int channel);
+  loomResult_t connect();
+  size_t dispatchHeaderWords() const { return 1 + static_cast<size_t>(shape_.localExperts); }
+  size_t regionWords(Phase phase) const { return phase == kDispatch ? dispatchRegionWords_ : combineRegionWords_; }
+  // Word offset, in any rank's window, of source `source`'s region of `phase` for call `sequence`.
+  size_t regionOffset(Phase phase, uint64_t sequence, int source) const;
+  // Where this rank writes its region of `phase` in `peer`'s window: there, or in a local image to send.
+  uint64_t* target(int peer, Phase phase, uint64_t sequence);
+  uint64_t* own(Phase phase, uint64_t sequence, int source) {
+    return window_ + regionOffset(phase, sequence, source);
+  }
+  // Moves what it can: this call's pieces out, any peer's pieces in. Whether anything moved.
+  loomResult_t pushPieces(bool* moved);
+  loomResult_t pullPieces(bool* moved);
+  // Runs the call's loop: pieces in and out, then `consume` (which reports progress and completion) until done,
+  // within the communicator's deadline and abort rules. `awaited(peer)`: whether the call still needs the peer.
+  template <typename Consume>
+  loomResult_t progress(const char* what, Consume consume, const std::vector<char>& awaited);
+  // Marks every peer's window (and connection) so that peers waiting on this rank stop.
+  void giveUp();
+
+  loomComm* comm_;
+  Shape shape_;
+  uint32_t id_;
+  int channel_;
+  size_t dispatchRegionWords_ = 0, combineRegionWords_ = 0;
+  void* allocation_ = nullptr;
+  uint64_t* window_ = nullptr;
+  size_t windowBytes_ = 0;
+  PeerMappings mappings_;
+  std::vector<uint64_t*> peerWindow_;  // by rank: its window as mapped here; null: reached through connections
+  std::vector<char> piecesFrom_;       // by rank: its regions reach this rank as pieces
+  std::vector<std::vector<uint64_t>> images_;  // by rank reached through connections: the region to send
+  std::vector<Outbound> outbound_;
+  size_t pieceWords_ = 0;  // region words one piece carries
+  uint64_t dispatchSequence_ = 0, combineSequence_ = 0;
+  // Scratch reused across calls.
+  std::vector<Outgoing> outgoing_;
+  std::vector<uint32_t> meta_;
+  std::vector<float> acc_;
+  std::vector<uint32_t> row_;
+};
+
+}  // namespace loom::ep
