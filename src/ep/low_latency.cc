@@ -92,6 +92,7 @@ loomResult_t LowLatency::connect() {
   for (int p = 0; p < nranks; ++p) mapped[static_cast<size_t>(rank) * nranks + p] = peerWindow_[p] != nullptr;
   LOOM_CHECK(comm_->bootstrap->allGather(mapped.data(), nranks, comm_->timeoutMs));
   piecesFrom_.assign(nranks, 0);
+  closed_.assign(nranks, 0);
   images_.assign(nranks, {});
   RankPlan plan;
   plan.lanes.emplace_back();
@@ -165,9 +166,7 @@ loomResult_t LowLatency::pullPieces(bool* moved) {
       bool direct = false;
       const void* message = receiver->poll(Protocol::kSimple, &bytes, &direct);
       if (message == nullptr) {
-        if (receiver->aborted() && receiver->empty())
-          return LOOM_FAIL(loomRemoteError, COLL, "EP on rank %d: the connection from rank %d was %s", shape_.rank,
-                           p, receiver->abortCode() == kConnectionLost ? "lost" : "given up by the peer");
+        if (receiver->aborted() && receiver->empty()) closed_[p] = receiver->abortCode();
         break;
       }
       Piece piece;
@@ -199,8 +198,20 @@ void LowLatency::giveUp() {
   comm_->connections.abortAll();
 }
 
+bool LowLatency::regionArrived(Phase phase, uint64_t sequence, int source) {
+  const uint64_t* region = own(phase, sequence, source);
+  const uint32_t flag = fifo::llFlag(sequence);
+  size_t headerWords = phase == kDispatch ? dispatchHeaderWords() : 1;
+  uint32_t count = 0;
+  if (!llLastReady(region, headerWords, flag) || !llGet(&count, region, 1, flag) || count > static_cast<uint32_t>(shape_.maxTokens))
+    return false;
+  size_t words = headerWords + count * (phase == kDispatch ? shape_.recordWords() : shape_.rowWords());
+  return llLastReady(region, words, flag);
+}
+
 template <typename Consume>
-loomResult_t LowLatency::progress(const char* what, Consume consume, const std::vector<char>& awaited) {
+loomResult_t LowLatency::progress(const char* what, Phase phase, uint64_t sequence, Consume consume,
+                                  const std::vector<char>& awaited) {
   CommWatch watch(comm_, what);
   Backoff backoff(comm_->spinPolls);
   bool network = !outbound_.empty() || std::find(piecesFrom_.begin(), piecesFrom_.end(), 1) != piecesFrom_.end();
@@ -212,6 +223,10 @@ loomResult_t LowLatency::progress(const char* what, Consume consume, const std::
     if (result == loomSuccess) result = pullPieces(&moved);
     bool done = false;
     if (result == loomSuccess) result = consume(&moved, &done);
+    for (int p = 0; p < shape_.nranks && result == loomSuccess; ++p)
+      if (closed_[p] != 0 && awaited[p] && !regionArrived(phase, sequence, p))
+        result = LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: the connection from rank %d was %s", what,
+                           shape_.rank, p, closed_[p] == kConnectionLost ? "lost" : "given up by the peer");
     if (result != loomSuccess) break;
     bool sent = std::all_of(outbound_.begin(), outbound_.end(), [](const Outbound& o) { return o.sent == o.total; });
     if (done && sent) break;
@@ -221,7 +236,7 @@ loomResult_t LowLatency::progress(const char* what, Consume consume, const std::
                          static_cast<int>(who - 1));
       break;
     }
-    result = watch(moved, [&](int peer) { return awaited[peer] != 0; });
+    result = watch(moved, [&](int peer) { return awaited[peer] && !regionArrived(phase, sequence, peer); });
     if (result != loomSuccess) break;
     if (moved)
       backoff.reset();
@@ -351,7 +366,7 @@ loomResult_t LowLatency::dispatch(const void* x, int numTokens, const int32_t* t
     *done = all;
     return loomSuccess;
   };
-  LOOM_CHECK(progress("loomEpDispatch", consume, awaited));
+  LOOM_CHECK(progress("loomEpDispatch", kDispatch, sequence, consume, awaited));
   routing->recvStart.assign(1, 0);
   routing->destStart.assign(1, 0);
   routing->dests.clear();
@@ -432,7 +447,7 @@ loomResult_t LowLatency::combine(const void* expertOut, const Routing& routing, 
     *done = source == nranks;
     return loomSuccess;
   };
-  LOOM_CHECK(progress("loomEpCombine", consume, awaited));
+  LOOM_CHECK(progress("loomEpCombine", kCombine, sequence, consume, awaited));
   for (int t = 0; t < numTokens; ++t)
     storeRow(shape_.datatype, acc_.data() + static_cast<size_t>(t) * hidden, hidden,
              static_cast<std::byte*>(out) + static_cast<size_t>(t) * rowBytes);

@@ -68,11 +68,17 @@ class LowLatency {
   }
   // Moves what it can: this call's pieces out, any peer's pieces in. Whether anything moved.
   loomResult_t pushPieces(bool* moved);
+  // A connection found closed or given up once drained is noted in closed_: an error only if the call still awaits
+  // that peer once what arrived has been read (a peer that finished may close it as soon as its last piece left).
   loomResult_t pullPieces(bool* moved);
   // Runs the call's loop: pieces in and out, then `consume` (which reports progress and completion) until done,
   // within the communicator's deadline and abort rules. `awaited(peer)`: whether the call still needs the peer.
   template <typename Consume>
-  loomResult_t progress(const char* what, Consume consume, const std::vector<char>& awaited);
+  loomResult_t progress(const char* what, Phase phase, uint64_t sequence, Consume consume,
+                        const std::vector<char>& awaited);
+  // Whether `source`'s region of the call has arrived whole (its header, and the last word its header implies):
+  // for a peer whose connection closed, which the call may not have read yet.
+  bool regionArrived(Phase phase, uint64_t sequence, int source);
   // Marks every peer's window (and connection) so that peers waiting on this rank stop.
   void giveUp();
 
@@ -84,9 +90,10 @@ class LowLatency {
   void* allocation_ = nullptr;
   uint64_t* window_ = nullptr;
   size_t windowBytes_ = 0;
-  PeerMappings mappings_;
+  PeerMappings mappings_{true};
   std::vector<uint64_t*> peerWindow_;  // by rank: its window as mapped here; null: reached through connections
   std::vector<char> piecesFrom_;       // by rank: its regions reach this rank as pieces
+  std::vector<uint32_t> closed_;       // by rank: the AbortCode of its drained connection (0: open)
   std::vector<std::vector<uint64_t>> images_;  // by rank reached through connections: the region to send
   std::vector<Outbound> outbound_;
   size_t pieceWords_ = 0;  // region words one piece carries

@@ -92,7 +92,7 @@ void* PeerMappings::map(const DirectDescriptor& message) {
     failed_.insert(key);
     return nullptr;
   }
-  void* local = mmap(nullptr, region.bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* local = mmap(nullptr, region.bytes, PROT_READ | (writable_ ? PROT_WRITE : 0), MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (local == MAP_FAILED) {
     LOOM_INFO(SHM, "cannot map %llu bytes of process %d: %s", static_cast<unsigned long long>(region.bytes), pid,
@@ -118,7 +118,7 @@ bool PeerMappings::makeRoom(uint64_t bytes) {
     auto oldest = mappings_.end();
     for (auto it = mappings_.begin(); it != mappings_.end(); ++it)
       if (oldest == mappings_.end() || it->second.lastUse < oldest->second.lastUse) oldest = it;
-    if (oldest == mappings_.end() || oldest->second.lastUse > idleSince) return false;  // all in use lately
+    if (oldest == mappings_.end() || oldest->second.lastUse > idleSince || writable_) return false;  // in use
     munmap(oldest->second.local, oldest->second.bytes);
     mappedBytes_ -= oldest->second.bytes;
     mappings_.erase(oldest);

@@ -26,6 +26,9 @@ namespace loom {
 class PeerMappings {
  public:
   PeerMappings() = default;
+  // `writable`: the mappings may be written as well (the EP low-latency windows, src/ep/low_latency.h), and are
+  // never evicted: they stay until this object goes.
+  explicit PeerMappings(bool writable) : writable_(writable) {}
   ~PeerMappings();
   PeerMappings(const PeerMappings&) = delete;
   PeerMappings& operator=(const PeerMappings&) = delete;
@@ -55,6 +58,7 @@ class PeerMappings {
   std::set<pid_t> refused_;  // peers whose files this process may not take: CMA from then on
   std::set<Key> failed_;     // files that could not be mapped: CMA for them
   uint64_t mappedBytes_ = 0;
+  bool writable_ = false;
 };
 
 }  // namespace loom

@@ -27,14 +27,15 @@ std::set<std::string> loomSegments() {
   return names;
 }
 
-// Runs collective_check with `args` on `nranks` processes; expects success and no segment left behind.
-// Returns what the job printed.
+// Runs collective_check (or the program `programEnv` names) with `args` on `nranks` processes; expects success and
+// no segment left behind. Returns what the job printed.
 // `hostId`, when given, is a shell expression of $LOOM_RANK that sets each rank's LOOM_HOSTID.
-std::string runCheck(int nranks, const std::string& args, const std::string& hostId = "") {
+std::string runCheck(int nranks, const std::string& args, const std::string& hostId = "",
+                     const char* programEnv = "MP_CHECK") {
   const char* loomrun = std::getenv("LOOMRUN");
-  const char* check = std::getenv("MP_CHECK");
+  const char* check = std::getenv(programEnv);
   if (!loomrun || !check) {
-    ADD_FAILURE() << "LOOMRUN and MP_CHECK must name the built programs";
+    ADD_FAILURE() << "LOOMRUN and " << programEnv << " must name the built programs";
     return "";
   }
   std::set<std::string> before = loomSegments();
@@ -176,6 +177,48 @@ TEST(HierarchicalMp, EmulatedHosts) {
   setenv("LOOM_DEBUG", "WARN", 1);
   unsetenv("LOOM_DEBUG_SUBSYS");
   unsetenv("LOOM_ALGO");
+}
+
+// Expert dispatch and combine (loom_ep.h) with ranks as processes: the low-latency windows mapped between
+// processes over shm, the pieces over tcp, and the normal mode's hierarchical hops over emulated hosts, whose
+// low-latency puts cross hosts through the network proxy (tcp, and ucx and ib where the library has them).
+TEST(EpMp, ShmTcpAndEmulatedHosts) {
+  setenv("LOOM_DEBUG", "INFO", 1);
+  setenv("LOOM_DEBUG_SUBSYS", "COLL,NET", 1);
+  auto ep = [](int nranks, const std::string& args, const std::string& hostId = "") {
+    std::string output = runCheck(nranks, args, hostId, "MP_EP_CHECK");
+    EXPECT_NE(output.find(", 0 failed on rank 0"), std::string::npos) << output;
+    return output;
+  };
+  for (int nranks : {2, 4, 8}) {
+    std::string output = ep(nranks, "both");
+    EXPECT_NE(output.find(std::to_string(nranks - 1) + " peer(s) write it directly, 0 through connections"),
+              std::string::npos)
+        << output;
+  }
+  setenv("LOOM_TRANSPORTS", "tcp", 1);
+  EXPECT_NE(ep(3, "both 40").find("0 peer(s) write it directly, 2 through connections"), std::string::npos);
+  unsetenv("LOOM_TRANSPORTS");
+  std::string output = ep(4, "both", "host$((LOOM_RANK / 2))");
+  EXPECT_NE(output.find("normal mode (hierarchical)"), std::string::npos) << output;
+  EXPECT_NE(output.find("1 peer(s) write it directly, 2 through connections"), std::string::npos) << output;
+  ep(6, "both 16 1 2", "host$((LOOM_RANK % 3))");
+  ep(5, "both 16 2 3", "host$((LOOM_RANK / 2))");
+  std::string why;
+  if (loom::transportAvailable("ucx", &why)) {
+    setenv("LOOM_NET", "ucx", 1);
+    EXPECT_NE(ep(4, "both", "host$((LOOM_RANK / 2))").find("received over ucx"), std::string::npos);
+    unsetenv("LOOM_NET");
+  }
+  setenv("LOOM_IB_PROVIDER", "softib", 1);
+  if (loom::transportAvailable("ib", &why) || why != "not built into this library") {
+    setenv("LOOM_NET", "ib", 1);
+    EXPECT_NE(ep(4, "both", "host$((LOOM_RANK / 2))").find("received over ib"), std::string::npos);
+    unsetenv("LOOM_NET");
+  }
+  unsetenv("LOOM_IB_PROVIDER");
+  setenv("LOOM_DEBUG", "WARN", 1);
+  unsetenv("LOOM_DEBUG_SUBSYS");
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, AlternativeAlgorithmsMp, testing::Range(1, 9),
