@@ -54,6 +54,11 @@ struct loomEp {
   std::vector<int> hostRanks;  // hierarchical: ranks of each host, host after host (hostStart offsets)
   std::vector<int> hostStart;
   std::vector<int> placeOnHost;  // by rank: its index among its host's ranks
+  // The normal mode's buffers, kept from call to call: fresh ones would cost a page fault per page each call.
+  struct Scratch {
+    std::vector<uint32_t> send, received, forwarded, rows, partials;
+    std::vector<float> acc, row;
+  } scratch;
   loomEp();
   ~loomEp();
 };

@@ -69,4 +69,14 @@ inline bool llGet(void* dst, const uint64_t* src, size_t count, uint32_t flag) {
   return complete;
 }
 
+// A flagged slot: payload words, then one flag word stored with release after them; a reader that loads the flag
+// (acquire) and finds the call's value may read the payload. Half the bytes of LL words for bulk rows, at the
+// cost of one ordered store per slot; the reader never looks at the payload before the flag.
+inline void slotPublish(uint64_t* flagWord, uint32_t flag) {
+  reinterpret_cast<std::atomic<uint64_t>*>(flagWord)->store(flag, std::memory_order_release);
+}
+inline bool slotReady(const uint64_t* flagWord, uint32_t flag) {
+  return reinterpret_cast<const std::atomic<uint64_t>*>(flagWord)->load(std::memory_order_acquire) == flag;
+}
+
 }  // namespace loom::ep

@@ -43,8 +43,8 @@ struct LowLatency::Piece {
 
 LowLatency::LowLatency(loomComm* comm, const Shape& shape, uint32_t id, int channel)
     : comm_(comm), shape_(shape), id_(id), channel_(channel) {
-  dispatchRegionWords_ = dispatchHeaderWords() + static_cast<size_t>(shape.maxTokens) * shape.recordWords();
-  combineRegionWords_ = 1 + static_cast<size_t>(shape.maxTokens) * shape.rowWords();
+  dispatchRegionWords_ = dispatchHeaderWords() + static_cast<size_t>(shape.maxTokens) * slotWords(kDispatch);
+  combineRegionWords_ = 1 + static_cast<size_t>(shape.maxTokens) * slotWords(kCombine);
   windowBytes_ = 8 * (kControlWords + 2 * static_cast<size_t>(shape.nranks) *
                                          (dispatchRegionWords_ + combineRegionWords_));
 }
@@ -205,8 +205,7 @@ bool LowLatency::regionArrived(Phase phase, uint64_t sequence, int source) {
   uint32_t count = 0;
   if (!llLastReady(region, headerWords, flag) || !llGet(&count, region, 1, flag) || count > static_cast<uint32_t>(shape_.maxTokens))
     return false;
-  size_t words = headerWords + count * (phase == kDispatch ? shape_.recordWords() : shape_.rowWords());
-  return llLastReady(region, words, flag);
+  return count == 0 || slotReady(region + headerWords + count * slotWords(phase) - 1, flag);
 }
 
 template <typename Consume>
@@ -255,29 +254,25 @@ loomResult_t LowLatency::dispatch(const void* x, int numTokens, const int32_t* t
   const int nranks = shape_.nranks, rank = shape_.rank, localExperts = shape_.localExperts;
   const uint64_t sequence = ++dispatchSequence_;
   const uint32_t flag = fifo::llFlag(sequence);
-  const size_t headerWords = dispatchHeaderWords(), recordWords = shape_.recordWords();
-  const size_t metaWords = shape_.metaWords(), rowWords = shape_.rowWords(), rowBytes = shape_.rowBytes();
+  const size_t headerWords = dispatchHeaderWords(), recordWords = slotWords(kDispatch);
+  const size_t metaWords = shape_.metaWords(), rowBytes = shape_.rowBytes();
   route(shape_, numTokens, topkIdx, topkWeights, nranks, [&](int expert) { return shape_.rankOfExpert(expert); },
         true, &outgoing_);
   routing->sentTokens.assign(nranks, {});
   meta_.resize(std::max(metaWords, headerWords));
-  row_.assign(rowWords, 0);
-  // Puts: every peer's region, this rank's own last. Rows are written straight from x where their bytes are a
-  // whole number of words; otherwise through a padded copy.
+  // Puts: every peer's region, this rank's own last: each record's meta and row, then its flag; the header (LL
+  // words) last.
   for (int k = 1; k <= nranks; ++k) {
     int peer = (rank + k) % nranks;
     const Outgoing& o = outgoing_[peer];
     uint64_t* region = target(peer, kDispatch, sequence);
     for (size_t i = 0; i < o.size(); ++i) {
-      uint64_t* record = region + headerWords + i * recordWords;
+      auto* record = reinterpret_cast<std::byte*>(region + headerWords + i * recordWords);
       encodeMeta(shape_, rank, o, i, meta_.data());
-      llPut(record, meta_.data(), metaWords, flag);
-      const std::byte* row = static_cast<const std::byte*>(x) + static_cast<size_t>(o.tokens[i]) * rowBytes;
-      if (rowBytes % 4 != 0) {
-        std::memcpy(row_.data(), row, rowBytes);
-        row = reinterpret_cast<const std::byte*>(row_.data());
-      }
-      llPut(record + metaWords, row, rowWords, flag);
+      std::memcpy(record, meta_.data(), metaWords * 4);
+      std::memcpy(record + metaWords * 4, static_cast<const std::byte*>(x) + static_cast<size_t>(o.tokens[i]) * rowBytes,
+                  rowBytes);
+      slotPublish(region + headerWords + (i + 1) * recordWords - 1, flag);
     }
     meta_[0] = static_cast<uint32_t>(o.size());
     for (int e = 0; e < localExperts; ++e) meta_[1 + e] = static_cast<uint32_t>(o.perLocalExpert[e]);
@@ -318,15 +313,14 @@ loomResult_t LowLatency::dispatch(const void* x, int numTokens, const int32_t* t
     for (int s = 0; s < nranks; ++s) {
       const uint64_t* region = own(kDispatch, sequence, s);
       for (; next[s] < static_cast<uint32_t>(tokensFrom[s]); ++next[s]) {
-        const uint64_t* record = region + headerWords + next[s] * recordWords;
-        if (!llLastReady(record, recordWords, flag) || !llGet(meta.data(), record, metaWords, flag)) break;
+        const uint64_t* slot = region + headerWords + next[s] * recordWords;
+        if (!slotReady(slot + recordWords - 1, flag)) break;
+        const auto* record = reinterpret_cast<const std::byte*>(slot);
+        std::memcpy(meta.data(), record, metaWords * 4);
         RecordView view;
         if (!readRecord(shape_, meta.data(), &view, &malformed) || view.source != s)
           return LOOM_FAIL(loomInternalError, COLL, "EP dispatch on rank %d: %s (from rank %d)", rank,
                            malformed.empty() ? "a record names another source" : malformed.c_str(), s);
-        // The row goes to its first placed row, and is copied to the others once whole.
-        void* first = nullptr;
-        size_t firstDest = destsFrom[s].size();
         for (int k = 0; k < view.picks; ++k) {
           int local = view.expert(k) - rank * localExperts;
           if (local < 0 || local >= localExperts)
@@ -334,26 +328,9 @@ loomResult_t LowLatency::dispatch(const void* x, int numTokens, const int32_t* t
                              view.expert(k));
           int32_t row = placement.next(s, local);
           destsFrom[s].push_back({local, row, view.weight(k)});
-          if (row >= 0 && first == nullptr)
-            first = static_cast<std::byte*>(recvX) + (static_cast<size_t>(local) * shape_.capacity + row) * rowBytes;
-        }
-        bool whole;
-        if (first != nullptr && rowBytes % 4 == 0) {
-          whole = llGet(first, record + metaWords, rowWords, flag);
-        } else {
-          whole = llGet(row_.data(), record + metaWords, rowWords, flag);
-          if (whole && first != nullptr) std::memcpy(first, row_.data(), rowBytes);
-        }
-        if (!whole) {  // not all there yet: undo the placement and read the record again later
-          for (int k = 0; k < view.picks; ++k) placement.undo(s, destsFrom[s][firstDest + k].localExpert);
-          destsFrom[s].resize(firstDest);
-          break;
-        }
-        for (size_t d = firstDest; d < destsFrom[s].size(); ++d) {
-          const Destination& dest = destsFrom[s][d];
-          void* at = static_cast<std::byte*>(recvX) + (static_cast<size_t>(dest.localExpert) * shape_.capacity +
-                                                       dest.row) * rowBytes;
-          if (dest.row >= 0 && at != first) std::memcpy(at, first, rowBytes);
+          if (row >= 0)
+            std::memcpy(static_cast<std::byte*>(recvX) + (static_cast<size_t>(local) * shape_.capacity + row) * rowBytes,
+                        record + metaWords * 4, rowBytes);
         }
         destCounts[s].push_back(static_cast<uint32_t>(view.picks));
         *moved = true;
@@ -393,8 +370,7 @@ loomResult_t LowLatency::combine(const void* expertOut, const Routing& routing, 
   const int nranks = shape_.nranks, rank = shape_.rank;
   const uint64_t sequence = ++combineSequence_;
   const uint32_t flag = fifo::llFlag(sequence);
-  const size_t rowWords = shape_.rowWords(), rowBytes = shape_.rowBytes(), hidden = shape_.hidden;
-  row_.assign(rowWords, 0);
+  const size_t slot = slotWords(kCombine), rowBytes = shape_.rowBytes(), hidden = shape_.hidden;
   std::vector<float> partial(hidden);
   for (int k = 1; k <= nranks; ++k) {
     int peer = (rank + k) % nranks;
@@ -404,13 +380,13 @@ loomResult_t LowLatency::combine(const void* expertOut, const Routing& routing, 
       uint32_t record = routing.recvStart[peer] + i;
       const Destination* dests = routing.dests.data() + routing.destStart[record];
       partialRow(shape_, expertOut, dests, routing.destStart[record + 1] - routing.destStart[record], partial.data(),
-                 row_.data());
-      llPut(region + 1 + i * rowWords, row_.data(), rowWords, flag);
+                 region + 1 + i * slot);
+      slotPublish(region + 1 + (i + 1) * slot - 1, flag);
     }
     llPut(region, &rows, 1, flag);
     if (peer != rank) *bytesSent += rows * rowBytes;
-    if (peerWindow_[peer] == nullptr) outbound_.push_back({peer, images_[peer].data(), 1 + rows * rowWords, 0, kCombine,
-                                                           sequence});
+    if (peerWindow_[peer] == nullptr)
+      outbound_.push_back({peer, images_[peer].data(), 1 + rows * slot, 0, kCombine, sequence});
   }
   // Sum in rank order, then row order: the same result whatever order the rows arrive in.
   acc_.assign(static_cast<size_t>(numTokens) * hidden, 0.0f);
@@ -432,9 +408,9 @@ loomResult_t LowLatency::combine(const void* expertOut, const Routing& routing, 
         rowsFrom = rows;
       }
       for (; nextRow < rowsFrom; ++nextRow) {
-        const uint64_t* row = region + 1 + nextRow * rowWords;
-        if (!llLastReady(row, rowWords, flag) || !llGet(row_.data(), row, rowWords, flag)) break;
-        addRow(shape_.datatype, row_.data(), hidden, 1.0f, acc_.data() + static_cast<size_t>(tokens[nextRow]) * hidden);
+        const uint64_t* row = region + 1 + nextRow * slot;
+        if (!slotReady(row + slot - 1, flag)) break;
+        addRow(shape_.datatype, row, hidden, 1.0f, acc_.data() + static_cast<size_t>(tokens[nextRow]) * hidden);
         *moved = true;
       }
       if (nextRow < rowsFrom) break;

@@ -5,8 +5,11 @@
 //   dispatch region of source s = header (1 + L words: tokens, then tokens per local expert) | maxTokens records
 //   combine region of source s  = header (1 word: rows) | maxTokens rows
 //
-// every word an LL word (ll_words.h) whose flag is the call's sequence number (llFlag), so a region is read as
-// it is written and stale data from two calls before never matches. A sender writes its regions straight into
+// The header is LL words (ll_words.h): each count travels with its flag in one store. Each record or row is a
+// flagged slot: its payload, then a flag word stored with release. Every flag is derived from the call's sequence
+// number (llFlag), so a region is read as it is written, with no count exchange and no barrier, and stale data
+// from two calls before never matches. (A slot's one flag word instead of a flag in every word halves the bytes
+// that LL words would write for the rows, which is what the host's time goes to.) A sender writes its regions straight into
 // the peer's window where it can map it (a peer on the same machine, over shm or in the same process); for any
 // other peer it writes the region's image locally and sends it, in pieces that name their place, through the
 // communicator's connections (the network transports' proxy); the receiver copies each piece into its window and
@@ -58,6 +61,11 @@ class LowLatency {
   LowLatency(loomComm* comm, const Shape& shape, uint32_t id, int channel);
   loomResult_t connect();
   size_t dispatchHeaderWords() const { return 1 + static_cast<size_t>(shape_.localExperts); }
+  // Words of one record's (dispatch) or row's (combine) slot: its payload in whole words, then its flag word.
+  size_t slotWords(Phase phase) const {
+    size_t payloadBytes = (phase == kDispatch ? shape_.metaWords() * 4 : 0) + shape_.rowBytes();
+    return (payloadBytes + 7) / 8 + 1;
+  }
   size_t regionWords(Phase phase) const { return phase == kDispatch ? dispatchRegionWords_ : combineRegionWords_; }
   // Word offset, in any rank's window, of source `source`'s region of `phase` for call `sequence`.
   size_t regionOffset(Phase phase, uint64_t sequence, int source) const;
@@ -102,7 +110,6 @@ class LowLatency {
   std::vector<Outgoing> outgoing_;
   std::vector<uint32_t> meta_;
   std::vector<float> acc_;
-  std::vector<uint32_t> row_;
 };
 
 }  // namespace loom::ep

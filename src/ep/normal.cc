@@ -67,15 +67,16 @@ std::vector<uint32_t> offsetsOf(const std::vector<uint64_t>& counts) {
   return start;
 }
 
-// Records from `out` (one destination after another) as words.
-std::vector<uint32_t> packRecords(const Shape& shape, const std::vector<Outgoing>& out, const void* x) {
+// Records from `out` (one destination after another) as words, into `words`.
+const std::vector<uint32_t>& packRecords(const Shape& shape, const std::vector<Outgoing>& out, const void* x,
+                                         std::vector<uint32_t>* words) {
   size_t total = 0;
   for (const Outgoing& o : out) total += o.size();
-  std::vector<uint32_t> words(total * shape.recordWords());
-  uint32_t* at = words.data();
+  words->resize(total * shape.recordWords());
+  uint32_t* at = words->data();
   for (const Outgoing& o : out)
     for (size_t i = 0; i < o.size(); ++i, at += shape.recordWords()) encodeRecord(shape, shape.rank, o, i, x, at);
-  return words;
+  return *words;
 }
 
 // Reads the `count` records at `words`; fails on a malformed one.
@@ -174,10 +175,11 @@ loomResult_t normalDispatch(loomEp* ep, const void* x, int numTokens, const int3
     routing->sentTokens[p] = out[p].tokens;
     if (p != rank) ep->stats.bytesSent += out[p].size() * shape.rowBytes();
   }
-  std::vector<uint32_t> received;
+  loomEp::Scratch& scratch = ep->scratch;
+  std::vector<uint32_t>& received = scratch.received;
   std::vector<uint64_t> recvCounts;
-  LOOM_CHECK(exchange(comm, packRecords(shape, out, x), sizesOf(out), shape.recordWords(), &received, &recvCounts,
-                      false));
+  LOOM_CHECK(exchange(comm, packRecords(shape, out, x, &scratch.send), sizesOf(out), shape.recordWords(), &received,
+                      &recvCounts, false));
   size_t total = std::accumulate(recvCounts.begin(), recvCounts.end(), uint64_t{0});
   std::vector<RecordView> views;
   LOOM_CHECK(readRecords(shape, received, total, &views));
@@ -189,7 +191,8 @@ loomResult_t normalDispatch(loomEp* ep, const void* x, int numTokens, const int3
   routing->firstHopStart = offsetsOf(recvCounts);
   std::vector<Outgoing> forward(nranks);
   std::vector<std::vector<uint32_t>> fromOf(nranks);
-  std::vector<uint32_t> words;
+  std::vector<uint32_t>& words = scratch.send;
+  words.clear();
   const size_t recordWords = shape.recordWords(), metaWords = shape.metaWords();
   std::vector<uint32_t> meta(metaWords);
   std::vector<std::vector<uint32_t>> recordsTo(nranks);
@@ -226,7 +229,7 @@ loomResult_t normalDispatch(loomEp* ep, const void* x, int numTokens, const int3
     routing->forwardedStart.push_back(static_cast<uint32_t>(routing->forwardedFrom.size()));
     if (r != rank) ep->stats.bytesSent += fromOf[r].size() * shape.rowBytes();
   }
-  std::vector<uint32_t> finalWords;
+  std::vector<uint32_t>& finalWords = scratch.forwarded;
   std::vector<uint64_t> finalCounts;
   LOOM_CHECK(exchange(comm, words, forwardCounts, recordWords, &finalWords, &finalCounts, false));
   total = std::accumulate(finalCounts.begin(), finalCounts.end(), uint64_t{0});
@@ -241,22 +244,27 @@ loomResult_t normalCombine(loomEp* ep, const void* expertOut, const loomEpHandle
   const size_t rowWords = shape.rowWords(), hidden = shape.hidden;
   // Last hop back: one partial sum per record received.
   const size_t records = routing.recvStart.back();
-  std::vector<uint32_t> partials(std::max<size_t>(records * rowWords, 1), 0);
-  std::vector<float> scratch(hidden);
-  for (size_t i = 0; i < records; ++i)
+  loomEp::Scratch& scratch = ep->scratch;
+  std::vector<uint32_t>& partials = scratch.partials;
+  partials.resize(std::max<size_t>(records * rowWords, 1));
+  scratch.row.resize(hidden);
+  for (size_t i = 0; i < records; ++i) {
+    partials[(i + 1) * rowWords - 1] = 0;  // the padding of a row whose bytes are not a multiple of 4
     partialRow(shape, expertOut, routing.dests.data() + routing.destStart[i],
-               routing.destStart[i + 1] - routing.destStart[i], scratch.data(), partials.data() + i * rowWords);
+               routing.destStart[i + 1] - routing.destStart[i], scratch.row.data(), partials.data() + i * rowWords);
+  }
   for (int p = 0; p < nranks; ++p)
     if (p != rank) ep->stats.bytesSent += routing.recordsFrom(p) * shape.rowBytes();
   std::vector<uint64_t> backCounts = countsFromOffsets(routing.recvStart);
-  std::vector<uint32_t> rows;
+  std::vector<uint32_t>& rows = scratch.rows;
   std::vector<uint64_t> rowCounts;
   if (routing.hierarchical) {
     // On the forwarder: the partials of its host's ranks, summed per first-hop record, back to the sources.
     rowCounts = countsFromOffsets(routing.forwardedStart);
     LOOM_CHECK(exchange(ep->comm, partials, backCounts, rowWords, &rows, &rowCounts, true));
     const size_t firstHop = routing.firstHopStart.back();
-    std::vector<float> acc(firstHop * hidden, 0.0f);
+    std::vector<float>& acc = scratch.acc;
+    acc.assign(firstHop * hidden, 0.0f);
     addRows(shape, rows, routing.forwardedFrom.data(), routing.forwardedFrom.size(), acc.data());
     partials.assign(std::max<size_t>(firstHop * rowWords, 1), 0);
     for (size_t i = 0; i < firstHop; ++i)
@@ -272,7 +280,8 @@ loomResult_t normalCombine(loomEp* ep, const void* expertOut, const loomEpHandle
     for (int32_t t : routing.sentTokens[p]) tokens.push_back(static_cast<uint32_t>(t));
   }
   LOOM_CHECK(exchange(ep->comm, partials, backCounts, rowWords, &rows, &rowCounts, true));
-  std::vector<float> acc(static_cast<size_t>(handle.numTokens) * hidden, 0.0f);
+  std::vector<float>& acc = scratch.acc;
+  acc.assign(static_cast<size_t>(handle.numTokens) * hidden, 0.0f);
   addRows(shape, rows, tokens.data(), tokens.size(), acc.data());
   for (int t = 0; t < handle.numTokens; ++t)
     storeRow(shape.datatype, acc.data() + static_cast<size_t>(t) * hidden, hidden,

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "src/core/dtype.h"
+#include "src/exec/reduce.h"
 
 namespace loom::ep {
 
@@ -153,41 +154,11 @@ void Placement::countsOut(int* counts) const {
 }
 
 void addRow(loomDataType_t datatype, const void* src, size_t count, float weight, float* acc) {
-  switch (datatype) {
-    case loomFloat32: {
-      const float* s = static_cast<const float*>(src);
-      for (size_t i = 0; i < count; ++i) acc[i] += weight * s[i];
-      break;
-    }
-    case loomBfloat16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < count; ++i) acc[i] += weight * bf16ToFloat(s[i]);
-      break;
-    }
-    default: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < count; ++i) acc[i] += weight * halfToFloat(s[i]);
-      break;
-    }
-  }
+  accumulateWeighted(datatype, src, count, weight, acc);
 }
 
 void storeRow(loomDataType_t datatype, const float* acc, size_t count, void* dst) {
-  switch (datatype) {
-    case loomFloat32:
-      std::memcpy(dst, acc, count * 4);
-      break;
-    case loomBfloat16: {
-      uint16_t* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < count; ++i) d[i] = floatToBf16(acc[i]);
-      break;
-    }
-    default: {
-      uint16_t* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < count; ++i) d[i] = floatToHalf(acc[i]);
-      break;
-    }
-  }
+  storeFromFloat(datatype, acc, count, dst);
 }
 
 void partialRow(const Shape& shape, const void* expertOut, const Destination* dests, size_t count, float* acc,

@@ -119,8 +119,6 @@ class Placement {
   // The row of the next record of `source` for local expert e, or -1 when it is past the capacity (dropped, or
   // an overflow when the shape does not drop).
   int32_t next(int source, int localExpert);
-  // Takes back the last next() of `source` for local expert e (a record that was not whole yet).
-  void undo(int source, int localExpert) { --cursor_[static_cast<size_t>(source) * localExperts_ + localExpert]; }
   // Rows each local expert received, capped at the capacity.
   void countsOut(int* counts) const;
   int64_t overflowRows() const { return overflow_; }

@@ -219,7 +219,48 @@ void divideSixteenBit(uint16_t* data, size_t count, int divisor) {
   }
 }
 
+template <typename Format>
+void accumulateSixteenBit(const uint16_t* src, size_t count, float weight, float* __restrict__ acc) {
+  float wide[kBlock];
+  for (size_t start = 0; start < count; start += kBlock) {
+    const size_t n = std::min(kBlock, count - start);
+    Format::widen(src + start, wide, n);
+    float* out = acc + start;
+    forEachIndex(n, [&](size_t i) { out[i] += weight * wide[i]; });
+  }
+}
+
 }  // namespace
+
+void accumulateWeighted(loomDataType_t type, const void* src, size_t count, float weight, float* acc) {
+  switch (type) {
+    case loomFloat32: {
+      const float* __restrict__ in = static_cast<const float*>(src);
+      forEachIndex(count, [=](size_t i) { acc[i] += weight * in[i]; });
+      return;
+    }
+    case loomFloat16:
+      return accumulateSixteenBit<HalfFormat>(static_cast<const uint16_t*>(src), count, weight, acc);
+    case loomBfloat16:
+      return accumulateSixteenBit<Bf16Format>(static_cast<const uint16_t*>(src), count, weight, acc);
+    default:
+      return;
+  }
+}
+
+void storeFromFloat(loomDataType_t type, const float* src, size_t count, void* dst) {
+  switch (type) {
+    case loomFloat32:
+      std::copy(src, src + count, static_cast<float*>(dst));
+      return;
+    case loomFloat16:
+      return HalfFormat::narrow(src, static_cast<uint16_t*>(dst), count);
+    case loomBfloat16:
+      return Bf16Format::narrow(src, static_cast<uint16_t*>(dst), count);
+    default:
+      return;
+  }
+}
 
 ReduceFn reduceFunction(loomDataType_t type, loomRedOp_t op) {
   if (!dtypeValid(type) || !opValid(op)) return nullptr;

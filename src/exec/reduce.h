@@ -24,4 +24,9 @@ ReduceFn reduceFunction(loomDataType_t type, loomRedOp_t op);
 // divisor is the rank count; a divisor below 2 leaves data unchanged.
 void divideInPlace(void* data, size_t count, loomDataType_t type, int divisor);
 
+// A weighted sum in fp32 of rows of float, half or bfloat16 (the expert combine, src/ep): acc[i] += weight * src[i]
+// (each element widened exactly), and the sum stored as the type, rounded to nearest even. Other types: nothing.
+void accumulateWeighted(loomDataType_t type, const void* src, size_t count, float weight, float* acc);
+void storeFromFloat(loomDataType_t type, const float* src, size_t count, void* dst);
+
 }  // namespace loom

@@ -1,0 +1,550 @@
+// ep_perf: expert dispatch and combine (loom_ep.h) timed in DeepEP's shapes, beside the ceiling and a peer measured
+// in the same run.
+//
+//   loomrun -n 2 build/perf/ep_perf                     loom's two modes
+//   mpirun -n 2 --oversubscribe build/perf/ep_perf      the same, plus the same dispatch built from MPI
+//                                                       (MPI_Alltoall of the counts, then MPI_Alltoallv)
+// Flags: -t tokens per rank (128), -H hidden (7168), -k top-k (8), -e experts (256, or the largest multiple of the
+// rank count up to it), -c expert capacity (0: full), -w warm-up iterations (5), -n timed iterations (20),
+// -m modes (ll,normal,mpi), -C MiB each rank copies for the copy rate (256).
+//
+// Each rank routes its tokens to top-k distinct experts drawn uniformly (seeded), in bfloat16. Every iteration is
+// barrier, dispatch, barrier, identity experts, combine; a call's time is the slowest rank's. The table gives, per
+// mode and phase, the average, fastest and slowest time; DeepEP's bandwidth (bytes counted per selection: tokens x
+// chosen experts x hidden x 2, over the time); the bytes the call placed (rows written into recvX on dispatch,
+// rows summed into out on combine) and their rate; and that rate as a share of the memory copy rate measured here
+// with every rank copying at once. #wrong counts output elements of the last combine that differ from
+// x * sum(weights) by more than bfloat16's rounding.
+#include <loom/loom.h>
+#include <loom/loom_ep.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#if LOOM_EP_PERF_MPI
+#include <mpi.h>
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int tokens = 128, hidden = 7168, topk = 8, experts = 256, capacity = 0, warmup = 5, iterations = 20;
+  size_t ceilingBytes = size_t{256} << 20;
+  std::string modes = "ll,normal,mpi";
+};
+
+[[noreturn]] void die(const char* what, const char* detail) {
+  std::fprintf(stderr, "ep_perf: %s: %s\n", what, detail);
+  std::exit(1);
+}
+
+void check(loomResult_t result, const char* what, loomComm_t comm) {
+  if (result != loomSuccess) die(what, loomGetLastError(comm));
+}
+
+uint16_t toBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+float fromBf16(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+struct Inputs {
+  std::vector<uint16_t> x;
+  std::vector<int32_t> idx;
+  std::vector<float> w;
+  size_t selections = 0;
+};
+
+Inputs makeInputs(const Options& o, int rank) {
+  std::mt19937 g(12345u + static_cast<uint32_t>(rank));
+  Inputs in;
+  in.x.resize(static_cast<size_t>(o.tokens) * o.hidden);
+  for (uint16_t& v : in.x) v = toBf16(static_cast<float>(static_cast<int>(g() % 65) - 32) / 8.0f);
+  in.idx.resize(static_cast<size_t>(o.tokens) * o.topk);
+  in.w.resize(in.idx.size());
+  for (int t = 0; t < o.tokens; ++t)
+    for (int j = 0; j < o.topk; ++j) {
+      int32_t* row = in.idx.data() + static_cast<size_t>(t) * o.topk;
+      int e;
+      do e = static_cast<int>(g() % static_cast<uint32_t>(o.experts));
+      while (std::find(row, row + j, e) != row + j);
+      row[j] = e;
+      in.w[static_cast<size_t>(t) * o.topk + j] = static_cast<float>(1 + g() % 16) / 16.0f;
+      ++in.selections;
+    }
+  return in;
+}
+
+// Elements of out that differ from x * sum(weights) by more than bfloat16's rounding allows.
+long wrongElements(const Options& o, const Inputs& in, const std::vector<uint16_t>& out) {
+  long wrong = 0;
+  for (int t = 0; t < o.tokens; ++t) {
+    float sum = 0;
+    for (int j = 0; j < o.topk; ++j) sum += in.w[static_cast<size_t>(t) * o.topk + j];
+    for (int h = 0; h < o.hidden; ++h) {
+      size_t i = static_cast<size_t>(t) * o.hidden + h;
+      double want = static_cast<double>(fromBf16(in.x[i])) * sum;
+      wrong += std::fabs(fromBf16(out[i]) - want) > (std::fabs(want) + 0.125) / 64;
+    }
+  }
+  return wrong;
+}
+
+// One phase's times over the iterations (each the slowest rank's) and the bytes it placed on this rank.
+struct PhaseTimes {
+  std::vector<double> us;
+  double placedBytes = 0;
+};
+
+struct Run {
+  std::string mode;
+  PhaseTimes dispatch, combine;
+  long wrong = 0;
+};
+
+// The communicator's collectives that every mode's timing uses, whatever moves the tokens.
+struct Ranks {
+  loomComm_t comm;
+  int rank, nranks;
+  void barrier() { check(loomBarrier(comm, nullptr), "barrier", comm); }
+  double max(double value) {
+    check(loomAllReduce(&value, &value, 1, loomFloat64, loomMax, comm, nullptr), "allreduce", comm);
+    return value;
+  }
+  double sum(double value) {
+    check(loomAllReduce(&value, &value, 1, loomFloat64, loomSum, comm, nullptr), "allreduce", comm);
+    return value;
+  }
+};
+
+template <typename Call>
+double timed(Ranks& ranks, Call call) {
+  ranks.barrier();
+  auto start = Clock::now();
+  call();
+  double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  return ranks.max(us);
+}
+
+Run runLoom(const Options& o, Ranks& ranks, const Inputs& in, loomEpMode_t mode) {
+  loomEpConfig_t config = LOOM_EP_CONFIG_INITIALIZER;
+  config.maxTokensPerRank = o.tokens;
+  config.hidden = o.hidden;
+  config.numExperts = o.experts;
+  config.topk = o.topk;
+  config.datatype = loomBfloat16;
+  config.mode = mode;
+  config.expertCapacity = o.capacity;
+  loomEp_t ep = nullptr;
+  check(loomEpCreate(ranks.comm, &config, &ep), "loomEpCreate", ranks.comm);
+  const int local = o.experts / ranks.nranks;
+  const size_t capacity = o.capacity > 0 ? static_cast<size_t>(o.capacity) : static_cast<size_t>(ranks.nranks) * o.tokens;
+  std::vector<uint16_t> recvX(static_cast<size_t>(local) * capacity * o.hidden);
+  std::vector<uint16_t> out(static_cast<size_t>(o.tokens) * o.hidden);
+  std::vector<int> counts(local);
+  Run run;
+  run.mode = mode == loomEpLowLatency ? "low-latency" : "normal";
+  for (int i = 0; i < o.warmup + o.iterations; ++i) {
+    loomEpHandle_t handle = nullptr;
+    double d = timed(ranks, [&] {
+      check(loomEpDispatch(ep, in.x.data(), o.tokens, in.idx.data(), in.w.data(), recvX.data(), counts.data(), &handle,
+                           nullptr),
+            "loomEpDispatch", ranks.comm);
+    });
+    double c = timed(ranks, [&] {
+      check(loomEpCombine(ep, recvX.data(), handle, out.data(), nullptr), "loomEpCombine", ranks.comm);
+    });
+    loomEpHandleFree(handle);
+    if (i < o.warmup) continue;
+    run.dispatch.us.push_back(d);
+    run.combine.us.push_back(c);
+  }
+  long rows = 0;
+  for (int n : counts) rows += n;
+  run.dispatch.placedBytes = static_cast<double>(rows) * o.hidden * 2;
+  run.combine.placedBytes = run.dispatch.placedBytes;  // every placed row is weighted back into its token
+  run.wrong = wrongElements(o, in, out);
+  loomEpDestroy(ep);
+  return run;
+}
+
+#if LOOM_EP_PERF_MPI
+// The same dispatch and combine from MPI: the tokens for each rank (once per rank, with their experts and weights)
+// packed, MPI_Alltoall of the counts, MPI_Alltoallv of the records, unpacked into recvX by local expert in source
+// order; the combine sends each record's weighted sum back (MPI_Alltoallv) and the source adds them.
+Run runMpi(const Options& o, Ranks& ranks, const Inputs& in) {
+  const int nranks = ranks.nranks, rank = ranks.rank, local = o.experts / nranks;
+  const size_t capacity = o.capacity > 0 ? static_cast<size_t>(o.capacity) : static_cast<size_t>(nranks) * o.tokens;
+  const size_t metaBytes = 8 + 8 * static_cast<size_t>(o.topk), rowBytes = static_cast<size_t>(o.hidden) * 2;
+  const size_t recordBytes = metaBytes + rowBytes;
+  std::vector<uint16_t> recvX(static_cast<size_t>(local) * capacity * o.hidden), out(in.x.size());
+  std::vector<int> sendCounts(nranks), recvCounts(nranks), sendDispls(nranks), recvDispls(nranks);
+  std::vector<std::vector<int32_t>> tokensTo(nranks);
+  std::vector<unsigned char> send, recv;
+  std::vector<int32_t> recvLocal, recvRow;  // per received pick: local expert and row
+  std::vector<float> recvWeight;
+  std::vector<uint32_t> recvPickStart;
+  std::vector<int> tokensFrom(nranks);
+  auto dispatch = [&] {
+    for (auto& list : tokensTo) list.clear();
+    for (int t = 0; t < o.tokens; ++t)
+      for (int j = 0; j < o.topk; ++j) {
+        int dest = in.idx[static_cast<size_t>(t) * o.topk + j] / local;
+        if (tokensTo[dest].empty() || tokensTo[dest].back() != t) tokensTo[dest].push_back(t);
+      }
+    send.clear();
+    for (int d = 0; d < nranks; ++d) {
+      sendCounts[d] = static_cast<int>(tokensTo[d].size());
+      for (int32_t t : tokensTo[d]) {
+        size_t at = send.size();
+        send.resize(at + recordBytes, 0);
+        int32_t picks = 0;
+        for (int j = 0; j < o.topk; ++j) {
+          int32_t e = in.idx[static_cast<size_t>(t) * o.topk + j];
+          if (e / local != d) continue;
+          std::memcpy(&send[at + 8 + 8 * picks], &e, 4);
+          std::memcpy(&send[at + 12 + 8 * picks], &in.w[static_cast<size_t>(t) * o.topk + j], 4);
+          ++picks;
+        }
+        std::memcpy(&send[at], &t, 4);
+        std::memcpy(&send[at + 4], &picks, 4);
+        std::memcpy(&send[at + metaBytes], in.x.data() + static_cast<size_t>(t) * o.hidden, rowBytes);
+      }
+    }
+    MPI_Alltoall(sendCounts.data(), 1, MPI_INT, tokensFrom.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    int sendTotal = 0, recvTotal = 0;
+    for (int p = 0; p < nranks; ++p) {
+      sendDispls[p] = sendTotal;
+      recvDispls[p] = recvTotal;
+      sendCounts[p] = sendCounts[p] * static_cast<int>(recordBytes);
+      recvCounts[p] = tokensFrom[p] * static_cast<int>(recordBytes);
+      sendTotal += sendCounts[p];
+      recvTotal += recvCounts[p];
+    }
+    recv.resize(static_cast<size_t>(recvTotal) + 1);
+    MPI_Alltoallv(send.data(), sendCounts.data(), sendDispls.data(), MPI_BYTE, recv.data(), recvCounts.data(),
+                  recvDispls.data(), MPI_BYTE, MPI_COMM_WORLD);
+    std::vector<size_t> next(local, 0);
+    recvLocal.clear();
+    recvRow.clear();
+    recvWeight.clear();
+    recvPickStart.assign(1, 0);
+    size_t records = static_cast<size_t>(recvTotal) / recordBytes;
+    for (size_t r = 0; r < records; ++r) {
+      const unsigned char* record = recv.data() + r * recordBytes;
+      int32_t picks;
+      std::memcpy(&picks, record + 4, 4);
+      for (int k = 0; k < picks; ++k) {
+        int32_t e;
+        float w;
+        std::memcpy(&e, record + 8 + 8 * k, 4);
+        std::memcpy(&w, record + 12 + 8 * k, 4);
+        int le = e - rank * local;
+        size_t row = next[le]++;
+        std::memcpy(recvX.data() + (static_cast<size_t>(le) * capacity + row) * o.hidden, record + metaBytes, rowBytes);
+        recvLocal.push_back(le);
+        recvRow.push_back(static_cast<int32_t>(row));
+        recvWeight.push_back(w);
+      }
+      recvPickStart.push_back(static_cast<uint32_t>(recvLocal.size()));
+    }
+  };
+  std::vector<float> acc(static_cast<size_t>(o.tokens) * o.hidden);
+  auto combine = [&] {
+    size_t records = recvPickStart.size() - 1;
+    send.assign(records * rowBytes, 0);
+    std::vector<float> partial(o.hidden);
+    for (size_t r = 0; r < records; ++r) {
+      std::fill(partial.begin(), partial.end(), 0.0f);
+      for (uint32_t k = recvPickStart[r]; k < recvPickStart[r + 1]; ++k) {
+        const uint16_t* row = recvX.data() + (static_cast<size_t>(recvLocal[k]) * capacity + recvRow[k]) * o.hidden;
+        for (int h = 0; h < o.hidden; ++h) partial[h] += recvWeight[k] * fromBf16(row[h]);
+      }
+      uint16_t* dst = reinterpret_cast<uint16_t*>(send.data() + r * rowBytes);
+      for (int h = 0; h < o.hidden; ++h) dst[h] = toBf16(partial[h]);
+    }
+    int sendTotal = 0, recvTotal = 0;
+    for (int p = 0; p < nranks; ++p) {
+      sendCounts[p] = tokensFrom[p] * static_cast<int>(rowBytes);
+      recvCounts[p] = static_cast<int>(tokensTo[p].size() * rowBytes);
+      sendDispls[p] = sendTotal;
+      recvDispls[p] = recvTotal;
+      sendTotal += sendCounts[p];
+      recvTotal += recvCounts[p];
+    }
+    recv.resize(static_cast<size_t>(recvTotal) + 1);
+    MPI_Alltoallv(send.data(), sendCounts.data(), sendDispls.data(), MPI_BYTE, recv.data(), recvCounts.data(),
+                  recvDispls.data(), MPI_BYTE, MPI_COMM_WORLD);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    const uint16_t* rows = reinterpret_cast<const uint16_t*>(recv.data());
+    for (int p = 0; p < nranks; ++p)
+      for (int32_t t : tokensTo[p]) {
+        for (int h = 0; h < o.hidden; ++h) acc[static_cast<size_t>(t) * o.hidden + h] += fromBf16(rows[h]);
+        rows += o.hidden;
+      }
+    for (size_t i = 0; i < acc.size(); ++i) out[i] = toBf16(acc[i]);
+  };
+  Run run;
+  run.mode = "MPI per rank";
+  for (int i = 0; i < o.warmup + o.iterations; ++i) {
+    double d = timed(ranks, dispatch);
+    double c = timed(ranks, combine);
+    if (i < o.warmup) continue;
+    run.dispatch.us.push_back(d);
+    run.combine.us.push_back(c);
+  }
+  run.dispatch.placedBytes = run.combine.placedBytes = static_cast<double>(recvLocal.size()) * rowBytes;
+  run.wrong = wrongElements(o, in, out);
+  return run;
+}
+
+// The dispatch as MoE layers commonly build it from MPI (Megatron's all-to-all token dispatcher): each token
+// copied once per chosen expert into expert order (the permutation), MPI_Alltoall of the counts per expert, one
+// MPI_Alltoallv of the rows, and the chunks regrouped from source-major to expert-major into recvX. The combine
+// goes back the same way: chunks regrouped to source-major, MPI_Alltoallv, and each token's rows weighted and
+// summed (the unpermutation).
+Run runMpiPerExpert(const Options& o, Ranks& ranks, const Inputs& in) {
+  const int nranks = ranks.nranks, local = o.experts / nranks;
+  const size_t capacity = o.capacity > 0 ? static_cast<size_t>(o.capacity) : static_cast<size_t>(nranks) * o.tokens;
+  const size_t rowBytes = static_cast<size_t>(o.hidden) * 2;
+  std::vector<uint16_t> recvX(static_cast<size_t>(local) * capacity * o.hidden), out(in.x.size());
+  std::vector<uint32_t> order;  // (token, choice) pairs in expert order
+  std::vector<int> perExpert(o.experts), fromPeers(static_cast<size_t>(nranks) * local);
+  std::vector<int> sendCounts(nranks), recvCounts(nranks), sendDispls(nranks), recvDispls(nranks);
+  std::vector<uint16_t> permuted, received;
+  auto exchangeRows = [&](const std::vector<uint16_t>& send, const std::vector<int>& rowsTo,
+                          const std::vector<int>& rowsFrom, std::vector<uint16_t>* recv) {
+    int sendTotal = 0, recvTotal = 0;
+    for (int p = 0; p < nranks; ++p) {
+      sendCounts[p] = rowsTo[p] * static_cast<int>(rowBytes);
+      recvCounts[p] = rowsFrom[p] * static_cast<int>(rowBytes);
+      sendDispls[p] = sendTotal;
+      recvDispls[p] = recvTotal;
+      sendTotal += sendCounts[p];
+      recvTotal += recvCounts[p];
+    }
+    recv->resize(static_cast<size_t>(recvTotal) / 2 + 1);
+    MPI_Alltoallv(send.data(), sendCounts.data(), sendDispls.data(), MPI_BYTE, recv->data(), recvCounts.data(),
+                  recvDispls.data(), MPI_BYTE, MPI_COMM_WORLD);
+  };
+  std::vector<int> rowsTo(nranks), rowsFrom(nranks);
+  auto dispatch = [&] {
+    order.clear();
+    for (uint32_t i = 0; i < in.idx.size(); ++i) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return in.idx[a] < in.idx[b]; });
+    permuted.resize(order.size() * o.hidden);
+    std::fill(perExpert.begin(), perExpert.end(), 0);
+    for (size_t r = 0; r < order.size(); ++r) {
+      ++perExpert[in.idx[order[r]]];
+      std::memcpy(permuted.data() + r * o.hidden, in.x.data() + static_cast<size_t>(order[r] / o.topk) * o.hidden,
+                  rowBytes);
+    }
+    MPI_Alltoall(perExpert.data(), local, MPI_INT, fromPeers.data(), local, MPI_INT, MPI_COMM_WORLD);
+    for (int p = 0; p < nranks; ++p) {
+      rowsTo[p] = rowsFrom[p] = 0;
+      for (int e = 0; e < local; ++e) {
+        rowsTo[p] += perExpert[p * local + e];
+        rowsFrom[p] += fromPeers[static_cast<size_t>(p) * local + e];
+      }
+    }
+    exchangeRows(permuted, rowsTo, rowsFrom, &received);
+    // Source-major chunks to expert-major rows.
+    const uint16_t* chunk = received.data();
+    std::vector<size_t> next(local, 0);
+    for (int p = 0; p < nranks; ++p)
+      for (int e = 0; e < local; ++e) {
+        size_t rows = static_cast<size_t>(fromPeers[static_cast<size_t>(p) * local + e]);
+        std::memcpy(recvX.data() + (static_cast<size_t>(e) * capacity + next[e]) * o.hidden, chunk, rows * rowBytes);
+        next[e] += rows;
+        chunk += rows * o.hidden;
+      }
+  };
+  auto combine = [&] {
+    // Expert-major rows back to source-major chunks (identity experts: recvX is the experts' output).
+    std::vector<size_t> next(local, 0);
+    uint16_t* chunk = received.data();
+    for (int p = 0; p < nranks; ++p)
+      for (int e = 0; e < local; ++e) {
+        size_t rows = static_cast<size_t>(fromPeers[static_cast<size_t>(p) * local + e]);
+        std::memcpy(chunk, recvX.data() + (static_cast<size_t>(e) * capacity + next[e]) * o.hidden, rows * rowBytes);
+        next[e] += rows;
+        chunk += rows * o.hidden;
+      }
+    std::vector<uint16_t> send(received.begin(), received.end());
+    exchangeRows(send, rowsFrom, rowsTo, &permuted);
+    std::vector<float> acc(static_cast<size_t>(o.tokens) * o.hidden, 0.0f);
+    for (size_t r = 0; r < order.size(); ++r) {
+      float w = in.w[order[r]];
+      float* dst = acc.data() + static_cast<size_t>(order[r] / o.topk) * o.hidden;
+      const uint16_t* row = permuted.data() + r * o.hidden;
+      for (int h = 0; h < o.hidden; ++h) dst[h] += w * fromBf16(row[h]);
+    }
+    for (size_t i = 0; i < acc.size(); ++i) out[i] = toBf16(acc[i]);
+  };
+  Run run;
+  run.mode = "MPI per expert";
+  for (int i = 0; i < o.warmup + o.iterations; ++i) {
+    double d = timed(ranks, dispatch);
+    double c = timed(ranks, combine);
+    if (i < o.warmup) continue;
+    run.dispatch.us.push_back(d);
+    run.combine.us.push_back(c);
+  }
+  long rows = 0;
+  for (int r : rowsFrom) rows += r;
+  run.dispatch.placedBytes = run.combine.placedBytes = static_cast<double>(rows) * rowBytes;
+  run.wrong = wrongElements(o, in, out);
+  return run;
+}
+#endif
+
+// The memory copy rate with every rank copying `bytes` at once (the best of five), in bytes per second per rank:
+// memcpy_ceiling's measure (buffers far larger than the caches, every copier at once), in the same run.
+double copyRate(Ranks& ranks, size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    double us = timed(ranks, [&] { std::memcpy(b.data(), a.data(), bytes); });
+    best = std::min(best, us);
+  }
+  return bytes / (best * 1e-6);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  bool expertsGiven = false;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    const char* value = argv[i + 1];
+    if (flag == "-t") o.tokens = std::atoi(value);
+    else if (flag == "-H") o.hidden = std::atoi(value);
+    else if (flag == "-k") o.topk = std::atoi(value);
+    else if (flag == "-e") o.experts = std::atoi(value), expertsGiven = true;
+    else if (flag == "-c") o.capacity = std::atoi(value);
+    else if (flag == "-w") o.warmup = std::atoi(value);
+    else if (flag == "-n") o.iterations = std::atoi(value);
+    else if (flag == "-m") o.modes = value;
+    else if (flag == "-C") o.ceilingBytes = std::strtoull(value, nullptr, 10) << 20;
+    else die("unknown flag", argv[i]);
+  }
+  if (argc % 2 == 0) die("flag without a value", argv[argc - 1]);
+  if (!expertsGiven) o.experts = -o.experts;  // 256 scaled to the rank count once it is known
+  return o;
+}
+
+void print(const Options& o, const Run& run, const PhaseTimes& phase, const char* name, double selectionsBytes,
+           double rate) {
+  std::vector<double> us = phase.us;
+  double avg = 0;
+  for (double v : us) avg += v;
+  avg /= static_cast<double>(us.size());
+  double placedRate = phase.placedBytes / (avg * 1e-6);
+  std::printf("  %-14s %-9s %9.1f %9.1f %9.1f %12.2f %10.2f %11.2f %9.0f%% %7ld\n", run.mode.c_str(), name, avg,
+              *std::min_element(us.begin(), us.end()), *std::max_element(us.begin(), us.end()),
+              selectionsBytes / (avg * 1e-6) / 1e9, phase.placedBytes / 1e6, placedRate / 1e9,
+              100.0 * placedRate / rate, name[0] == 'c' ? run.wrong : 0L);
+  (void)o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  loomComm_t comm = nullptr;
+  bool mpi = false;
+#if LOOM_EP_PERF_MPI
+  mpi = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+  if (mpi) {
+    MPI_Init(&argc, &argv);
+    int rank = 0, nranks = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+    loomUniqueId id;
+    if (rank == 0) check(loomGetUniqueId(&id), "loomGetUniqueId", nullptr);
+    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+    check(loomCommInitRank(&comm, nranks, id, rank), "loomCommInitRank", nullptr);
+  }
+#endif
+  if (!mpi) check(loomCommInitFromEnv(&comm), "loomCommInitFromEnv", nullptr);
+  Ranks ranks{comm, 0, 0};
+  loomCommUserRank(comm, &ranks.rank);
+  loomCommCount(comm, &ranks.nranks);
+  if (o.experts < 0) o.experts = std::max(ranks.nranks, -o.experts / ranks.nranks * ranks.nranks);
+  Inputs in = makeInputs(o, ranks.rank);
+  std::vector<Run> runs;
+  if (o.modes.find("ll") != std::string::npos) runs.push_back(runLoom(o, ranks, in, loomEpLowLatency));
+  if (o.modes.find("normal") != std::string::npos) runs.push_back(runLoom(o, ranks, in, loomEpNormal));
+  std::string mpiNote = "not run: launch with mpirun to set MPI beside loom";
+#if LOOM_EP_PERF_MPI
+  if (mpi && o.modes.find("mpi") != std::string::npos) {
+    runs.push_back(runMpiPerExpert(o, ranks, in));
+    runs.push_back(runMpi(o, ranks, in));
+    mpiNote.clear();
+  }
+#else
+  mpiNote = "not built (meson found no MPI)";
+#endif
+  double rate = copyRate(ranks, o.ceilingBytes);
+  rate = ranks.sum(rate) / ranks.nranks;
+  double selectionBytes = static_cast<double>(in.selections) * o.hidden * 2;
+  selectionBytes = ranks.sum(selectionBytes) / ranks.nranks;
+  for (Run& run : runs) {
+    run.dispatch.placedBytes = ranks.sum(run.dispatch.placedBytes) / ranks.nranks;
+    run.combine.placedBytes = ranks.sum(run.combine.placedBytes) / ranks.nranks;
+    run.wrong = static_cast<long>(ranks.sum(static_cast<double>(run.wrong)));
+  }
+  if (ranks.rank == 0) {
+    int version = 0;
+    loomGetVersion(&version);
+    std::printf("# ep_perf: loom %d, %d ranks (%s), %d tokens per rank, hidden %d, top-%d, %d experts (%d per rank), "
+                "bf16, capacity %d per expert\n",
+                version, ranks.nranks, mpi ? "mpirun" : "loomrun", o.tokens, o.hidden, o.topk, o.experts,
+                o.experts / ranks.nranks, o.capacity > 0 ? o.capacity : ranks.nranks * o.tokens);
+    std::printf("# %d warm-up and %d timed iterations; times are the slowest rank's, in us\n", o.warmup, o.iterations);
+    std::printf("# memory copy rate, every rank copying %.0f MB at once: %.2f GB/s per rank (the ceiling: of_copy)\n",
+                o.ceilingBytes / 1e6, rate / 1e9);
+    if (!mpiNote.empty()) std::printf("# MPI Alltoallv: %s\n", mpiNote.c_str());
+    std::printf("#\n#  %-14s %-9s %9s %9s %9s %12s %10s %11s %10s %7s\n", "mode", "phase", "avg_us", "min_us", "max_us",
+                "DeepEP_GB/s", "placed_MB", "placed_GB/s", "of_copy", "#wrong");
+    for (const Run& run : runs) {
+      print(o, run, run.dispatch, "dispatch", selectionBytes, rate);
+      print(o, run, run.combine, "combine", selectionBytes, rate);
+    }
+    auto average = [](const std::vector<double>& us) {
+      double sum = 0;
+      for (double v : us) sum += v;
+      return sum / static_cast<double>(us.size());
+    };
+    const Run* ll = nullptr;
+    for (const Run& run : runs)
+      if (run.mode == "low-latency") ll = &run;
+    for (const Run& peer : runs)
+      if (ll != nullptr && peer.mode.rfind("MPI", 0) == 0)
+        std::printf("# low-latency vs %s: dispatch %.2fx as fast, combine %.2fx\n", peer.mode.c_str(),
+                    average(peer.dispatch.us) / average(ll->dispatch.us),
+                    average(peer.combine.us) / average(ll->combine.us));
+  }
+  long wrong = 0;
+  for (const Run& run : runs) wrong += run.wrong;
+  loomCommDestroy(comm);
+#if LOOM_EP_PERF_MPI
+  if (mpi) MPI_Finalize();
+#endif
+  return wrong == 0 ? 0 : 1;
+}
