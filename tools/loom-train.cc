@@ -61,6 +61,7 @@ struct Options {
   int ep = 1;
   float capacityFactor = -1;  // below 0: the model's
   std::string dropPolicy;     // "": the model's
+  std::string epDispatch;     // "": alltoallv
   std::string ppSchedule = "1f1b";
   int ppChunks = 0;  // 0: 2 for the interleaved schedule, else 1
   std::string ppTimeline;
@@ -86,6 +87,7 @@ struct Options {
       stderr,
       "usage: loom-train [--model gpt-tiny|gpt2-124m|moe-tiny] [--layers L] [--device cpu|cuda]\n"
       "                  [--dtype fp32|bf16] [--ep N] [--capacity-factor X] [--drop-policy position|probability]\n"
+      "                  [--ep-dispatch alltoallv|ep-normal|ep-low-latency]\n"
       "                  [--tp N] [--sp] [--dp N] [--zero 0|1|2|3]\n"
       "                  [--pp N] [--pp-schedule gpipe|1f1b|interleaved|zb-h1] [--pp-chunks V]\n"
       "                  [--pp-timeline FILE.png|FILE.txt] [--steps N] [--batch B]\n"
@@ -114,6 +116,7 @@ Options parse(int argc, char** argv) {
                                        {"ep", required_argument, nullptr, 'E'},
                                        {"capacity-factor", required_argument, nullptr, 'c'},
                                        {"drop-policy", required_argument, nullptr, 'x'},
+                                       {"ep-dispatch", required_argument, nullptr, 'X'},
                                        {"device", required_argument, nullptr, 'G'},
                                        {"dtype", required_argument, nullptr, 'y'},
                                        {"dp", required_argument, nullptr, 'd'},
@@ -164,6 +167,9 @@ Options parse(int argc, char** argv) {
         o.dropPolicy = optarg;
         if (o.dropPolicy != "position" && o.dropPolicy != "probability")
           usage("--drop-policy: position or probability");
+        break;
+      case 'X':
+        o.epDispatch = optarg;
         break;
       case 'G':
         o.device = optarg;
@@ -416,8 +422,12 @@ int main(int argc, char** argv) {
   GptConfig config;
   if (!GptConfig::preset(o.model, &config)) usage(("--model " + o.model + ": gpt-tiny, gpt2-124m or moe-tiny").c_str());
   if (o.layers > 0) config.layers = o.layers;
-  if (config.experts == 0 && (o.ep > 1 || o.capacityFactor >= 0 || !o.dropPolicy.empty()))
-    usage("--ep, --capacity-factor and --drop-policy are for a mixture of experts (--model moe-tiny)");
+  if (config.experts == 0 && (o.ep > 1 || o.capacityFactor >= 0 || !o.dropPolicy.empty() || !o.epDispatch.empty()))
+    usage("--ep, --capacity-factor, --drop-policy and --ep-dispatch are for a mixture of experts (--model moe-tiny)");
+  if (!o.epDispatch.empty() && !parseExpertDispatch(o.epDispatch, &config.expertDispatch))
+    usage("--ep-dispatch: expected alltoallv, ep-normal or ep-low-latency");
+  if (config.expertDispatch != ExpertDispatch::kAllToAllv && o.device != "cpu")
+    usage("--ep-dispatch ep-normal and ep-low-latency take host memory: --device cpu");
   if (config.experts > 0 && o.tp > 1) usage("--tp: experts do not combine with tensor parallelism; use --ep");
   if (o.capacityFactor >= 0) config.capacityFactor = o.capacityFactor;
   if (!o.dropPolicy.empty())
@@ -638,7 +648,10 @@ int main(int argc, char** argv) {
     if (config.experts > 0)
       std::printf("; %d experts of %d hidden units, top-%d, capacity factor %g (%s drops)%s", config.experts,
                   config.hidden(), config.topk, config.capacityFactor, dropPolicyName(config.dropPolicy),
-                  o.ep > 1 ? (", over ep=" + std::to_string(o.ep)).c_str() : "");
+                  o.ep > 1 ? (", over ep=" + std::to_string(o.ep) + " (" +
+                              expertDispatchName(config.expertDispatch) + " dispatch)")
+                                 .c_str()
+                           : "");
     std::printf("\n");
     std::string pipelineText;
     if (o.pp > 1)

@@ -268,7 +268,8 @@ Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequ
     epRank_ = rankOf(expertParallel);
     if (ep_ > 1) epScalars_ = std::make_unique<Scalars>(epComm_, ops_);
     moe_ = std::make_unique<MoeLayer>(MoeShape{config.experts, config.topk, config.channels, config.hidden(),
-                                               config.capacityFactor, config.dropPolicy, config.auxLossCoefficient},
+                                               config.capacityFactor, config.dropPolicy, config.auxLossCoefficient,
+                                               config.expertDispatch},
                                       ops_, ep_ > 1 ? epComm_ : nullptr);
   }
   // The units in GptLayout::of's order.

@@ -70,6 +70,8 @@ struct GptConfig {
   float capacityFactor = 0;
   DropPolicy dropPolicy = DropPolicy::kPosition;
   float auxLossCoefficient = 0.01f;
+  // How the MoE layer's forward dispatch moves rows between expert-parallel ranks (moe.h); not part of the model.
+  ExpertDispatch expertDispatch = ExpertDispatch::kAllToAllv;
   int hidden() const { return ffn > 0 ? ffn : 4 * channels; }
 
   // "gpt-tiny" (L=2, H=4, C=128, T=64, V=256), "gpt2-124m" (L=12, H=12, C=768, T=1024, V=50257) or "moe-tiny"

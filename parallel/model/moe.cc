@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 
 #include "parallel/check.h"
@@ -12,6 +13,21 @@
 namespace loom::parallel {
 
 const char* dropPolicyName(DropPolicy policy) { return policy == DropPolicy::kPosition ? "position" : "probability"; }
+
+const char* expertDispatchName(ExpertDispatch dispatch) {
+  return dispatch == ExpertDispatch::kAllToAllv ? "alltoallv"
+         : dispatch == ExpertDispatch::kEpNormal ? "ep-normal"
+                                                  : "ep-low-latency";
+}
+
+bool parseExpertDispatch(const std::string& name, ExpertDispatch* out) {
+  for (ExpertDispatch d : {ExpertDispatch::kAllToAllv, ExpertDispatch::kEpNormal, ExpertDispatch::kEpLowLatency})
+    if (name == expertDispatchName(d)) {
+      *out = d;
+      return true;
+    }
+  return false;
+}
 
 size_t MoeState::bytes() const {
   size_t total = 0;
@@ -35,6 +51,11 @@ MoeLayer::MoeLayer(const MoeShape& shape, Ops& ops, loomComm_t expertParallel)
                  shape.experts, shape.topk, ep_);
     std::abort();
   }
+  if (shape.dispatch != ExpertDispatch::kAllToAllv && ops_.onDevice()) {
+    std::fprintf(stderr, "moe: the %s dispatch takes host memory; the CUDA kernels use alltoallv\n",
+                 expertDispatchName(shape.dispatch));
+    std::abort();
+  }
   if (ep_ > 1) {
     stream_ = ops_.createStream();
     counts_ = Tensor::zeros({2 * static_cast<int64_t>(shape.experts)}, DType::kInt32, &ops_);
@@ -42,7 +63,48 @@ MoeLayer::MoeLayer(const MoeShape& shape, Ops& ops, loomComm_t expertParallel)
 }
 
 MoeLayer::~MoeLayer() {
+  if (epObject_ != nullptr) loomEpDestroy(epObject_);
   if (stream_ != nullptr) ops_.destroyStream(stream_);
+}
+
+void MoeLayer::epDispatch(MoeState& s, const void* x, int N) {
+  const int k = shape_.topk, C = shape_.channels, local = localExperts();
+  // The EP object is collective: every expert-parallel rank makes it at the same call, for the largest N of any
+  // rank so far (the ranks' micro-batches have the same shape).
+  int tokens = std::max(N, 1);
+  LOOM_PAR_CHECK(comm_, loomAllReduce(&tokens, &tokens, 1, loomInt32, loomMax, comm_, nullptr));
+  if (epObject_ == nullptr || tokens > epTokens_) {
+    if (epObject_ != nullptr) loomEpDestroy(epObject_);
+    loomEpConfig_t config = LOOM_EP_CONFIG_INITIALIZER;
+    config.maxTokensPerRank = tokens;
+    config.hidden = C;
+    config.numExperts = shape_.experts;
+    config.topk = k;
+    config.datatype = loomTypeOf(ops_.dtype());
+    config.mode = shape_.dispatch == ExpertDispatch::kEpLowLatency ? loomEpLowLatency : loomEpNormal;
+    LOOM_PAR_CHECK(comm_, loomEpCreate(comm_, &config, &epObject_));
+    epTokens_ = tokens;
+    epRecv_.assign(static_cast<size_t>(local) * ep_ * tokens * C * ops_.elementBytes(), 0);
+  }
+  // Each token's kept experts (a dropped assignment is no expert) and their gates.
+  std::vector<int32_t> idx(static_cast<size_t>(N) * k);
+  for (size_t a = 0; a < idx.size(); ++a) idx[a] = s.slotOf[a] >= 0 ? s.choice[a] : -1;
+  std::vector<int> counts(local);
+  loomEpHandle_t handle = nullptr;
+  LOOM_PAR_CHECK(comm_, loomEpDispatch(epObject_, x, N, idx.data(), s.gates.data(), epRecv_.data(), counts.data(),
+                                       &handle, nullptr));
+  loomEpHandleFree(handle);
+  // Expert e's rows lie at e * capacity; the layer keeps them one expert after another.
+  const size_t rowBytes = static_cast<size_t>(C) * ops_.elementBytes(), capacity = static_cast<size_t>(ep_) * epTokens_;
+  for (int e = 0; e < local; ++e) {
+    if (counts[e] != s.expertRows[e + 1] - s.expertRows[e]) {
+      std::fprintf(stderr, "moe: expert dispatch gave local expert %d %d rows where the counts say %d\n", e, counts[e],
+                   s.expertRows[e + 1] - s.expertRows[e]);
+      std::abort();
+    }
+    std::memcpy(elementAt(ops_, s.received.data(), static_cast<size_t>(s.expertRows[e]) * C),
+                epRecv_.data() + e * capacity * rowBytes, counts[e] * rowBytes);
+  }
 }
 
 size_t MoeLayer::expertElements() const {
@@ -209,12 +271,17 @@ float MoeLayer::forward(MoeState& s, void* out, const void* x, int N, const MoeP
   s.toExpertMajorDevice = indices(s.toExpertMajor);
   s.toSourceMajorDevice = indices(s.toSourceMajor);
   // Dispatch.
-  s.dispatched = rows(S, C);
-  ops_.gatherRows(s.dispatched.data(), x, s.sendTokensDevice.i32(), nullptr, static_cast<int>(S), C);
   Tensor sourceMajor = rows(R, C);
-  exchange(s.dispatched.data(), s.sendRows, sourceMajor.data(), s.receiveRows);
   s.received = rows(R, C);
-  ops_.gatherRows(s.received.data(), sourceMajor.data(), s.toExpertMajorDevice.i32(), nullptr, static_cast<int>(R), C);
+  if (shape_.dispatch != ExpertDispatch::kAllToAllv && ep_ > 1) {
+    epDispatch(s, x, N);
+  } else {
+    s.dispatched = rows(S, C);
+    ops_.gatherRows(s.dispatched.data(), x, s.sendTokensDevice.i32(), nullptr, static_cast<int>(S), C);
+    exchange(s.dispatched.data(), s.sendRows, sourceMajor.data(), s.receiveRows);
+    ops_.gatherRows(s.received.data(), sourceMajor.data(), s.toExpertMajorDevice.i32(), nullptr, static_cast<int>(R),
+                    C);
+  }
   // Each local expert's MLP over its rows.
   s.fc = rows(R, F);
   s.fcGelu = rows(R, F);

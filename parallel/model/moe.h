@@ -15,12 +15,20 @@
 // regrouped by local expert; each expert runs its MLP over its rows as one batch; combine returns the outputs the
 // same way and sums each token's k outputs weighted by its gates. Backward runs the same exchanges for the outputs'
 // gradients and back. Without expert parallelism the same path runs without the exchanges.
+//
+// The forward dispatch may instead go through loom's expert dispatch (loom_ep.h, MoeShape::dispatch): one
+// loomEpDispatch sends each token once per rank with its kept experts and gates, and its rows arrive grouped by
+// local expert in the same order as above (source rank, then token), so the experts see the same batches. The
+// rest (the combine, whose per-assignment outputs the gates' gradients need, and the backward exchanges) stays on
+// loomAllToAllv, whose counts route() exchanges either way. Host memory only (the CPU kernels).
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "loom/loom.h"
+#include "loom/loom_ep.h"
 #include "parallel/kernels/ops.h"
 #include "parallel/tensor.h"
 
@@ -29,12 +37,19 @@ namespace loom::parallel {
 enum class DropPolicy { kPosition, kProbability };
 const char* dropPolicyName(DropPolicy policy);
 
+// How the forward dispatch moves the rows: loomAllToAllv, or loom's expert dispatch in either mode.
+enum class ExpertDispatch { kAllToAllv, kEpNormal, kEpLowLatency };
+const char* expertDispatchName(ExpertDispatch dispatch);
+// "alltoallv", "ep-normal", "ep-low-latency"; false for any other name.
+bool parseExpertDispatch(const std::string& name, ExpertDispatch* out);
+
 // What the MoE layer needs of the model's configuration.
 struct MoeShape {
   int experts = 0, topk = 1, channels = 0, hidden = 0;  // hidden: each expert's MLP width
   float capacityFactor = 0;                             // 0: no capacity, nothing dropped
   DropPolicy dropPolicy = DropPolicy::kPosition;
   float auxLossCoefficient = 0;
+  ExpertDispatch dispatch = ExpertDispatch::kAllToAllv;
 };
 
 // One micro-batch's routing and activations in one MoE layer.
@@ -95,6 +110,8 @@ class MoeLayer {
   // received[p] from peer p into `receive`, in peer order. Copies without expert parallelism.
   void exchange(const void* send, const std::vector<size_t>& sendRows, void* receive,
                 const std::vector<size_t>& receiveRows);
+  // The forward dispatch through loom's expert dispatch: x's kept rows into s.received, expert-major.
+  void epDispatch(MoeState& state, const void* x, int N);
   Tensor rows(size_t count, int width) const;
   Tensor indices(const std::vector<int32_t>& values) const;
   Tensor floats(const std::vector<float>& values) const;
@@ -105,6 +122,9 @@ class MoeLayer {
   int ep_ = 1, epRank_ = 0;
   loomStream_t stream_ = nullptr;
   Tensor counts_;  // the per-expert counts' exchange, int32 [2 ep E/ep]
+  loomEp_t epObject_ = nullptr;  // MoeShape::dispatch's EP object, made for up to epTokens_ tokens per rank
+  int epTokens_ = 0;
+  std::vector<unsigned char> epRecv_;
 };
 
 }  // namespace loom::parallel

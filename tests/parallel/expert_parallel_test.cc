@@ -183,6 +183,23 @@ TEST(ExpertParallel, MatchesOneRankAtTwoAndFourRanks) {
   }
 }
 
+// The forward dispatch through loom's expert dispatch (loom_ep.h), in both modes: the same rows reach the same
+// experts in the same order, so training is bitwise the same as over loomAllToAllv, drops included.
+TEST(ExpertParallel, ExpertDispatchTrainsExactlyAsAllToAllv) {
+  for (int ep : {2, 4}) {
+    const Training reference = runs::train(expertRun(ep, ep));
+    for (ExpertDispatch dispatch : {ExpertDispatch::kEpNormal, ExpertDispatch::kEpLowLatency}) {
+      runs::Run run = expertRun(ep, ep);
+      run.config.expertDispatch = dispatch;
+      const Training trained = runs::train(run);
+      const std::string what = std::string(expertDispatchName(dispatch)) + " at ep " + std::to_string(ep);
+      EXPECT_EQ(trained.losses, reference.losses) << what;
+      EXPECT_EQ(trained.params, reference.params) << what;
+      EXPECT_EQ(trained.dropped, reference.dropped) << what;
+    }
+  }
+}
+
 TEST(ExpertParallel, CombinedWithDataParallelism) {
   const Training single = oneRank(4);
   runs::expectSameTraining(runs::train(expertRun(4, 2)), single, 1e-5, "ep 2 x edp 2");
