@@ -1,5 +1,6 @@
 #include "src/ep/low_latency.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,6 +51,7 @@ LowLatency::LowLatency(loomComm* comm, const Shape& shape, uint32_t id, int chan
 }
 
 LowLatency::~LowLatency() {
+  for (void* mapped : sameProcessMappings_) munmap(mapped, windowBytes_);
   if (allocation_ != nullptr) loomMemFree(allocation_);
 }
 
@@ -84,6 +86,16 @@ loomResult_t LowLatency::connect() {
   for (int p = 0; p < nranks; ++p) {
     Transport* transport = comm_->transportTo[p];
     if (p == rank || transport == nullptr || !transport->carriesDirect()) continue;
+    if (infos[p].pid == infos[rank].pid) {
+      // A rank of this process: a mapping of its own, so that the window outlives that rank's EP object (which may
+      // be destroyed while this rank still writes into it, as after a failure).
+      if (infos[p].region.fd < 0) continue;
+      void* mapped = mmap(nullptr, infos[p].bytes, PROT_READ | PROT_WRITE, MAP_SHARED, infos[p].region.fd, 0);
+      if (mapped == MAP_FAILED) continue;
+      sameProcessMappings_.push_back(mapped);
+      peerWindow_[p] = static_cast<uint64_t*>(mapped);
+      continue;
+    }
     DirectDescriptor descriptor{infos[p].base, infos[p].bytes, infos[p].pid, infos[p].region};
     peerWindow_[p] = static_cast<uint64_t*>(const_cast<void*>(mappings_.resolve(descriptor)));
   }
@@ -189,12 +201,12 @@ loomResult_t LowLatency::pullPieces(bool* moved) {
   return loomSuccess;
 }
 
-void LowLatency::giveUp() {
+void LowLatency::giveUp(loomResult_t result) {
   for (int p = 0; p < shape_.nranks; ++p)
     if (peerWindow_[p] != nullptr && p != shape_.rank)
       gaveUpWord(peerWindow_[p])->store(static_cast<uint64_t>(shape_.rank) + 1, std::memory_order_relaxed);
   int expected = loomSuccess;
-  comm_->asyncError.compare_exchange_strong(expected, loomRemoteError);
+  comm_->asyncError.compare_exchange_strong(expected, result);
   comm_->connections.abortAll();
 }
 
@@ -213,6 +225,12 @@ loomResult_t LowLatency::progress(const char* what, Phase phase, uint64_t sequen
                                   const std::vector<char>& awaited) {
   CommWatch watch(comm_, what);
   Backoff backoff(comm_->spinPolls);
+  // A peer that gave up before this call was made stays given up: the call fails at once.
+  if (uint64_t who = gaveUpWord(window_)->load(std::memory_order_relaxed); who != 0) {
+    outbound_.clear();
+    return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: rank %d gave up on an earlier EP call", what,
+                     shape_.rank, static_cast<int>(who - 1));
+  }
   bool network = !outbound_.empty() || std::find(piecesFrom_.begin(), piecesFrom_.end(), 1) != piecesFrom_.end();
   if (network) network = comm_->connections.beginNetworkProgress();
   loomResult_t result = loomSuccess;
@@ -244,7 +262,7 @@ loomResult_t LowLatency::progress(const char* what, Phase phase, uint64_t sequen
   }
   if (network) comm_->connections.endNetworkProgress();
   outbound_.clear();
-  if (result != loomSuccess && result != loomInvalidArgument) giveUp();
+  if (result != loomSuccess && result != loomInvalidArgument) giveUp(result);
   return result;
 }
 

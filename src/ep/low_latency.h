@@ -87,8 +87,9 @@ class LowLatency {
   // Whether `source`'s region of the call has arrived whole (its header, and the last word its header implies):
   // for a peer whose connection closed, which the call may not have read yet.
   bool regionArrived(Phase phase, uint64_t sequence, int source);
-  // Marks every peer's window (and connection) so that peers waiting on this rank stop.
-  void giveUp();
+  // Marks every peer's window (and connection) so that peers waiting on this rank stop, and the communicator with
+  // `result` (its calls fail from now on, as after any collective's failure).
+  void giveUp(loomResult_t result);
 
   loomComm* comm_;
   Shape shape_;
@@ -99,6 +100,7 @@ class LowLatency {
   uint64_t* window_ = nullptr;
   size_t windowBytes_ = 0;
   PeerMappings mappings_{true};
+  std::vector<void*> sameProcessMappings_;  // windows of ranks of this process, mapped again here
   std::vector<uint64_t*> peerWindow_;  // by rank: its window as mapped here; null: reached through connections
   std::vector<char> piecesFrom_;       // by rank: its regions reach this rank as pieces
   std::vector<uint32_t> closed_;       // by rank: the AbortCode of its drained connection (0: open)

@@ -6,7 +6,10 @@
 // (tests/common/ep_check.h): rows and counts bitwise, the combine within the datatype's rounding.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "loom/loom.h"
@@ -116,6 +119,47 @@ TEST(EpTest, SeveralObjectsOnOneCommunicator) {
         }
       },
       &config);
+}
+
+loomEpConfig_t smallConfig(int nranks, loomEpMode_t mode);
+
+// A rank that does not make the matching call: the other's dispatch ends at its deadline with loomTimeout naming
+// the call; the late rank's dispatch then fails at once (its peer gave up) instead of waiting out its own.
+TEST(EpTest, MissingPeerTimesOutAndTheLateRankFailsFast) {
+  loomConfig_t config = loomtest::configWithTimeout(1500);
+  for (loomEpMode_t mode : {loomEpNormal, loomEpLowLatency}) {
+    std::atomic<bool> firstDone{false};
+    runRanks(
+        2,
+        [&](loomComm_t comm, int rank) {
+          loomEpConfig_t c = smallConfig(2, mode);
+          loomEp_t ep = nullptr;
+          ASSERT_EQ(loomEpCreate(comm, &c, &ep), loomSuccess) << loomGetLastError(comm);
+          std::vector<float> x(4 * 8, 1.0f), recv(2 * 8 * 8);
+          std::vector<int32_t> idx = {0, 1, 2, 3, 1, 2, 0, 3};
+          std::vector<float> w(8, 0.5f);
+          int counts[2];
+          loomEpHandle_t handle = nullptr;
+          auto start = std::chrono::steady_clock::now();
+          if (rank == 1)
+            while (!firstDone.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          loomResult_t result =
+              loomEpDispatch(ep, x.data(), 4, idx.data(), w.data(), recv.data(), counts, &handle, nullptr);
+          double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          if (rank == 0) {
+            EXPECT_EQ(result, loomTimeout) << loomGetLastError(comm);
+            EXPECT_TRUE(contains(loomGetLastError(comm), "made no progress")) << loomGetLastError(comm);
+            EXPECT_LT(seconds, 10.0);
+            firstDone = true;
+          } else {
+            EXPECT_NE(result, loomSuccess);
+            EXPECT_LT(seconds, 10.0) << loomGetLastError(comm);
+          }
+          EXPECT_EQ(handle, nullptr);
+          loomEpDestroy(ep);
+        },
+        &config);
+  }
 }
 
 loomEpConfig_t smallConfig(int nranks, loomEpMode_t mode) {
