@@ -2,7 +2,8 @@
 # The peer perf programs as a test: mpi_perf (under mpirun, Open MPI's defaults) and gloo_perf (under loomrun)
 # run every collective at 2 and 3 ranks on sizes up to 256 KiB with checking on, and must exit 0 with
 # "# Out of bounds values : 0 OK"; then tools/compare-peers --quick runs once over the built programs (2 ranks,
-# with its latency rounds), which fails on any wrong element or failed run. Skipped (77) when neither peer was built.
+# with its latency rounds), which fails on any wrong element or failed run; and ep_perf under mpirun (its MPI
+# dispatches). Skipped (77) when neither peer was built.
 # Sizes stop at 256 KiB because Gloo's ReduceScatter returns wrong values from 512 KiB up at 2 ranks on a busy
 # machine (a race inside Gloo, perf/README.md): that is Gloo's bug to report, not this test's to flake on.
 # Usage: peers_test.sh BUILD_ROOT SOURCE_ROOT
@@ -50,6 +51,19 @@ for nranks in 2 3; do
     done
   done
 done
+
+# ep_perf under mpirun sets the two MPI dispatches beside loom's; it exits 0 only if no combine was wrong.
+if [[ " ${launchers[*]} " == *" mpi "* ]] && [ -x "$build/perf/ep_perf" ]; then
+  output=$(timeout 300 mpirun -n 2 --oversubscribe --allow-run-as-root --bind-to none "$build/perf/ep_perf" \
+    -t 16 -H 200 -k 3 -e 12 -n 3 -w 1 -C 8 2>&1)
+  if [ $? -eq 0 ] && grep -q "^  MPI per expert dispatch" <<<"$output" && grep -q "^  MPI per rank" <<<"$output"; then
+    echo "ok: mpirun -n 2 ep_perf"
+  else
+    echo "FAILED: mpirun -n 2 ep_perf"
+    echo "$output"
+    failures=$((failures + 1))
+  fi
+fi
 
 outdir=$(mktemp -d)
 trap 'rm -rf "$outdir"' EXIT

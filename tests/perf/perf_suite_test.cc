@@ -1,5 +1,6 @@
 // The perf programs as a test: every *_perf runs under loomrun at 1, 2, 3, 4 and 8 ranks on small sizes, with
-// checking on, and must exit 0 with "Out of bounds values : 0 OK" (every element of every size exact).
+// checking on, and must exit 0 with "Out of bounds values : 0 OK" (every element of every size exact); ep_perf
+// likewise in a small shape.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -32,6 +33,27 @@ TEST_P(PerfSuite, ExactTableUnderLoomrun) {
   int status = pclose(pipe);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << output;
   EXPECT_NE(output.find("# Out of bounds values : 0 OK"), std::string::npos) << command << "\n" << output;
+}
+
+// ep_perf (expert dispatch and combine) in a small shape at 1, 2, 3 and 4 ranks: exit 0 (no wrong element in any
+// combine) and both modes' rows in the table.
+TEST(EpPerf, ExactTableUnderLoomrun) {
+  const char* loomrun = std::getenv("LOOMRUN");
+  const char* perfDir = std::getenv("PERF_DIR");
+  ASSERT_TRUE(loomrun && perfDir) << "LOOMRUN and PERF_DIR must name the built launcher and perf/";
+  for (int nranks : {1, 2, 3, 4}) {
+    std::string command = std::string(loomrun) + " -n " + std::to_string(nranks) + " --timeout 300 " + perfDir +
+                          "/ep_perf -t 16 -H 200 -k 3 -e 12 -n 3 -w 1 -C 8 2>&1";
+    std::string output;
+    FILE* pipe = popen(command.c_str(), "r");
+    ASSERT_NE(pipe, nullptr) << command;
+    char buffer[4096];
+    for (size_t got; (got = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, got);
+    int status = pclose(pipe);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << output;
+    EXPECT_NE(output.find("  low-latency    dispatch"), std::string::npos) << output;
+    EXPECT_NE(output.find("  normal         combine"), std::string::npos) << output;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Programs, PerfSuite,
