@@ -116,6 +116,7 @@ struct Run {
   std::string mode;
   PhaseTimes dispatch, combine;
   long wrong = 0;
+  size_t bufferBytes = 0;  // loom's receive buffers (low-latency mode)
 };
 
 // The communicator's collectives that every mode's timing uses, whatever moves the tokens.
@@ -154,7 +155,8 @@ Run runLoom(const Options& o, Ranks& ranks, const Inputs& in, loomEpMode_t mode)
   loomEp_t ep = nullptr;
   check(loomEpCreate(ranks.comm, &config, &ep), "loomEpCreate", ranks.comm);
   const int local = o.experts / ranks.nranks;
-  const size_t capacity = o.capacity > 0 ? static_cast<size_t>(o.capacity) : static_cast<size_t>(ranks.nranks) * o.tokens;
+  const size_t capacity =
+      o.capacity > 0 ? static_cast<size_t>(o.capacity) : static_cast<size_t>(ranks.nranks) * o.tokens;
   std::vector<uint16_t> recvX(static_cast<size_t>(local) * capacity * o.hidden);
   std::vector<uint16_t> out(static_cast<size_t>(o.tokens) * o.hidden);
   std::vector<int> counts(local);
@@ -180,6 +182,9 @@ Run runLoom(const Options& o, Ranks& ranks, const Inputs& in, loomEpMode_t mode)
   run.dispatch.placedBytes = static_cast<double>(rows) * o.hidden * 2;
   run.combine.placedBytes = run.dispatch.placedBytes;  // every placed row is weighted back into its token
   run.wrong = wrongElements(o, in, out);
+  loomEpStats_t stats;
+  check(loomEpGetStats(ep, &stats), "loomEpGetStats", ranks.comm);
+  run.bufferBytes = stats.bufferBytes;
   loomEpDestroy(ep);
   return run;
 }
@@ -432,16 +437,26 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     const char* value = argv[i + 1];
-    if (flag == "-t") o.tokens = std::atoi(value);
-    else if (flag == "-H") o.hidden = std::atoi(value);
-    else if (flag == "-k") o.topk = std::atoi(value);
-    else if (flag == "-e") o.experts = std::atoi(value), expertsGiven = true;
-    else if (flag == "-c") o.capacity = std::atoi(value);
-    else if (flag == "-w") o.warmup = std::atoi(value);
-    else if (flag == "-n") o.iterations = std::atoi(value);
-    else if (flag == "-m") o.modes = value;
-    else if (flag == "-C") o.ceilingBytes = std::strtoull(value, nullptr, 10) << 20;
-    else die("unknown flag", argv[i]);
+    if (flag == "-t")
+      o.tokens = std::atoi(value);
+    else if (flag == "-H")
+      o.hidden = std::atoi(value);
+    else if (flag == "-k")
+      o.topk = std::atoi(value);
+    else if (flag == "-e")
+      o.experts = std::atoi(value), expertsGiven = true;
+    else if (flag == "-c")
+      o.capacity = std::atoi(value);
+    else if (flag == "-w")
+      o.warmup = std::atoi(value);
+    else if (flag == "-n")
+      o.iterations = std::atoi(value);
+    else if (flag == "-m")
+      o.modes = value;
+    else if (flag == "-C")
+      o.ceilingBytes = std::strtoull(value, nullptr, 10) << 20;
+    else
+      die("unknown flag", argv[i]);
   }
   if (argc % 2 == 0) die("flag without a value", argv[argc - 1]);
   if (!expertsGiven) o.experts = -o.experts;  // 256 scaled to the rank count once it is known
@@ -512,14 +527,18 @@ int main(int argc, char** argv) {
   if (ranks.rank == 0) {
     int version = 0;
     loomGetVersion(&version);
-    std::printf("# ep_perf: loom %d, %d ranks (%s), %d tokens per rank, hidden %d, top-%d, %d experts (%d per rank), "
-                "bf16, capacity %d per expert\n",
-                version, ranks.nranks, mpi ? "mpirun" : "loomrun", o.tokens, o.hidden, o.topk, o.experts,
-                o.experts / ranks.nranks, o.capacity > 0 ? o.capacity : ranks.nranks * o.tokens);
+    std::printf(
+        "# ep_perf: loom %d, %d ranks (%s), %d tokens per rank, hidden %d, top-%d, %d experts (%d per rank), "
+        "bf16, capacity %d per expert\n",
+        version, ranks.nranks, mpi ? "mpirun" : "loomrun", o.tokens, o.hidden, o.topk, o.experts,
+        o.experts / ranks.nranks, o.capacity > 0 ? o.capacity : ranks.nranks * o.tokens);
     std::printf("# %d warm-up and %d timed iterations; times are the slowest rank's, in us\n", o.warmup, o.iterations);
     std::printf("# memory copy rate, every rank copying %.0f MB at once: %.2f GB/s per rank (the ceiling: of_copy)\n",
                 o.ceilingBytes / 1e6, rate / 1e9);
     if (!mpiNote.empty()) std::printf("# MPI Alltoallv: %s\n", mpiNote.c_str());
+    for (const Run& run : runs)
+      if (run.bufferBytes > 0)
+        std::printf("# %s receive windows: %.1f MB per rank\n", run.mode.c_str(), run.bufferBytes / 1e6);
     std::printf("#\n#  %-14s %-9s %9s %9s %9s %12s %10s %11s %10s %7s\n", "mode", "phase", "avg_us", "min_us", "max_us",
                 "DeepEP_GB/s", "placed_MB", "placed_GB/s", "of_copy", "#wrong");
     for (const Run& run : runs) {
@@ -531,6 +550,14 @@ int main(int argc, char** argv) {
       for (double v : us) sum += v;
       return sum / static_cast<double>(us.size());
     };
+    // DeepEP's README form: latency and the bandwidth of the bytes it counts (per selection), per mode.
+    std::printf("#\n# | mode | Dispatch #EP | Latency | Bandwidth | Combine #EP | Latency | Bandwidth |\n");
+    std::printf("# |---|---|---|---|---|---|---|\n");
+    for (const Run& run : runs) {
+      double d = average(run.dispatch.us), c = average(run.combine.us);
+      std::printf("# | %s | %d | %.0f us | %.2f GB/s | %d | %.0f us | %.2f GB/s |\n", run.mode.c_str(), ranks.nranks, d,
+                  selectionBytes / (d * 1e-6) / 1e9, ranks.nranks, c, selectionBytes / (c * 1e-6) / 1e9);
+    }
     const Run* ll = nullptr;
     for (const Run& run : runs)
       if (run.mode == "low-latency") ll = &run;

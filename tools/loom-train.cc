@@ -648,8 +648,8 @@ int main(int argc, char** argv) {
     if (config.experts > 0)
       std::printf("; %d experts of %d hidden units, top-%d, capacity factor %g (%s drops)%s", config.experts,
                   config.hidden(), config.topk, config.capacityFactor, dropPolicyName(config.dropPolicy),
-                  o.ep > 1 ? (", over ep=" + std::to_string(o.ep) + " (" +
-                              expertDispatchName(config.expertDispatch) + " dispatch)")
+                  o.ep > 1 ? (", over ep=" + std::to_string(o.ep) + " (" + expertDispatchName(config.expertDispatch) +
+                              " dispatch)")
                                  .c_str()
                            : "");
     std::printf("\n");

@@ -47,15 +47,15 @@ typedef enum { loomEpNormal = 0, loomEpLowLatency = 1 } loomEpMode_t;
 
 /** Shape and options of an EP object: the same on every rank. Start from LOOM_EP_CONFIG_INITIALIZER. */
 typedef struct {
-  size_t size;               /**< sizeof(loomEpConfig_t) as compiled by the caller. */
-  int maxTokensPerRank;      /**< Most tokens one rank dispatches in one call. */
-  int hidden;                /**< Elements per token row. */
-  int numExperts;            /**< Experts in all; a multiple of the rank count. */
-  int topk;                  /**< Experts per token (entries of topkIdx per token), 1..64. */
-  loomDataType_t datatype;   /**< Element type of x, recvX, expertOut and out. */
-  loomEpMode_t mode;         /**< loomEpNormal or loomEpLowLatency. */
-  int expertCapacity;        /**< Rows per local expert in recvX; 0: nranks * maxTokensPerRank (never overflows). */
-  int dropOverflow;          /**< 0: rows past expertCapacity fail the dispatch; 1: they are dropped and counted. */
+  size_t size;             /**< sizeof(loomEpConfig_t) as compiled by the caller. */
+  int maxTokensPerRank;    /**< Most tokens one rank dispatches in one call. */
+  int hidden;              /**< Elements per token row. */
+  int numExperts;          /**< Experts in all; a multiple of the rank count. */
+  int topk;                /**< Experts per token (entries of topkIdx per token), 1..64. */
+  loomDataType_t datatype; /**< Element type of x, recvX, expertOut and out. */
+  loomEpMode_t mode;       /**< loomEpNormal or loomEpLowLatency. */
+  int expertCapacity;      /**< Rows per local expert in recvX; 0: nranks * maxTokensPerRank (never overflows). */
+  int dropOverflow;        /**< 0: rows past expertCapacity fail the dispatch; 1: they are dropped and counted. */
 } loomEpConfig_t;
 
 #define LOOM_EP_CONFIG_INITIALIZER \
@@ -82,17 +82,16 @@ loomResult_t loomEpCreate(loomComm_t comm, const loomEpConfig_t* config, loomEp_
  * topkWeights: [numTokens, topk], int32 and float). Fills recvX ([L, expertCapacity, hidden]) and
  * recvTokenCountsPerLocalExpert ([L]), and returns the routing for the combine in *handleOut. Collective.
  */
-loomResult_t loomEpDispatch(loomEp_t ep, const void* x, int numTokens, const int32_t* topkIdx,
-                            const float* topkWeights, void* recvX, int* recvTokenCountsPerLocalExpert,
-                            loomEpHandle_t* handleOut, loomStream_t stream);
+loomResult_t loomEpDispatch(loomEp_t ep, const void* x, int numTokens, const int32_t* topkIdx, const float* topkWeights,
+                            void* recvX, int* recvTokenCountsPerLocalExpert, loomEpHandle_t* handleOut,
+                            loomStream_t stream);
 
 /**
  * Returns the experts' outputs (expertOut: recvX's layout) to their tokens' ranks and writes the weighted sum of
  * each token's rows into out ([numTokens, hidden] of the dispatch that made handle). Collective; the handle stays
  * valid (a backward pass may combine again).
  */
-loomResult_t loomEpCombine(loomEp_t ep, const void* expertOut, loomEpHandle_t handle, void* out,
-                           loomStream_t stream);
+loomResult_t loomEpCombine(loomEp_t ep, const void* expertOut, loomEpHandle_t handle, void* out, loomStream_t stream);
 
 /** Frees a handle from loomEpDispatch (NULL: nothing). */
 loomResult_t loomEpHandleFree(loomEpHandle_t handle);

@@ -267,10 +267,10 @@ Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequ
     ep_ = countOf(expertParallel);
     epRank_ = rankOf(expertParallel);
     if (ep_ > 1) epScalars_ = std::make_unique<Scalars>(epComm_, ops_);
-    moe_ = std::make_unique<MoeLayer>(MoeShape{config.experts, config.topk, config.channels, config.hidden(),
-                                               config.capacityFactor, config.dropPolicy, config.auxLossCoefficient,
-                                               config.expertDispatch},
-                                      ops_, ep_ > 1 ? epComm_ : nullptr);
+    moe_ = std::make_unique<MoeLayer>(
+        MoeShape{config.experts, config.topk, config.channels, config.hidden(), config.capacityFactor,
+                 config.dropPolicy, config.auxLossCoefficient, config.expertDispatch},
+        ops_, ep_ > 1 ? epComm_ : nullptr);
   }
   // The units in GptLayout::of's order.
   const PipelineStage& stage = layout_.stage;

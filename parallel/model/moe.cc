@@ -15,9 +15,9 @@ namespace loom::parallel {
 const char* dropPolicyName(DropPolicy policy) { return policy == DropPolicy::kPosition ? "position" : "probability"; }
 
 const char* expertDispatchName(ExpertDispatch dispatch) {
-  return dispatch == ExpertDispatch::kAllToAllv ? "alltoallv"
+  return dispatch == ExpertDispatch::kAllToAllv  ? "alltoallv"
          : dispatch == ExpertDispatch::kEpNormal ? "ep-normal"
-                                                  : "ep-low-latency";
+                                                 : "ep-low-latency";
 }
 
 bool parseExpertDispatch(const std::string& name, ExpertDispatch* out) {

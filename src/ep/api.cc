@@ -32,7 +32,7 @@ struct ConfigImage {
 };
 
 ConfigImage imageOf(const loomEpConfig_t& c) {
-  return {c.maxTokensPerRank, c.hidden,         c.numExperts,   c.topk, static_cast<int32_t>(c.datatype),
+  return {c.maxTokensPerRank,           c.hidden,         c.numExperts,  c.topk, static_cast<int32_t>(c.datatype),
           static_cast<int32_t>(c.mode), c.expertCapacity, c.dropOverflow};
 }
 
@@ -80,8 +80,7 @@ loomResult_t create(loomComm* comm, const loomEpConfig_t* config, loomEp_t* out)
   LOOM_CHECK(comm->bootstrap->allGather(images.data(), sizeof(ConfigImage), comm->timeoutMs));
   for (int r = 0; r < comm->nranks; ++r)
     if (std::memcmp(&images[r], &images[comm->rank], sizeof(ConfigImage)) != 0)
-      return LOOM_FAIL(loomInvalidArgument, COLL, "%s: rank %d's config differs from rank %d's", what, r,
-                       comm->rank);
+      return LOOM_FAIL(loomInvalidArgument, COLL, "%s: rank %d's config differs from rank %d's", what, r, comm->rank);
   auto ep = std::make_unique<loomEp>();
   ep->comm = comm;
   ep->shape = shape;
@@ -92,8 +91,8 @@ loomResult_t create(loomComm* comm, const loomEpConfig_t* config, loomEp_t* out)
     for (int s = 0; s < kMaxEpObjects && ep->slot < 0; ++s)
       if (!(comm->epSlotsInUse & (1u << s))) ep->slot = s;
     if (ep->slot < 0)
-      return LOOM_FAIL(loomInvalidUsage, COLL, "%s: communicator %s already has %d EP objects; destroy one first",
-                       what, comm->name.c_str(), kMaxEpObjects);
+      return LOOM_FAIL(loomInvalidUsage, COLL, "%s: communicator %s already has %d EP objects; destroy one first", what,
+                       comm->name.c_str(), kMaxEpObjects);
     comm->epSlotsInUse |= 1u << ep->slot;
     id = ++comm->epObjectsMade;
   }
@@ -131,8 +130,8 @@ loomResult_t dispatch(loomEp* ep, const void* x, int numTokens, const int32_t* t
   const Shape& shape = ep->shape;
   if (handleOut == nullptr) return LOOM_FAIL(loomInvalidArgument, COLL, "%s: handleOut is NULL", what);
   if (numTokens < 0 || numTokens > shape.maxTokens)
-    return LOOM_FAIL(loomInvalidArgument, COLL, "%s: numTokens %d is outside 0..%d (maxTokensPerRank)", what,
-                     numTokens, shape.maxTokens);
+    return LOOM_FAIL(loomInvalidArgument, COLL, "%s: numTokens %d is outside 0..%d (maxTokensPerRank)", what, numTokens,
+                     shape.maxTokens);
   size_t tokens = static_cast<size_t>(numTokens);
   LOOM_CHECK(checkBuffer(what, "x", x, tokens * shape.rowBytes()));
   LOOM_CHECK(checkBuffer(what, "topkIdx", topkIdx, tokens * shape.topk));
@@ -193,9 +192,9 @@ loomResult_t loomEpCreate(loomComm_t comm, const loomEpConfig_t* config, loomEp_
   return scope.finish(create(comm, config, ep));
 }
 
-loomResult_t loomEpDispatch(loomEp_t ep, const void* x, int numTokens, const int32_t* topkIdx,
-                            const float* topkWeights, void* recvX, int* recvTokenCountsPerLocalExpert,
-                            loomEpHandle_t* handleOut, loomStream_t stream) {
+loomResult_t loomEpDispatch(loomEp_t ep, const void* x, int numTokens, const int32_t* topkIdx, const float* topkWeights,
+                            void* recvX, int* recvTokenCountsPerLocalExpert, loomEpHandle_t* handleOut,
+                            loomStream_t stream) {
   if (handleOut != nullptr) *handleOut = nullptr;
   if (checkEp(ep, "loomEpDispatch") != loomSuccess) return loomInvalidArgument;
   ApiScope scope(ep->comm);
@@ -203,8 +202,7 @@ loomResult_t loomEpDispatch(loomEp_t ep, const void* x, int numTokens, const int
       dispatch(ep, x, numTokens, topkIdx, topkWeights, recvX, recvTokenCountsPerLocalExpert, handleOut, stream));
 }
 
-loomResult_t loomEpCombine(loomEp_t ep, const void* expertOut, loomEpHandle_t handle, void* out,
-                           loomStream_t stream) {
+loomResult_t loomEpCombine(loomEp_t ep, const void* expertOut, loomEpHandle_t handle, void* out, loomStream_t stream) {
   if (checkEp(ep, "loomEpCombine") != loomSuccess) return loomInvalidArgument;
   ApiScope scope(ep->comm);
   return scope.finish(combine(ep, expertOut, handle, out, stream));

@@ -32,9 +32,9 @@ struct Routing {
   // counts), and for each record forwarded on the second hop (per destination rank, in order) the first-hop
   // record it came from.
   bool hierarchical = false;
-  std::vector<uint32_t> firstHopStart;      // by peer: first-hop records received, as offsets (nranks + 1)
-  std::vector<uint32_t> forwardedStart;     // by destination rank: forwarded records, as offsets (nranks + 1)
-  std::vector<uint32_t> forwardedFrom;      // by forwarded record: its first-hop record
+  std::vector<uint32_t> firstHopStart;   // by peer: first-hop records received, as offsets (nranks + 1)
+  std::vector<uint32_t> forwardedStart;  // by destination rank: forwarded records, as offsets (nranks + 1)
+  std::vector<uint32_t> forwardedFrom;   // by forwarded record: its first-hop record
 
   uint32_t recordsFrom(int peer) const { return recvStart[peer + 1] - recvStart[peer]; }
 };
@@ -50,7 +50,7 @@ struct loomEp {
   int slot = -1;  // which of the communicator's EP slots (its low-latency channel)
   std::unique_ptr<loom::ep::LowLatency> lowLatency;
   loomEpStats_t stats{};
-  bool hierarchical = false;  // normal mode across hosts
+  bool hierarchical = false;   // normal mode across hosts
   std::vector<int> hostRanks;  // hierarchical: ranks of each host, host after host (hostStart offsets)
   std::vector<int> hostStart;
   std::vector<int> placeOnHost;  // by rank: its index among its host's ranks
@@ -74,8 +74,8 @@ struct loomEpHandle {
 namespace loom::ep {
 
 // Normal mode (normal.cc). The caller holds no communicator lock: these make loom calls of their own.
-loomResult_t normalDispatch(loomEp* ep, const void* x, int numTokens, const int32_t* topkIdx,
-                            const float* topkWeights, void* recvX, int* counts, Routing* routing);
+loomResult_t normalDispatch(loomEp* ep, const void* x, int numTokens, const int32_t* topkIdx, const float* topkWeights,
+                            void* recvX, int* counts, Routing* routing);
 loomResult_t normalCombine(loomEp* ep, const void* expertOut, const loomEpHandle& handle, void* out);
 
 }  // namespace loom::ep

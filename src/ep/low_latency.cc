@@ -12,6 +12,7 @@
 #include "src/core/log.h"
 #include "src/core/mem.h"
 #include "src/ep/ll_words.h"
+#include "src/exec/reduce.h"
 #include "transports/fifo_protocol.h"
 
 namespace loom::ep {
@@ -46,8 +47,8 @@ LowLatency::LowLatency(loomComm* comm, const Shape& shape, uint32_t id, int chan
     : comm_(comm), shape_(shape), id_(id), channel_(channel) {
   dispatchRegionWords_ = dispatchHeaderWords() + static_cast<size_t>(shape.maxTokens) * slotWords(kDispatch);
   combineRegionWords_ = 1 + static_cast<size_t>(shape.maxTokens) * slotWords(kCombine);
-  windowBytes_ = 8 * (kControlWords + 2 * static_cast<size_t>(shape.nranks) *
-                                         (dispatchRegionWords_ + combineRegionWords_));
+  windowBytes_ =
+      8 * (kControlWords + 2 * static_cast<size_t>(shape.nranks) * (dispatchRegionWords_ + combineRegionWords_));
 }
 
 LowLatency::~LowLatency() {
@@ -135,8 +136,8 @@ loomResult_t LowLatency::connect() {
   LOOM_CHECK(comm_->connections.attachSenders(comm_, plan, [&] { return watch(false); }));
   int direct = 0;
   for (int p = 0; p < nranks; ++p) direct += peerWindow_[p] != nullptr && p != rank;
-  LOOM_INFO(COLL, "EP low-latency window %zu bytes; %d peer(s) write it directly, %d through connections",
-            windowBytes_, direct, nranks - 1 - direct);
+  LOOM_INFO(COLL, "EP low-latency window %zu bytes; %d peer(s) write it directly, %d through connections", windowBytes_,
+            direct, nranks - 1 - direct);
   return loomSuccess;
 }
 
@@ -191,8 +192,8 @@ loomResult_t LowLatency::pullPieces(bool* moved) {
         if ((piece.phase != kDispatch && piece.phase != kCombine) || piece.words * 8 + sizeof(piece) != bytes ||
             piece.offset > regionWords(phase) || piece.words > regionWords(phase) - piece.offset)
           return LOOM_FAIL(loomInternalError, COLL, "EP on rank %d: a malformed piece from rank %d", shape_.rank, p);
-        std::memcpy(own(phase, piece.sequence, p) + piece.offset, static_cast<const std::byte*>(message) + sizeof(piece),
-                    piece.words * 8);
+        std::memcpy(own(phase, piece.sequence, p) + piece.offset,
+                    static_cast<const std::byte*>(message) + sizeof(piece), piece.words * 8);
       }
       receiver->release();
       *moved = true;
@@ -215,7 +216,8 @@ bool LowLatency::regionArrived(Phase phase, uint64_t sequence, int source) {
   const uint32_t flag = fifo::llFlag(sequence);
   size_t headerWords = phase == kDispatch ? dispatchHeaderWords() : 1;
   uint32_t count = 0;
-  if (!llLastReady(region, headerWords, flag) || !llGet(&count, region, 1, flag) || count > static_cast<uint32_t>(shape_.maxTokens))
+  if (!llLastReady(region, headerWords, flag) || !llGet(&count, region, 1, flag) ||
+      count > static_cast<uint32_t>(shape_.maxTokens))
     return false;
   return count == 0 || slotReady(region + headerWords + count * slotWords(phase) - 1, flag);
 }
@@ -228,8 +230,8 @@ loomResult_t LowLatency::progress(const char* what, Phase phase, uint64_t sequen
   // A peer that gave up before this call was made stays given up: the call fails at once.
   if (uint64_t who = gaveUpWord(window_)->load(std::memory_order_relaxed); who != 0) {
     outbound_.clear();
-    return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: rank %d gave up on an earlier EP call", what,
-                     shape_.rank, static_cast<int>(who - 1));
+    return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: rank %d gave up on an earlier EP call", what, shape_.rank,
+                     static_cast<int>(who - 1));
   }
   bool network = !outbound_.empty() || std::find(piecesFrom_.begin(), piecesFrom_.end(), 1) != piecesFrom_.end();
   if (network) network = comm_->connections.beginNetworkProgress();
@@ -267,15 +269,15 @@ loomResult_t LowLatency::progress(const char* what, Phase phase, uint64_t sequen
 }
 
 loomResult_t LowLatency::dispatch(const void* x, int numTokens, const int32_t* topkIdx, const float* topkWeights,
-                                  void* recvX, int* counts, Routing* routing, uint64_t* bytesSent,
-                                  uint64_t* dropped) {
+                                  void* recvX, int* counts, Routing* routing, uint64_t* bytesSent, uint64_t* dropped) {
   const int nranks = shape_.nranks, rank = shape_.rank, localExperts = shape_.localExperts;
   const uint64_t sequence = ++dispatchSequence_;
   const uint32_t flag = fifo::llFlag(sequence);
   const size_t headerWords = dispatchHeaderWords(), recordWords = slotWords(kDispatch);
   const size_t metaWords = shape_.metaWords(), rowBytes = shape_.rowBytes();
-  route(shape_, numTokens, topkIdx, topkWeights, nranks, [&](int expert) { return shape_.rankOfExpert(expert); },
-        true, &outgoing_);
+  route(
+      shape_, numTokens, topkIdx, topkWeights, nranks, [&](int expert) { return shape_.rankOfExpert(expert); }, true,
+      &outgoing_);
   routing->sentTokens.assign(nranks, {});
   meta_.resize(std::max(metaWords, headerWords));
   // Puts: every peer's region, this rank's own last: each record's meta and row, then its flag; the header (LL
@@ -288,8 +290,8 @@ loomResult_t LowLatency::dispatch(const void* x, int numTokens, const int32_t* t
       auto* record = reinterpret_cast<std::byte*>(region + headerWords + i * recordWords);
       encodeMeta(shape_, rank, o, i, meta_.data());
       std::memcpy(record, meta_.data(), metaWords * 4);
-      std::memcpy(record + metaWords * 4, static_cast<const std::byte*>(x) + static_cast<size_t>(o.tokens[i]) * rowBytes,
-                  rowBytes);
+      std::memcpy(record + metaWords * 4,
+                  static_cast<const std::byte*>(x) + static_cast<size_t>(o.tokens[i]) * rowBytes, rowBytes);
       slotPublish(region + headerWords + (i + 1) * recordWords - 1, flag);
     }
     meta_[0] = static_cast<uint32_t>(o.size());
@@ -347,8 +349,9 @@ loomResult_t LowLatency::dispatch(const void* x, int numTokens, const int32_t* t
           int32_t row = placement.next(s, local);
           destsFrom[s].push_back({local, row, view.weight(k)});
           if (row >= 0)
-            std::memcpy(static_cast<std::byte*>(recvX) + (static_cast<size_t>(local) * shape_.capacity + row) * rowBytes,
-                        record + metaWords * 4, rowBytes);
+            std::memcpy(
+                static_cast<std::byte*>(recvX) + (static_cast<size_t>(local) * shape_.capacity + row) * rowBytes,
+                record + metaWords * 4, rowBytes);
         }
         destCounts[s].push_back(static_cast<uint32_t>(view.picks));
         *moved = true;
@@ -421,14 +424,15 @@ loomResult_t LowLatency::combine(const void* expertOut, const Routing& routing, 
         if (!llGet(&rows, region, 1, flag)) break;
         if (rows != tokens.size())
           return LOOM_FAIL(loomInternalError, COLL,
-                           "EP combine on rank %d: rank %d returned %u rows for the %zu tokens sent to it", rank, source,
-                           rows, tokens.size());
+                           "EP combine on rank %d: rank %d returned %u rows for the %zu tokens sent to it", rank,
+                           source, rows, tokens.size());
         rowsFrom = rows;
       }
       for (; nextRow < rowsFrom; ++nextRow) {
         const uint64_t* row = region + 1 + nextRow * slot;
         if (!slotReady(row + slot - 1, flag)) break;
-        addRow(shape_.datatype, row, hidden, 1.0f, acc_.data() + static_cast<size_t>(tokens[nextRow]) * hidden);
+        accumulateWeighted(shape_.datatype, row, hidden, 1.0f,
+                           acc_.data() + static_cast<size_t>(tokens[nextRow]) * hidden);
         *moved = true;
       }
       if (nextRow < rowsFrom) break;
@@ -443,8 +447,8 @@ loomResult_t LowLatency::combine(const void* expertOut, const Routing& routing, 
   };
   LOOM_CHECK(progress("loomEpCombine", kCombine, sequence, consume, awaited));
   for (int t = 0; t < numTokens; ++t)
-    storeRow(shape_.datatype, acc_.data() + static_cast<size_t>(t) * hidden, hidden,
-             static_cast<std::byte*>(out) + static_cast<size_t>(t) * rowBytes);
+    storeFromFloat(shape_.datatype, acc_.data() + static_cast<size_t>(t) * hidden, hidden,
+                   static_cast<std::byte*>(out) + static_cast<size_t>(t) * rowBytes);
   return loomSuccess;
 }
 

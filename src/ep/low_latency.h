@@ -9,8 +9,8 @@
 // flagged slot: its payload, then a flag word stored with release. Every flag is derived from the call's sequence
 // number (llFlag), so a region is read as it is written, with no count exchange and no barrier, and stale data
 // from two calls before never matches. (A slot's one flag word instead of a flag in every word halves the bytes
-// that LL words would write for the rows, which is what the host's time goes to.) A sender writes its regions straight into
-// the peer's window where it can map it (a peer on the same machine, over shm or in the same process); for any
+// that LL words would write for the rows, which is what the host's time goes to.) A sender writes its regions straight
+// into the peer's window where it can map it (a peer on the same machine, over shm or in the same process); for any
 // other peer it writes the region's image locally and sends it, in pieces that name their place, through the
 // communicator's connections (the network transports' proxy); the receiver copies each piece into its window and
 // reads it there like the rest.
@@ -71,9 +71,7 @@ class LowLatency {
   size_t regionOffset(Phase phase, uint64_t sequence, int source) const;
   // Where this rank writes its region of `phase` in `peer`'s window: there, or in a local image to send.
   uint64_t* target(int peer, Phase phase, uint64_t sequence);
-  uint64_t* own(Phase phase, uint64_t sequence, int source) {
-    return window_ + regionOffset(phase, sequence, source);
-  }
+  uint64_t* own(Phase phase, uint64_t sequence, int source) { return window_ + regionOffset(phase, sequence, source); }
   // Moves what it can: this call's pieces out, any peer's pieces in. Whether anything moved.
   loomResult_t pushPieces(bool* moved);
   // A connection found closed or given up once drained is noted in closed_: an error only if the call still awaits
@@ -100,10 +98,10 @@ class LowLatency {
   uint64_t* window_ = nullptr;
   size_t windowBytes_ = 0;
   PeerMappings mappings_{true};
-  std::vector<void*> sameProcessMappings_;  // windows of ranks of this process, mapped again here
-  std::vector<uint64_t*> peerWindow_;  // by rank: its window as mapped here; null: reached through connections
-  std::vector<char> piecesFrom_;       // by rank: its regions reach this rank as pieces
-  std::vector<uint32_t> closed_;       // by rank: the AbortCode of its drained connection (0: open)
+  std::vector<void*> sameProcessMappings_;     // windows of ranks of this process, mapped again here
+  std::vector<uint64_t*> peerWindow_;          // by rank: its window as mapped here; null: reached through connections
+  std::vector<char> piecesFrom_;               // by rank: its regions reach this rank as pieces
+  std::vector<uint32_t> closed_;               // by rank: the AbortCode of its drained connection (0: open)
   std::vector<std::vector<uint64_t>> images_;  // by rank reached through connections: the region to send
   std::vector<Outbound> outbound_;
   size_t pieceWords_ = 0;  // region words one piece carries

@@ -18,6 +18,7 @@
 #include "src/core/check.h"
 #include "src/core/comm.h"
 #include "src/ep/ep.h"
+#include "src/exec/reduce.h"
 
 namespace loom::ep {
 namespace {
@@ -146,17 +147,16 @@ loomResult_t placeRecords(const Shape& shape, const std::vector<RecordView>& vie
 }
 
 // Adds `rows` (rowWords words each, arriving for targets[i] in order) into acc (hidden floats per target).
-void addRows(const Shape& shape, const std::vector<uint32_t>& rows, const uint32_t* targets, size_t count,
-             float* acc) {
+void addRows(const Shape& shape, const std::vector<uint32_t>& rows, const uint32_t* targets, size_t count, float* acc) {
   for (size_t i = 0; i < count; ++i)
-    addRow(shape.datatype, rows.data() + i * shape.rowWords(), shape.hidden, 1.0f,
-           acc + static_cast<size_t>(targets[i]) * shape.hidden);
+    accumulateWeighted(shape.datatype, rows.data() + i * shape.rowWords(), shape.hidden, 1.0f,
+                       acc + static_cast<size_t>(targets[i]) * shape.hidden);
 }
 
 }  // namespace
 
-loomResult_t normalDispatch(loomEp* ep, const void* x, int numTokens, const int32_t* topkIdx,
-                            const float* topkWeights, void* recvX, int* counts, Routing* routing) {
+loomResult_t normalDispatch(loomEp* ep, const void* x, int numTokens, const int32_t* topkIdx, const float* topkWeights,
+                            void* recvX, int* counts, Routing* routing) {
   const Shape& shape = ep->shape;
   loomComm* comm = ep->comm;
   const int nranks = shape.nranks, rank = shape.rank;
@@ -268,7 +268,7 @@ loomResult_t normalCombine(loomEp* ep, const void* expertOut, const loomEpHandle
     addRows(shape, rows, routing.forwardedFrom.data(), routing.forwardedFrom.size(), acc.data());
     partials.assign(std::max<size_t>(firstHop * rowWords, 1), 0);
     for (size_t i = 0; i < firstHop; ++i)
-      storeRow(shape.datatype, acc.data() + i * hidden, hidden, partials.data() + i * rowWords);
+      storeFromFloat(shape.datatype, acc.data() + i * hidden, hidden, partials.data() + i * rowWords);
     backCounts = countsFromOffsets(routing.firstHopStart);
     for (int p = 0; p < nranks; ++p)
       if (p != rank) ep->stats.bytesSent += backCounts[p] * shape.rowBytes();
@@ -284,8 +284,8 @@ loomResult_t normalCombine(loomEp* ep, const void* expertOut, const loomEpHandle
   acc.assign(static_cast<size_t>(handle.numTokens) * hidden, 0.0f);
   addRows(shape, rows, tokens.data(), tokens.size(), acc.data());
   for (int t = 0; t < handle.numTokens; ++t)
-    storeRow(shape.datatype, acc.data() + static_cast<size_t>(t) * hidden, hidden,
-             static_cast<std::byte*>(out) + static_cast<size_t>(t) * shape.rowBytes());
+    storeFromFloat(shape.datatype, acc.data() + static_cast<size_t>(t) * hidden, hidden,
+                   static_cast<std::byte*>(out) + static_cast<size_t>(t) * shape.rowBytes());
   return loomSuccess;
 }
 

@@ -113,8 +113,8 @@ bool readRecord(const Shape& shape, const uint32_t* words, RecordView* view, std
   view->row = words + shape.metaWords();
   if (view->source < 0 || view->source >= shape.nranks || view->token < 0 || view->token >= shape.maxTokens ||
       view->picks < 1 || view->picks > shape.topk) {
-    *why = "a received record names source " + std::to_string(view->source) + ", token " +
-           std::to_string(view->token) + " and " + std::to_string(view->picks) + " experts";
+    *why = "a received record names source " + std::to_string(view->source) + ", token " + std::to_string(view->token) +
+           " and " + std::to_string(view->picks) + " experts";
     return false;
   }
   for (int k = 0; k < view->picks; ++k)
@@ -153,14 +153,6 @@ void Placement::countsOut(int* counts) const {
   for (int e = 0; e < localExperts_; ++e) counts[e] = static_cast<int>(std::min<int64_t>(totals_[e], capacity_));
 }
 
-void addRow(loomDataType_t datatype, const void* src, size_t count, float weight, float* acc) {
-  accumulateWeighted(datatype, src, count, weight, acc);
-}
-
-void storeRow(loomDataType_t datatype, const float* acc, size_t count, void* dst) {
-  storeFromFloat(datatype, acc, count, dst);
-}
-
 void partialRow(const Shape& shape, const void* expertOut, const Destination* dests, size_t count, float* acc,
                 void* dst) {
   std::fill(acc, acc + shape.hidden, 0.0f);
@@ -168,10 +160,10 @@ void partialRow(const Shape& shape, const void* expertOut, const Destination* de
   for (size_t k = 0; k < count; ++k) {
     if (dests[k].row < 0) continue;
     size_t index = static_cast<size_t>(dests[k].localExpert) * shape.capacity + dests[k].row;
-    addRow(shape.datatype, static_cast<const std::byte*>(expertOut) + index * rowBytes, shape.hidden,
-           dests[k].weight, acc);
+    accumulateWeighted(shape.datatype, static_cast<const std::byte*>(expertOut) + index * rowBytes, shape.hidden,
+                       dests[k].weight, acc);
   }
-  storeRow(shape.datatype, acc, shape.hidden, dst);
+  storeFromFloat(shape.datatype, acc, shape.hidden, dst);
 }
 
 }  // namespace loom::ep

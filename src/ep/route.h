@@ -141,10 +141,6 @@ struct Destination {
   float weight;
 };
 
-// Row data as fp32: load `count` elements of `datatype` at `src` (added into acc when `accumulate`), or store.
-void addRow(loomDataType_t datatype, const void* src, size_t count, float weight, float* acc);
-void storeRow(loomDataType_t datatype, const float* acc, size_t count, void* dst);
-
 // The combine's partial sum for one received record: sum of weight * expertOut row over its destinations, into
 // `dst` as datatype (zeros when every row was dropped). `acc`: hidden floats of scratch.
 void partialRow(const Shape& shape, const void* expertOut, const Destination* dests, size_t count, float* acc,

@@ -181,8 +181,9 @@ std::string runEpCase(loomComm_t comm, const EpCase& c) {
     at << "iteration " << i << ": ";
     if (overflowAnywhere && !c.dropOverflow) {
       loomResult_t expected = overflowHere ? loomInvalidArgument : loomSuccess;
-      if (result != expected) error = at.str() + "dispatch returned " + std::to_string(result) + " (" +
-                                      loomGetLastError(comm) + "), expected " + std::to_string(expected);
+      if (result != expected)
+        error = at.str() + "dispatch returned " + std::to_string(result) + " (" + loomGetLastError(comm) +
+                "), expected " + std::to_string(expected);
       else if (overflowHere && std::string(loomGetLastError(comm)).find("capacity") == std::string::npos)
         error = at.str() + "the overflow's message does not name the capacity: " + loomGetLastError(comm);
       loomEpHandleFree(handle);
@@ -207,12 +208,13 @@ std::string runEpCase(loomComm_t comm, const EpCase& c) {
       }
       for (int row = 0; row < expected; ++row) {
         const Arrival& a = list[row];
-        std::vector<unsigned char> want = encode(
-            c.datatype, std::vector<float>(inputs[i][a.source].x.begin() + static_cast<size_t>(a.token) * c.hidden,
-                                           inputs[i][a.source].x.begin() + static_cast<size_t>(a.token + 1) * c.hidden));
+        std::vector<unsigned char> want =
+            encode(c.datatype,
+                   std::vector<float>(inputs[i][a.source].x.begin() + static_cast<size_t>(a.token) * c.hidden,
+                                      inputs[i][a.source].x.begin() + static_cast<size_t>(a.token + 1) * c.hidden));
         if (std::memcmp(want.data(), recvX.data() + (static_cast<size_t>(e) * capacity + row) * rowBytes, rowBytes)) {
-          error = at.str() + "local expert " + std::to_string(e) + " row " + std::to_string(row) +
-                  " is not token " + std::to_string(a.token) + " of rank " + std::to_string(a.source);
+          error = at.str() + "local expert " + std::to_string(e) + " row " + std::to_string(row) + " is not token " +
+                  std::to_string(a.token) + " of rank " + std::to_string(a.source);
           break;
         }
       }

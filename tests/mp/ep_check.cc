@@ -3,13 +3,14 @@
 //   ep_check [normal|ll|both] [hidden] [experts per rank] [topk]
 // Each mode runs float32, bfloat16 and float16 over uniform, skewed and self routing, three calls each, then a
 // skewed case whose capacity is one row short (the overflowing rank's error) and the same with drops.
+#include "tests/common/ep_check.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "loom/loom.h"
 #include "loom/loom_ep.h"
-#include "tests/common/ep_check.h"
 
 int main(int argc, char** argv) {
   std::string modes = argc > 1 ? argv[1] : "both";

@@ -147,8 +147,7 @@ TEST(FailureTest, SigkillInTheMiddleOfAllReduce) { sigkillMidAllReduce(nullptr);
 
 // A rank of the EP failure test: loops dispatch and combine (64 tokens of 1024 floats, top-2 of 2 experts per rank,
 // identity experts) until one fails; says "R" after the first pair. Returns the failing call's result.
-int expertCallsUntilError(const ChildPipes& pipes, int rank, int nranks, const std::string& shmDir,
-                          loomEpMode_t mode) {
+int expertCallsUntilError(const ChildPipes& pipes, int rank, int nranks, const std::string& shmDir, loomEpMode_t mode) {
   const int toParent = pipes.toParent;
   setenv("LOOM_SHM_DIR", shmDir.c_str(), 1);
   loomUniqueId id;
@@ -188,8 +187,8 @@ int expertCallsUntilError(const ChildPipes& pipes, int rank, int nranks, const s
   int counts[2];
   for (long call = 0;; ++call) {
     loomEpHandle_t handle = nullptr;
-    result = loomEpDispatch(object, x.data(), kTokens, idx.data(), weights.data(), recv.data(), counts, &handle,
-                            nullptr);
+    result =
+        loomEpDispatch(object, x.data(), kTokens, idx.data(), weights.data(), recv.data(), counts, &handle, nullptr);
     if (result == loomSuccess) result = loomEpCombine(object, recv.data(), handle, out.data(), nullptr);
     loomEpHandleFree(handle);
     if (result != loomSuccess) break;

@@ -233,9 +233,9 @@ TEST(EpTest, BadCallsAreInvalidArgumentsAndChangeNothing) {
           int counts[2];
           loomEpHandle_t handle = reinterpret_cast<loomEpHandle_t>(1);
           auto expectRefused = [&](std::vector<int32_t> badIdx, int tokens, const char* words) {
-            EXPECT_EQ(loomEpDispatch(ep, x.data(), tokens, badIdx.data(), w.data(), recv.data(), counts, &handle,
-                                     nullptr),
-                      loomInvalidArgument)
+            EXPECT_EQ(
+                loomEpDispatch(ep, x.data(), tokens, badIdx.data(), w.data(), recv.data(), counts, &handle, nullptr),
+                loomInvalidArgument)
                 << words;
             EXPECT_EQ(handle, nullptr);
             EXPECT_TRUE(contains(loomGetLastError(comm), words)) << loomGetLastError(comm);

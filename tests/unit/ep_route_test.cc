@@ -52,7 +52,8 @@ TEST(EpRoute, OneRecordPerTokenAndRankWithItsPicks) {
   const std::vector<float> w = {0.5f, 0.25f, 0.125f, 1, 0, 2, 0, 0, 0};
   ASSERT_TRUE(checkRouting(shape, 3, idx.data(), w.data(), &why)) << why;
   std::vector<Outgoing> out;
-  route(shape, 3, idx.data(), w.data(), 4, [&](int e) { return shape.rankOfExpert(e); }, true, &out);
+  route(
+      shape, 3, idx.data(), w.data(), 4, [&](int e) { return shape.rankOfExpert(e); }, true, &out);
   ASSERT_EQ(out.size(), 4u);
   EXPECT_EQ(out[0].tokens, (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(out[1].size(), 0u);
