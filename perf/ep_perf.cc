@@ -143,6 +143,18 @@ double timed(Ranks& ranks, Call call) {
   return ranks.max(us);
 }
 
+// Times `o.iterations` dispatch and combine pairs, after `o.warmup` untimed ones, into `run`.
+template <typename Dispatch, typename Combine>
+void timePairs(const Options& o, Ranks& ranks, Dispatch dispatch, Combine combine, Run* run) {
+  for (int i = 0; i < o.warmup + o.iterations; ++i) {
+    double d = timed(ranks, dispatch);
+    double c = timed(ranks, combine);
+    if (i < o.warmup) continue;
+    run->dispatch.us.push_back(d);
+    run->combine.us.push_back(c);
+  }
+}
+
 Run runLoom(const Options& o, Ranks& ranks, const Inputs& in, loomEpMode_t mode) {
   loomEpConfig_t config = LOOM_EP_CONFIG_INITIALIZER;
   config.maxTokensPerRank = o.tokens;
@@ -162,21 +174,18 @@ Run runLoom(const Options& o, Ranks& ranks, const Inputs& in, loomEpMode_t mode)
   std::vector<int> counts(local);
   Run run;
   run.mode = mode == loomEpLowLatency ? "low-latency" : "normal";
-  for (int i = 0; i < o.warmup + o.iterations; ++i) {
-    loomEpHandle_t handle = nullptr;
-    double d = timed(ranks, [&] {
-      check(loomEpDispatch(ep, in.x.data(), o.tokens, in.idx.data(), in.w.data(), recvX.data(), counts.data(), &handle,
-                           nullptr),
-            "loomEpDispatch", ranks.comm);
-    });
-    double c = timed(ranks, [&] {
-      check(loomEpCombine(ep, recvX.data(), handle, out.data(), nullptr), "loomEpCombine", ranks.comm);
-    });
-    loomEpHandleFree(handle);
-    if (i < o.warmup) continue;
-    run.dispatch.us.push_back(d);
-    run.combine.us.push_back(c);
-  }
+  loomEpHandle_t handle = nullptr;
+  auto dispatch = [&] {
+    loomEpHandleFree(handle);  // the last iteration's
+    check(loomEpDispatch(ep, in.x.data(), o.tokens, in.idx.data(), in.w.data(), recvX.data(), counts.data(), &handle,
+                         nullptr),
+          "loomEpDispatch", ranks.comm);
+  };
+  auto combine = [&] {
+    check(loomEpCombine(ep, recvX.data(), handle, out.data(), nullptr), "loomEpCombine", ranks.comm);
+  };
+  timePairs(o, ranks, dispatch, combine, &run);
+  loomEpHandleFree(handle);
   long rows = 0;
   for (int n : counts) rows += n;
   run.dispatch.placedBytes = static_cast<double>(rows) * o.hidden * 2;
@@ -190,6 +199,27 @@ Run runLoom(const Options& o, Ranks& ranks, const Inputs& in, loomEpMode_t mode)
 }
 
 #if LOOM_EP_PERF_MPI
+// MPI_Alltoallv of items of `itemBytes`: sendItems[p] to each peer p from `send` (peer after peer), recvItems[p]
+// from each into `recv` (resized to hold them), peer after peer.
+template <typename T>
+void alltoallv(const T* send, const std::vector<int>& sendItems, const std::vector<int>& recvItems, size_t itemBytes,
+               std::vector<T>* recv) {
+  const size_t nranks = sendItems.size();
+  std::vector<int> sendBytes(nranks), recvBytes(nranks), sendDispls(nranks), recvDispls(nranks);
+  int sendTotal = 0, recvTotal = 0;
+  for (size_t p = 0; p < nranks; ++p) {
+    sendBytes[p] = sendItems[p] * static_cast<int>(itemBytes);
+    recvBytes[p] = recvItems[p] * static_cast<int>(itemBytes);
+    sendDispls[p] = sendTotal;
+    recvDispls[p] = recvTotal;
+    sendTotal += sendBytes[p];
+    recvTotal += recvBytes[p];
+  }
+  recv->resize(static_cast<size_t>(recvTotal) / sizeof(T) + 1);
+  MPI_Alltoallv(send, sendBytes.data(), sendDispls.data(), MPI_BYTE, recv->data(), recvBytes.data(), recvDispls.data(),
+                MPI_BYTE, MPI_COMM_WORLD);
+}
+
 // The same dispatch and combine from MPI: the tokens for each rank (once per rank, with their experts and weights)
 // packed, MPI_Alltoall of the counts, MPI_Alltoallv of the records, unpacked into recvX by local expert in source
 // order; the combine sends each record's weighted sum back (MPI_Alltoallv) and the source adds them.
@@ -199,7 +229,7 @@ Run runMpi(const Options& o, Ranks& ranks, const Inputs& in) {
   const size_t metaBytes = 8 + 8 * static_cast<size_t>(o.topk), rowBytes = static_cast<size_t>(o.hidden) * 2;
   const size_t recordBytes = metaBytes + rowBytes;
   std::vector<uint16_t> recvX(static_cast<size_t>(local) * capacity * o.hidden), out(in.x.size());
-  std::vector<int> sendCounts(nranks), recvCounts(nranks), sendDispls(nranks), recvDispls(nranks);
+  std::vector<int> sendCounts(nranks);
   std::vector<std::vector<int32_t>> tokensTo(nranks);
   std::vector<unsigned char> send, recv;
   std::vector<int32_t> recvLocal, recvRow;  // per received pick: local expert and row
@@ -233,24 +263,14 @@ Run runMpi(const Options& o, Ranks& ranks, const Inputs& in) {
       }
     }
     MPI_Alltoall(sendCounts.data(), 1, MPI_INT, tokensFrom.data(), 1, MPI_INT, MPI_COMM_WORLD);
-    int sendTotal = 0, recvTotal = 0;
-    for (int p = 0; p < nranks; ++p) {
-      sendDispls[p] = sendTotal;
-      recvDispls[p] = recvTotal;
-      sendCounts[p] = sendCounts[p] * static_cast<int>(recordBytes);
-      recvCounts[p] = tokensFrom[p] * static_cast<int>(recordBytes);
-      sendTotal += sendCounts[p];
-      recvTotal += recvCounts[p];
-    }
-    recv.resize(static_cast<size_t>(recvTotal) + 1);
-    MPI_Alltoallv(send.data(), sendCounts.data(), sendDispls.data(), MPI_BYTE, recv.data(), recvCounts.data(),
-                  recvDispls.data(), MPI_BYTE, MPI_COMM_WORLD);
+    alltoallv(send.data(), sendCounts, tokensFrom, recordBytes, &recv);
     std::vector<size_t> next(local, 0);
     recvLocal.clear();
     recvRow.clear();
     recvWeight.clear();
     recvPickStart.assign(1, 0);
-    size_t records = static_cast<size_t>(recvTotal) / recordBytes;
+    size_t records = 0;
+    for (int n : tokensFrom) records += static_cast<size_t>(n);
     for (size_t r = 0; r < records; ++r) {
       const unsigned char* record = recv.data() + r * recordBytes;
       int32_t picks;
@@ -284,18 +304,8 @@ Run runMpi(const Options& o, Ranks& ranks, const Inputs& in) {
       uint16_t* dst = reinterpret_cast<uint16_t*>(send.data() + r * rowBytes);
       for (int h = 0; h < o.hidden; ++h) dst[h] = toBf16(partial[h]);
     }
-    int sendTotal = 0, recvTotal = 0;
-    for (int p = 0; p < nranks; ++p) {
-      sendCounts[p] = tokensFrom[p] * static_cast<int>(rowBytes);
-      recvCounts[p] = static_cast<int>(tokensTo[p].size() * rowBytes);
-      sendDispls[p] = sendTotal;
-      recvDispls[p] = recvTotal;
-      sendTotal += sendCounts[p];
-      recvTotal += recvCounts[p];
-    }
-    recv.resize(static_cast<size_t>(recvTotal) + 1);
-    MPI_Alltoallv(send.data(), sendCounts.data(), sendDispls.data(), MPI_BYTE, recv.data(), recvCounts.data(),
-                  recvDispls.data(), MPI_BYTE, MPI_COMM_WORLD);
+    for (int p = 0; p < nranks; ++p) sendCounts[p] = static_cast<int>(tokensTo[p].size());
+    alltoallv(send.data(), tokensFrom, sendCounts, rowBytes, &recv);
     std::fill(acc.begin(), acc.end(), 0.0f);
     const uint16_t* rows = reinterpret_cast<const uint16_t*>(recv.data());
     for (int p = 0; p < nranks; ++p)
@@ -307,13 +317,7 @@ Run runMpi(const Options& o, Ranks& ranks, const Inputs& in) {
   };
   Run run;
   run.mode = "MPI per rank";
-  for (int i = 0; i < o.warmup + o.iterations; ++i) {
-    double d = timed(ranks, dispatch);
-    double c = timed(ranks, combine);
-    if (i < o.warmup) continue;
-    run.dispatch.us.push_back(d);
-    run.combine.us.push_back(c);
-  }
+  timePairs(o, ranks, dispatch, combine, &run);
   run.dispatch.placedBytes = run.combine.placedBytes = static_cast<double>(recvLocal.size()) * rowBytes;
   run.wrong = wrongElements(o, in, out);
   return run;
@@ -331,23 +335,7 @@ Run runMpiPerExpert(const Options& o, Ranks& ranks, const Inputs& in) {
   std::vector<uint16_t> recvX(static_cast<size_t>(local) * capacity * o.hidden), out(in.x.size());
   std::vector<uint32_t> order;  // (token, choice) pairs in expert order
   std::vector<int> perExpert(o.experts), fromPeers(static_cast<size_t>(nranks) * local);
-  std::vector<int> sendCounts(nranks), recvCounts(nranks), sendDispls(nranks), recvDispls(nranks);
   std::vector<uint16_t> permuted, received;
-  auto exchangeRows = [&](const std::vector<uint16_t>& send, const std::vector<int>& rowsTo,
-                          const std::vector<int>& rowsFrom, std::vector<uint16_t>* recv) {
-    int sendTotal = 0, recvTotal = 0;
-    for (int p = 0; p < nranks; ++p) {
-      sendCounts[p] = rowsTo[p] * static_cast<int>(rowBytes);
-      recvCounts[p] = rowsFrom[p] * static_cast<int>(rowBytes);
-      sendDispls[p] = sendTotal;
-      recvDispls[p] = recvTotal;
-      sendTotal += sendCounts[p];
-      recvTotal += recvCounts[p];
-    }
-    recv->resize(static_cast<size_t>(recvTotal) / 2 + 1);
-    MPI_Alltoallv(send.data(), sendCounts.data(), sendDispls.data(), MPI_BYTE, recv->data(), recvCounts.data(),
-                  recvDispls.data(), MPI_BYTE, MPI_COMM_WORLD);
-  };
   std::vector<int> rowsTo(nranks), rowsFrom(nranks);
   auto dispatch = [&] {
     order.clear();
@@ -368,7 +356,7 @@ Run runMpiPerExpert(const Options& o, Ranks& ranks, const Inputs& in) {
         rowsFrom[p] += fromPeers[static_cast<size_t>(p) * local + e];
       }
     }
-    exchangeRows(permuted, rowsTo, rowsFrom, &received);
+    alltoallv(permuted.data(), rowsTo, rowsFrom, rowBytes, &received);
     // Source-major chunks to expert-major rows.
     const uint16_t* chunk = received.data();
     std::vector<size_t> next(local, 0);
@@ -392,7 +380,7 @@ Run runMpiPerExpert(const Options& o, Ranks& ranks, const Inputs& in) {
         chunk += rows * o.hidden;
       }
     std::vector<uint16_t> send(received.begin(), received.end());
-    exchangeRows(send, rowsFrom, rowsTo, &permuted);
+    alltoallv(send.data(), rowsFrom, rowsTo, rowBytes, &permuted);
     std::vector<float> acc(static_cast<size_t>(o.tokens) * o.hidden, 0.0f);
     for (size_t r = 0; r < order.size(); ++r) {
       float w = in.w[order[r]];
@@ -404,13 +392,7 @@ Run runMpiPerExpert(const Options& o, Ranks& ranks, const Inputs& in) {
   };
   Run run;
   run.mode = "MPI per expert";
-  for (int i = 0; i < o.warmup + o.iterations; ++i) {
-    double d = timed(ranks, dispatch);
-    double c = timed(ranks, combine);
-    if (i < o.warmup) continue;
-    run.dispatch.us.push_back(d);
-    run.combine.us.push_back(c);
-  }
+  timePairs(o, ranks, dispatch, combine, &run);
   long rows = 0;
   for (int r : rowsFrom) rows += r;
   run.dispatch.placedBytes = run.combine.placedBytes = static_cast<double>(rows) * rowBytes;

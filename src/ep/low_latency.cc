@@ -373,16 +373,7 @@ loomResult_t LowLatency::dispatch(const void* x, int numTokens, const int32_t* t
     for (uint32_t c : destCounts[s]) routing->destStart.push_back(routing->destStart.back() + c);
     routing->dests.insert(routing->dests.end(), destsFrom[s].begin(), destsFrom[s].end());
   }
-  placement.countsOut(counts);
-  *dropped = static_cast<uint64_t>(placement.overflowRows());
-  if (placement.overflowRows() > 0 && !shape_.dropOverflow) {
-    int e = placement.firstOverflowExpert();
-    return LOOM_FAIL(loomInvalidArgument, COLL,
-                     "loomEpDispatch on rank %d: local expert %d (expert %d) received %lld rows, past its capacity "
-                     "of %d (expertCapacity; dropOverflow = 1 drops and counts them instead); %lld rows did not fit",
-                     rank, e, rank * localExperts + e, static_cast<long long>(placement.rowsOf(e)), shape_.capacity,
-                     static_cast<long long>(placement.overflowRows()));
-  }
+  return placement.finish(shape_, counts, dropped);
   return loomSuccess;
 }
 

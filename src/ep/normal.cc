@@ -133,16 +133,7 @@ loomResult_t placeRecords(const Shape& shape, const std::vector<RecordView>& vie
     routing->destStart.push_back(routing->destStart.back() + static_cast<uint32_t>(d.size()));
     routing->dests.insert(routing->dests.end(), d.begin(), d.end());
   }
-  placement.countsOut(counts);
-  *dropped = static_cast<uint64_t>(placement.overflowRows());
-  if (placement.overflowRows() > 0 && !shape.dropOverflow) {
-    int e = placement.firstOverflowExpert();
-    return LOOM_FAIL(loomInvalidArgument, COLL,
-                     "loomEpDispatch on rank %d: local expert %d (expert %d) received %lld rows, past its capacity "
-                     "of %d (expertCapacity; dropOverflow = 1 drops and counts them instead); %lld rows did not fit",
-                     shape.rank, e, shape.rank * localExperts + e, static_cast<long long>(placement.rowsOf(e)),
-                     shape.capacity, static_cast<long long>(placement.overflowRows()));
-  }
+  return placement.finish(shape, counts, dropped);
   return loomSuccess;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "src/core/check.h"
 #include "src/core/dtype.h"
 #include "src/exec/reduce.h"
 
@@ -23,10 +24,13 @@ bool makeShape(const loomEpConfig_t& config, int nranks, int rank, Shape* shape,
   if (config.topk < 1 || config.topk > kMaxTopk || config.topk > config.numExperts)
     return bad("topk (" + std::to_string(config.topk) + ") must be in 1.." +
                std::to_string(std::min(kMaxTopk, config.numExperts)));
-  int type = static_cast<int>(config.datatype);
+  // Read through memcpy: a C caller may pass any int, and loading an enum outside its values is undefined in C++.
+  int type = 0, mode = 0;
+  static_assert(sizeof(config.datatype) == sizeof(int) && sizeof(config.mode) == sizeof(int));
+  std::memcpy(&type, &config.datatype, sizeof(int));
+  std::memcpy(&mode, &config.mode, sizeof(int));
   if (type != loomFloat32 && type != loomBfloat16 && type != loomFloat16)
     return bad("datatype " + std::to_string(type) + " is not a floating type EP combines (float32, bfloat16, float16)");
-  int mode = static_cast<int>(config.mode);
   if (mode != loomEpNormal && mode != loomEpLowLatency)
     return bad("mode " + std::to_string(mode) + " is neither loomEpNormal (0) nor loomEpLowLatency (1)");
   if (config.expertCapacity < 0) return bad("expertCapacity must not be negative");
@@ -43,8 +47,8 @@ bool makeShape(const loomEpConfig_t& config, int nranks, int rank, Shape* shape,
   s.localExperts = config.numExperts / nranks;
   s.capacity = config.expertCapacity == 0 ? static_cast<int>(full) : config.expertCapacity;
   s.dropOverflow = config.dropOverflow == 1;
-  s.datatype = config.datatype;
-  s.elementBytes = dtypeSize(config.datatype);
+  s.datatype = static_cast<loomDataType_t>(type);
+  s.elementBytes = dtypeSize(s.datatype);
   *shape = s;
   return true;
 }
@@ -147,6 +151,18 @@ void Placement::start(const Shape& shape, const std::vector<int32_t>& counts) {
 int32_t Placement::next(int source, int localExpert) {
   int64_t row = cursor_[static_cast<size_t>(source) * localExperts_ + localExpert]++;
   return row < capacity_ ? static_cast<int32_t>(row) : -1;
+}
+
+loomResult_t Placement::finish(const Shape& shape, int* counts, uint64_t* dropped) const {
+  countsOut(counts);
+  *dropped = static_cast<uint64_t>(overflow_);
+  if (overflow_ == 0 || shape.dropOverflow) return loomSuccess;
+  int e = firstOverflow_;
+  return LOOM_FAIL(loomInvalidArgument, COLL,
+                   "loomEpDispatch on rank %d: local expert %d (expert %d) received %lld rows, past its capacity of %d "
+                   "(expertCapacity; dropOverflow = 1 drops and counts them instead); %lld rows did not fit",
+                   shape.rank, e, shape.rank * localExperts_ + e, static_cast<long long>(totals_[e]), capacity_,
+                   static_cast<long long>(overflow_));
 }
 
 void Placement::countsOut(int* counts) const {

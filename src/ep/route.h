@@ -121,10 +121,12 @@ class Placement {
   int32_t next(int source, int localExpert);
   // Rows each local expert received, capped at the capacity.
   void countsOut(int* counts) const;
+  // The end of a dispatch: the counts out, the rows past the capacity in *dropped, and loomInvalidArgument naming
+  // the first expert that overflowed unless the shape drops them.
+  loomResult_t finish(const Shape& shape, int* counts, uint64_t* dropped) const;
   int64_t overflowRows() const { return overflow_; }
   // The first local expert that overflowed and its rows, for the message.
   int firstOverflowExpert() const { return firstOverflow_; }
-  int64_t rowsOf(int localExpert) const { return totals_[localExpert]; }
 
  private:
   int localExperts_ = 0, capacity_ = 0;

@@ -47,27 +47,35 @@ void expectNoChildrenLeft(const char* test) {
 // the parent, returns the child's exit code.
 using AfterError = std::function<int(loomComm_t comm, int toParent)>;
 
-// A rank of a failure test: joins `id` with a 10 s deadline and calls AllReduce on 4M floats (16 MB, 16 FIFOs'
-// worth) until one fails; says "R" after the first, whose result it checks. Returns the failing call's result,
-// or what `afterError` returns. With `transports`, the rank uses only those (LOOM_TRANSPORTS).
-int allReduceUntilError(const ChildPipes& pipes, int rank, int nranks, const std::string& shmDir,
-                        const char* transports = nullptr, const AfterError& afterError = nullptr) {
-  const int toParent = pipes.toParent;
+// A rank of a failure test joins: the unique id from the parent, then init with a 10 s deadline and, with
+// `transports`, only those (LOOM_TRANSPORTS). 0, or the child's exit code when it could not.
+int joinFromParent(const ChildPipes& pipes, int rank, int nranks, const std::string& shmDir, const char* transports,
+                   loomComm_t* comm) {
   setenv("LOOM_SHM_DIR", shmDir.c_str(), 1);
   if (transports != nullptr) setenv("LOOM_TRANSPORTS", transports, 1);
   loomUniqueId id;
   if (!receiveId(pipes.fromParent, &id)) {
-    tell(toParent, "no unique id from the parent");
+    tell(pipes.toParent, "no unique id from the parent");
     return kChildCheckFailed;
   }
   loomConfig_t config = LOOM_CONFIG_INITIALIZER;
   config.timeoutMs = kTimeoutMs;
-  loomComm_t comm = nullptr;
-  loomResult_t result = loomCommInitRankConfig(&comm, nranks, id, rank, &config);
+  loomResult_t result = loomCommInitRankConfig(comm, nranks, id, rank, &config);
   if (result != loomSuccess) {
-    tell(toParent, std::string("init: ") + loomGetLastError(nullptr));
+    tell(pipes.toParent, std::string("init: ") + loomGetLastError(nullptr));
     return kInitFailed + result;
   }
+  return 0;
+}
+
+// A rank of a failure test: joins and calls AllReduce on 4M floats (16 MB, 16 FIFOs' worth) until one fails; says
+// "R" after the first, whose result it checks. Returns the failing call's result, or what `afterError` returns.
+int allReduceUntilError(const ChildPipes& pipes, int rank, int nranks, const std::string& shmDir,
+                        const char* transports = nullptr, const AfterError& afterError = nullptr) {
+  const int toParent = pipes.toParent;
+  loomComm_t comm = nullptr;
+  if (int failed = joinFromParent(pipes, rank, nranks, shmDir, transports, &comm); failed != 0) return failed;
+  loomResult_t result;
   constexpr size_t kCount = size_t{4} << 20;
   std::vector<float> send(kCount, static_cast<float>(rank + 1)), recv(kCount, 0.0f);
   for (long call = 0;; ++call) {
@@ -149,20 +157,9 @@ TEST(FailureTest, SigkillInTheMiddleOfAllReduce) { sigkillMidAllReduce(nullptr);
 // identity experts) until one fails; says "R" after the first pair. Returns the failing call's result.
 int expertCallsUntilError(const ChildPipes& pipes, int rank, int nranks, const std::string& shmDir, loomEpMode_t mode) {
   const int toParent = pipes.toParent;
-  setenv("LOOM_SHM_DIR", shmDir.c_str(), 1);
-  loomUniqueId id;
-  if (!receiveId(pipes.fromParent, &id)) {
-    tell(toParent, "no unique id from the parent");
-    return kChildCheckFailed;
-  }
-  loomConfig_t config = LOOM_CONFIG_INITIALIZER;
-  config.timeoutMs = kTimeoutMs;
   loomComm_t comm = nullptr;
-  loomResult_t result = loomCommInitRankConfig(&comm, nranks, id, rank, &config);
-  if (result != loomSuccess) {
-    tell(toParent, std::string("init: ") + loomGetLastError(nullptr));
-    return kInitFailed + result;
-  }
+  if (int failed = joinFromParent(pipes, rank, nranks, shmDir, nullptr, &comm); failed != 0) return failed;
+  loomResult_t result;
   constexpr int kTokens = 64, kHidden = 1024, kTopk = 2;
   loomEpConfig_t ep = LOOM_EP_CONFIG_INITIALIZER;
   ep.maxTokensPerRank = kTokens;

@@ -17,6 +17,20 @@ const char* kPrograms[] = {"all_reduce_perf", "all_gather_perf", "reduce_scatter
 
 class PerfSuite : public testing::TestWithParam<std::tuple<const char*, int>> {};
 
+// Runs `command` (stderr with stdout); its output, and its wait status in *status.
+std::string output(const std::string& command, int* status) {
+  std::string text;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) {
+    *status = -1;
+    return text;
+  }
+  char buffer[4096];
+  for (size_t got; (got = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) text.append(buffer, got);
+  *status = pclose(pipe);
+  return text;
+}
+
 TEST_P(PerfSuite, ExactTableUnderLoomrun) {
   const char* loomrun = std::getenv("LOOMRUN");
   const char* perfDir = std::getenv("PERF_DIR");
@@ -25,14 +39,10 @@ TEST_P(PerfSuite, ExactTableUnderLoomrun) {
   // Every root for the rooted collectives; sizes from 8 B to 256 KiB.
   std::string command = std::string(loomrun) + " -n " + std::to_string(nranks) + " --timeout 300 " + perfDir + "/" +
                         program + " -b 8 -e 256K -f 8 -n 2 -w 1 -c 1 -r -1 2>&1";
-  std::string output;
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr) << command;
-  char buffer[4096];
-  for (size_t got; (got = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, got);
-  int status = pclose(pipe);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << output;
-  EXPECT_NE(output.find("# Out of bounds values : 0 OK"), std::string::npos) << command << "\n" << output;
+  int status = 0;
+  std::string text = output(command, &status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << text;
+  EXPECT_NE(text.find("# Out of bounds values : 0 OK"), std::string::npos) << command << "\n" << text;
 }
 
 // ep_perf (expert dispatch and combine) in a small shape at 1, 2, 3 and 4 ranks: exit 0 (no wrong element in any
@@ -44,15 +54,11 @@ TEST(EpPerf, ExactTableUnderLoomrun) {
   for (int nranks : {1, 2, 3, 4}) {
     std::string command = std::string(loomrun) + " -n " + std::to_string(nranks) + " --timeout 300 " + perfDir +
                           "/ep_perf -t 16 -H 200 -k 3 -e 12 -n 3 -w 1 -C 8 2>&1";
-    std::string output;
-    FILE* pipe = popen(command.c_str(), "r");
-    ASSERT_NE(pipe, nullptr) << command;
-    char buffer[4096];
-    for (size_t got; (got = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, got);
-    int status = pclose(pipe);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << output;
-    EXPECT_NE(output.find("  low-latency    dispatch"), std::string::npos) << output;
-    EXPECT_NE(output.find("  normal         combine"), std::string::npos) << output;
+    int status = 0;
+    std::string text = output(command, &status);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << text;
+    EXPECT_NE(text.find("  low-latency    dispatch"), std::string::npos) << text;
+    EXPECT_NE(text.find("  normal         combine"), std::string::npos) << text;
   }
 }
 
