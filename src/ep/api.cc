@@ -74,6 +74,9 @@ loomResult_t create(loomComm* comm, const loomEpConfig_t* config, loomEp_t* out)
   std::string why;
   if (!makeShape(c, comm->nranks, comm->rank, &shape, &why))
     return LOOM_FAIL(loomInvalidArgument, COLL, "%s: %s", what, why.c_str());
+  // The rest holds the communicator as a call does: its bootstrap exchanges and new connections must not run beside
+  // a call that a host stream's worker is running on it.
+  std::lock_guard<std::mutex> lock(comm->runMutex);
   // Every rank must describe the same object: compare the configs (all ranks see a difference alike).
   std::vector<ConfigImage> images(comm->nranks);
   images[comm->rank] = imageOf(c);
@@ -85,31 +88,19 @@ loomResult_t create(loomComm* comm, const loomEpConfig_t* config, loomEp_t* out)
   ep->comm = comm;
   ep->shape = shape;
   ep->mode = c.mode;
-  uint32_t id = 0;
-  {
-    std::lock_guard<std::mutex> lock(comm->runMutex);
-    for (int s = 0; s < kMaxEpObjects && ep->slot < 0; ++s)
-      if (!(comm->epSlotsInUse & (1u << s))) ep->slot = s;
-    if (ep->slot < 0)
-      return LOOM_FAIL(loomInvalidUsage, COLL, "%s: communicator %s already has %d EP objects; destroy one first", what,
-                       comm->name.c_str(), kMaxEpObjects);
-    comm->epSlotsInUse |= 1u << ep->slot;
-    id = ++comm->epObjectsMade;
-  }
-  auto releaseSlot = [&] {
-    std::lock_guard<std::mutex> lock(comm->runMutex);
-    comm->epSlotsInUse &= ~(1u << ep->slot);
-  };
+  for (int s = 0; s < kMaxEpObjects && ep->slot < 0; ++s)
+    if (!(comm->epSlotsInUse & (1u << s))) ep->slot = s;
+  if (ep->slot < 0)
+    return LOOM_FAIL(loomInvalidUsage, COLL, "%s: communicator %s already has %d EP objects; destroy one first", what,
+                     comm->name.c_str(), kMaxEpObjects);
+  const uint32_t id = ++comm->epObjectsMade;
   if (c.mode == loomEpLowLatency) {
-    loomResult_t result = LowLatency::create(comm, shape, id, kEpChannel + ep->slot, &ep->lowLatency);
-    if (result != loomSuccess) {
-      releaseSlot();
-      return result;
-    }
+    LOOM_CHECK(LowLatency::create(comm, shape, id, kEpChannel + ep->slot, &ep->lowLatency));
     ep->stats.bufferBytes = ep->lowLatency->windowBytes();
   } else {
     ep->hierarchical = groupByHost(ep.get());
   }
+  comm->epSlotsInUse |= 1u << ep->slot;
   LOOM_INFO(COLL, "EP object %u: %s mode%s, %d experts (%d per rank), top-%d, hidden %d, %d tokens per rank", id,
             c.mode == loomEpLowLatency ? "low-latency" : "normal", ep->hierarchical ? " (hierarchical)" : "",
             shape.numExperts, shape.localExperts, shape.topk, shape.hidden, shape.maxTokens);

@@ -130,7 +130,6 @@ loomResult_t LowLatency::connect() {
   if (!plan.lanes[0].steps.empty() && pieceWords_ == 0)
     return LOOM_FAIL(loomInvalidUsage, COLL, "loomEpCreate: FIFO slots of %zu bytes cannot carry a window piece",
                      payload);
-  std::lock_guard<std::mutex> lock(comm_->runMutex);
   LOOM_CHECK(comm_->connections.createReceivers(comm_, plan));
   CommWatch watch(comm_, "loomEpCreate");
   LOOM_CHECK(comm_->connections.attachSenders(comm_, plan, [&] { return watch(false); }));

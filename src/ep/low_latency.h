@@ -37,7 +37,8 @@ namespace loom::ep {
 class LowLatency {
  public:
   // Collective: makes this rank's window, maps its peers' and connects the rest. `id` (equal on every rank)
-  // tells this object's messages from those of an earlier object that used the same channel.
+  // tells this object's messages from those of an earlier object that used the same channel. The caller holds the
+  // communicator's runMutex.
   static loomResult_t create(loomComm* comm, const Shape& shape, uint32_t id, int channel,
                              std::unique_ptr<LowLatency>* out);
   ~LowLatency();
