@@ -97,7 +97,11 @@ loomResult_t loomEpCombine(loomEp_t ep, const void* expertOut, loomEpHandle_t ha
 loomResult_t loomEpHandleFree(loomEpHandle_t handle);
 /** This rank's counters (see loomEpStats_t). */
 loomResult_t loomEpGetStats(loomEp_t ep, loomEpStats_t* stats);
-/** Frees an EP object. Not collective; no call may be running on it. */
+/**
+ * Frees an EP object. Not collective; no call may be running on it. An object may outlive its communicator: when
+ * the communicator is destroyed or aborted the object lets go of it, and then only loomEpGetStats and
+ * loomEpDestroy work on it (other calls: loomInvalidUsage).
+ */
 loomResult_t loomEpDestroy(loomEp_t ep);
 
 #if defined(__GNUC__)

@@ -17,6 +17,10 @@
 #include "src/topology/fuse.h"
 #include "src/topology/xml.h"
 
+loomComm::~loomComm() {
+  for (auto& [object, detach] : dependents) detach();
+}
+
 void loomComm::setLastError(const std::string& message) {
   // A peer left unanswered by a failed accept() shows up as a timeout elsewhere: name the cause with it.
   std::string text = message;

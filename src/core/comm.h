@@ -183,6 +183,9 @@ struct loomComm {
   std::vector<std::pair<void*, size_t>> registrations;  // loomCommRegister: regions peers may access
   uint32_t epSlotsInUse = 0;                            // loom_ep.h: a bit per EP object alive (under runMutex)
   uint32_t epObjectsMade = 0;                           // ... and how many were made (each one's id)
+  // Objects made on this communicator that must let go of it when it goes (loom_ep.h's), by address: each one's
+  // detach runs first thing in the destructor. Added and removed under runMutex.
+  std::map<const void*, std::function<void()>> dependents;
   // A CUDA communicator's queue of staged calls and its worker (cuda_calls.h). Last: destroyed first, while
   // everything its worker uses is still there.
   loom::CudaCallsPtr cuda;
@@ -190,6 +193,7 @@ struct loomComm {
   loom::StatusListing listing;  // last: out of the report's list before anything else goes
 
   void setLastError(const std::string& message);
+  ~loomComm();
 };
 
 namespace loom {

@@ -26,6 +26,14 @@ loomResult_t checkEp(const loomEp* ep, const char* what) {
   return loomSuccess;
 }
 
+// An object whose communicator was destroyed or aborted: only loomEpDestroy and loomEpGetStats still work.
+loomResult_t checkAttached(const loomEp* ep, const char* what) {
+  if (ep->comm == nullptr)
+    return LOOM_FAIL(loomInvalidUsage, COLL, "%s: the EP object's communicator was destroyed; destroy the object",
+                     what);
+  return loomSuccess;
+}
+
 // The fields every rank must agree on, as gathered for the comparison.
 struct ConfigImage {
   int32_t maxTokens, hidden, numExperts, topk, datatype, mode, capacity, drop;
@@ -101,6 +109,12 @@ loomResult_t create(loomComm* comm, const loomEpConfig_t* config, loomEp_t* out)
     ep->hierarchical = groupByHost(ep.get());
   }
   comm->epSlotsInUse |= 1u << ep->slot;
+  // When the communicator goes first, the object lets go of it (and of its window and connections) then.
+  loomEp* object = ep.get();
+  comm->dependents[object] = [object] {
+    object->lowLatency.reset();
+    object->comm = nullptr;
+  };
   LOOM_INFO(COLL, "EP object %u: %s mode%s, %d experts (%d per rank), top-%d, hidden %d, %d tokens per rank", id,
             c.mode == loomEpLowLatency ? "low-latency" : "normal", ep->hierarchical ? " (hierarchical)" : "",
             shape.numExperts, shape.localExperts, shape.topk, shape.hidden, shape.maxTokens);
@@ -188,6 +202,7 @@ loomResult_t loomEpDispatch(loomEp_t ep, const void* x, int numTokens, const int
                             loomStream_t stream) {
   if (handleOut != nullptr) *handleOut = nullptr;
   if (checkEp(ep, "loomEpDispatch") != loomSuccess) return loomInvalidArgument;
+  LOOM_CHECK(checkAttached(ep, "loomEpDispatch"));
   ApiScope scope(ep->comm);
   return scope.finish(
       dispatch(ep, x, numTokens, topkIdx, topkWeights, recvX, recvTokenCountsPerLocalExpert, handleOut, stream));
@@ -195,6 +210,7 @@ loomResult_t loomEpDispatch(loomEp_t ep, const void* x, int numTokens, const int
 
 loomResult_t loomEpCombine(loomEp_t ep, const void* expertOut, loomEpHandle_t handle, void* out, loomStream_t stream) {
   if (checkEp(ep, "loomEpCombine") != loomSuccess) return loomInvalidArgument;
+  LOOM_CHECK(checkAttached(ep, "loomEpCombine"));
   ApiScope scope(ep->comm);
   return scope.finish(combine(ep, expertOut, handle, out, stream));
 }
@@ -219,9 +235,10 @@ loomResult_t loomEpGetStats(loomEp_t ep, loomEpStats_t* stats) {
 loomResult_t loomEpDestroy(loomEp_t ep) {
   if (ep == nullptr) return loomSuccess;
   LOOM_CHECK(checkEp(ep, "loomEpDestroy"));
-  {
+  if (ep->comm != nullptr) {
     std::lock_guard<std::mutex> lock(ep->comm->runMutex);
     ep->comm->epSlotsInUse &= ~(1u << ep->slot);
+    ep->comm->dependents.erase(ep);
   }
   ep->magic = 0;
   delete ep;

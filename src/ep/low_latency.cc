@@ -135,8 +135,8 @@ loomResult_t LowLatency::connect() {
   LOOM_CHECK(comm_->connections.attachSenders(comm_, plan, [&] { return watch(false); }));
   int direct = 0;
   for (int p = 0; p < nranks; ++p) direct += peerWindow_[p] != nullptr && p != rank;
-  LOOM_INFO(COLL, "EP low-latency window %zu bytes; %d peer(s) write it directly, %d through connections", windowBytes_,
-            direct, nranks - 1 - direct);
+  LOOM_INFO(COLL, "EP low-latency window %zu bytes; this rank writes %d peer window(s) directly and %d through "
+            "connections", windowBytes_, direct, nranks - 1 - direct);
   return loomSuccess;
 }
 

@@ -192,16 +192,16 @@ TEST(EpMp, ShmTcpAndEmulatedHosts) {
   };
   for (int nranks : {2, 4, 8}) {
     std::string output = ep(nranks, "both");
-    EXPECT_NE(output.find(std::to_string(nranks - 1) + " peer(s) write it directly, 0 through connections"),
+    EXPECT_NE(output.find(std::to_string(nranks - 1) + " peer window(s) directly and 0 through connections"),
               std::string::npos)
         << output;
   }
   setenv("LOOM_TRANSPORTS", "tcp", 1);
-  EXPECT_NE(ep(3, "both 40").find("0 peer(s) write it directly, 2 through connections"), std::string::npos);
+  EXPECT_NE(ep(3, "both 40").find("0 peer window(s) directly and 2 through connections"), std::string::npos);
   unsetenv("LOOM_TRANSPORTS");
   std::string output = ep(4, "both", "host$((LOOM_RANK / 2))");
   EXPECT_NE(output.find("normal mode (hierarchical)"), std::string::npos) << output;
-  EXPECT_NE(output.find("1 peer(s) write it directly, 2 through connections"), std::string::npos) << output;
+  EXPECT_NE(output.find("1 peer window(s) directly and 2 through connections"), std::string::npos) << output;
   ep(6, "both 16 1 2", "host$((LOOM_RANK % 3))");
   ep(5, "both 16 2 3", "host$((LOOM_RANK / 2))");
   std::string why;

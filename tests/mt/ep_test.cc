@@ -282,6 +282,31 @@ TEST(EpTest, AtMostFourObjectsPerCommunicator) {
       &config);
 }
 
+// A layer that owns an EP object is often destroyed after its communicator: the object lets go of it then.
+TEST(EpTest, ObjectOutlivesItsCommunicator) {
+  for (loomEpMode_t mode : {loomEpNormal, loomEpLowLatency}) {
+    loomUniqueId id;
+    ASSERT_EQ(loomGetUniqueId(&id), loomSuccess);
+    loomComm_t comm = nullptr;
+    ASSERT_EQ(loomCommInitRank(&comm, 1, id, 0), loomSuccess) << loomGetLastError(nullptr);
+    loomEpConfig_t c = smallConfig(1, mode);
+    loomEp_t ep = nullptr;
+    ASSERT_EQ(loomEpCreate(comm, &c, &ep), loomSuccess) << loomGetLastError(comm);
+    ASSERT_EQ(loomCommDestroy(comm), loomSuccess);
+    std::vector<float> x(4 * 8, 1.0f), recv(2 * 4 * 8);
+    std::vector<int32_t> idx = {0, 1, 1, 0, 0, 1, 1, 0};
+    std::vector<float> w(8, 0.5f);
+    int counts[2];
+    loomEpHandle_t handle = nullptr;
+    EXPECT_EQ(loomEpDispatch(ep, x.data(), 4, idx.data(), w.data(), recv.data(), counts, &handle, nullptr),
+              loomInvalidUsage);
+    EXPECT_TRUE(contains(loomGetLastError(nullptr), "communicator was destroyed")) << loomGetLastError(nullptr);
+    loomEpStats_t stats;
+    EXPECT_EQ(loomEpGetStats(ep, &stats), loomSuccess);
+    EXPECT_EQ(loomEpDestroy(ep), loomSuccess);
+  }
+}
+
 TEST(EpTest, HostStreamIsSynchronisedFirst) {
   loomConfig_t config = loomtest::configWithTimeout(loomtest::kTestTimeoutMs);
   runRanks(
