@@ -21,10 +21,11 @@
  *    algorithms and transports). Across hosts it is hierarchical: a token crosses to each host it needs once, to
  *    the rank there with the sender's place on its own host, which forwards it to the ranks of its experts.
  *  - loomEpLowLatency: receive buffers of fixed capacity are made on every rank at create time; each sender puts
- *    its tokens straight into its slots there in the LL flag protocol (each 8-byte word: 4 bytes of data and the
- *    call's flag), so there is no count exchange and no barrier: receivers poll the flags. Buffers alternate
- *    between calls, so back-to-back calls need no synchronisation. Peers on the same machine write into the
- *    mapped buffer; others' puts travel through the communicator's connections (the network proxy).
+ *    its tokens straight into its slots there, flagged: the counts as LL words (each 8-byte word: 4 bytes of data
+ *    and the call's flag), each row followed by a flag stored after it. There is no count exchange and no
+ *    barrier: receivers poll the flags. Buffers alternate between calls, so back-to-back calls need no
+ *    synchronisation. Peers on the same machine write into the mapped buffer; others' puts travel through the
+ *    communicator's connections (the network proxy).
  *
  * Host communicators only in this version: buffers are host memory; a non-NULL stream (from loomStreamCreate) is
  * synchronised first and the call then runs on the calling thread. Errors follow loom.h: bad shapes, indices or
