@@ -23,42 +23,16 @@
 #include <vector>
 
 #include "algorithms/grid.h"
+#include "algorithms/hosts.h"
 
 namespace loom {
 namespace {
 
 int mod(int value, int n) { return ((value % n) + n) % n; }
 
-struct Hosts {
-  int count = 1;                   // H
-  int perHost = 0;                 // L, when every host has the same number of ranks; else 0
-  std::vector<int> host, local;    // per rank
-  std::vector<std::vector<int>> members;  // per host, its ranks in order
-  bool consecutive = true;         // every host's ranks are consecutive numbers
-};
-
-Hosts hostsOf(const CollArgs& args) {
-  Hosts hosts;
-  int n = args.nranks;
-  hosts.host.assign(n, 0);
-  if (static_cast<int>(args.hostOf.size()) == n) hosts.host.assign(args.hostOf.begin(), args.hostOf.end());
-  for (int r = 0; r < n; ++r) {
-    if (hosts.host[r] >= static_cast<int>(hosts.members.size())) hosts.members.resize(hosts.host[r] + 1);
-    hosts.local.push_back(static_cast<int>(hosts.members[hosts.host[r]].size()));
-    hosts.members[hosts.host[r]].push_back(r);
-  }
-  hosts.count = static_cast<int>(hosts.members.size());
-  hosts.perHost = static_cast<int>(hosts.members[0].size());
-  for (const std::vector<int>& ranks : hosts.members) {
-    if (static_cast<int>(ranks.size()) != hosts.perHost) hosts.perHost = 0;
-    if (!ranks.empty() && ranks.back() - ranks.front() + 1 != static_cast<int>(ranks.size())) hosts.consecutive = false;
-  }
-  return hosts;
-}
-
 // Level 0: local rank; level 1: host. Hosts of unequal size: one ring over all ranks as level 1.
 Grid hostGrid(const CollArgs& args) {
-  Hosts hosts = hostsOf(args);
+  Hosts hosts = hostsOf(args.hostOf, args.nranks);
   std::vector<int> coords;
   if (hosts.perHost == 0) {
     for (int r = 0; r < args.nranks; ++r) coords.insert(coords.end(), {0, r});
@@ -84,7 +58,7 @@ RankPlan buildHierarchicalBroadcast(const CollArgs& args) {
 }
 
 RankPlan buildHierarchicalAllToAll(const CollArgs& args) {
-  Hosts hosts = hostsOf(args);
+  Hosts hosts = hostsOf(args.hostOf, args.nranks);
   if (hosts.perHost == 0) {
     RankPlan plan = buildPairwiseAllToAll(args);
     plan.algorithm = "hierarchical";

@@ -44,25 +44,6 @@ ConfigImage imageOf(const loomEpConfig_t& c) {
           static_cast<int32_t>(c.mode), c.expertCapacity, c.dropOverflow};
 }
 
-// Ranks by host, for the normal mode's hierarchical hops; whether the communicator needs them (several hosts,
-// one of them with several ranks).
-bool groupByHost(loomEp* ep) {
-  const std::vector<int>& hostOf = ep->comm->hostOf;
-  int hosts = hostOf.empty() ? 1 : *std::max_element(hostOf.begin(), hostOf.end()) + 1;
-  ep->hostStart.assign(hosts + 1, 0);
-  for (int h : hostOf) ++ep->hostStart[h + 1];
-  for (int h = 0; h < hosts; ++h) ep->hostStart[h + 1] += ep->hostStart[h];
-  ep->hostRanks.assign(hostOf.size(), 0);
-  ep->placeOnHost.assign(hostOf.size(), 0);
-  std::vector<int> filled(hosts, 0);
-  for (size_t r = 0; r < hostOf.size(); ++r) {
-    int h = hostOf[r];
-    ep->placeOnHost[r] = filled[h];
-    ep->hostRanks[ep->hostStart[h] + filled[h]++] = static_cast<int>(r);
-  }
-  bool shared = std::any_of(filled.begin(), filled.end(), [](int n) { return n > 1; });
-  return hosts > 1 && shared;
-}
 
 loomResult_t create(loomComm* comm, const loomEpConfig_t* config, loomEp_t* out) {
   const char* what = "loomEpCreate";
@@ -106,7 +87,10 @@ loomResult_t create(loomComm* comm, const loomEpConfig_t* config, loomEp_t* out)
     LOOM_CHECK(LowLatency::create(comm, shape, id, kEpChannel + ep->slot, &ep->lowLatency));
     ep->stats.bufferBytes = ep->lowLatency->windowBytes();
   } else {
-    ep->hierarchical = groupByHost(ep.get());
+    // Hierarchical hops where they save anything: several hosts, one of them with several ranks.
+    ep->hosts = hostsOf(comm->hostOf, comm->nranks);
+    ep->hierarchical = ep->hosts.count > 1 && std::any_of(ep->hosts.members.begin(), ep->hosts.members.end(),
+                                                          [](const std::vector<int>& ranks) { return ranks.size() > 1; });
   }
   comm->epSlotsInUse |= 1u << ep->slot;
   // When the communicator goes first, the object lets go of it (and of its window and connections) then.

@@ -8,6 +8,7 @@
 
 #include "loom/loom.h"
 #include "loom/loom_ep.h"
+#include "algorithms/hosts.h"
 #include "src/ep/route.h"
 
 namespace loom::ep {
@@ -51,9 +52,7 @@ struct loomEp {
   std::unique_ptr<loom::ep::LowLatency> lowLatency;
   loomEpStats_t stats{};
   bool hierarchical = false;   // normal mode across hosts
-  std::vector<int> hostRanks;  // hierarchical: ranks of each host, host after host (hostStart offsets)
-  std::vector<int> hostStart;
-  std::vector<int> placeOnHost;  // by rank: its index among its host's ranks
+  loom::Hosts hosts;           // the normal mode's ranks by host
   // The normal mode's buffers, kept from call to call: fresh ones would cost a page fault per page each call.
   struct Scratch {
     std::vector<uint32_t> send, received, forwarded, rows, partials;

@@ -254,7 +254,12 @@ loomResult_t LowLatency::progress(const char* what, Phase phase, uint64_t sequen
                          static_cast<int>(who - 1));
       break;
     }
-    result = watch(moved, [&](int peer) { return awaited[peer] && !regionArrived(phase, sequence, peer); });
+    // A peer the call still reads from, or still has pieces for.
+    result = watch(moved, [&](int peer) {
+      return (awaited[peer] && !regionArrived(phase, sequence, peer)) ||
+             std::any_of(outbound_.begin(), outbound_.end(),
+                         [&](const Outbound& o) { return o.peer == peer && o.sent < o.total; });
+    });
     if (result != loomSuccess) break;
     if (moved)
       backoff.reset();
@@ -341,8 +346,8 @@ loomResult_t LowLatency::dispatch(const void* x, int numTokens, const int32_t* t
           return LOOM_FAIL(loomInternalError, COLL, "EP dispatch on rank %d: %s (from rank %d)", rank,
                            malformed.empty() ? "a record names another source" : malformed.c_str(), s);
         for (int k = 0; k < view.picks; ++k) {
-          int local = view.expert(k) - rank * localExperts;
-          if (local < 0 || local >= localExperts)
+          int local = shape_.localExpertOf(view.expert(k));
+          if (local < 0)
             return LOOM_FAIL(loomInternalError, COLL, "EP dispatch on rank %d: rank %d sent expert %d here", rank, s,
                              view.expert(k));
           int32_t row = placement.next(s, local);
@@ -355,9 +360,7 @@ loomResult_t LowLatency::dispatch(const void* x, int numTokens, const int32_t* t
         destCounts[s].push_back(static_cast<uint32_t>(view.picks));
         *moved = true;
       }
-      awaited[s] = next[s] < static_cast<uint32_t>(tokensFrom[s]) ||
-                   std::any_of(outbound_.begin(), outbound_.end(),
-                               [&](const Outbound& o) { return o.peer == s && o.sent < o.total; });
+      awaited[s] = next[s] < static_cast<uint32_t>(tokensFrom[s]);
       all &= !awaited[s];
     }
     *done = all;
@@ -431,7 +434,6 @@ loomResult_t LowLatency::combine(const void* expertOut, const Routing& routing, 
       nextRow = 0;
       rowsFrom = -1;
     }
-    for (const Outbound& o : outbound_) awaited[o.peer] |= o.sent < o.total;
     *done = source == nranks;
     return loomSuccess;
   };

@@ -79,7 +79,8 @@ class LowLatency {
   // that peer once what arrived has been read (a peer that finished may close it as soon as its last piece left).
   loomResult_t pullPieces(bool* moved);
   // Runs the call's loop: pieces in and out, then `consume` (which reports progress and completion) until done,
-  // within the communicator's deadline and abort rules. `awaited(peer)`: whether the call still needs the peer.
+  // within the communicator's deadline and abort rules. `awaited[peer]`: whether the call still reads from the peer
+  // (the peers it still has pieces for count as needed too).
   template <typename Consume>
   loomResult_t progress(const char* what, Phase phase, uint64_t sequence, Consume consume,
                         const std::vector<char>& awaited);

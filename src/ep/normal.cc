@@ -100,8 +100,8 @@ loomResult_t placeRecords(const Shape& shape, const std::vector<RecordView>& vie
   std::vector<int32_t> perExpert(static_cast<size_t>(shape.nranks) * localExperts, 0);
   for (const RecordView& v : views)
     for (int k = 0; k < v.picks; ++k) {
-      int local = v.expert(k) - shape.rank * localExperts;
-      if (local < 0 || local >= localExperts)
+      int local = shape.localExpertOf(v.expert(k));
+      if (local < 0)
         return LOOM_FAIL(loomInternalError, COLL, "EP dispatch on rank %d: expert %d of another rank arrived here",
                          shape.rank, v.expert(k));
       ++perExpert[static_cast<size_t>(v.source) * localExperts + local];
@@ -118,7 +118,7 @@ loomResult_t placeRecords(const Shape& shape, const std::vector<RecordView>& vie
   for (uint32_t i : order) {
     const RecordView& v = views[i];
     for (int k = 0; k < v.picks; ++k) {
-      int local = v.expert(k) - shape.rank * localExperts;
+      int local = shape.localExpertOf(v.expert(k));
       int32_t row = placement.next(v.source, local);
       destsOf[i].push_back({local, row, v.weight(k)});
       if (row >= 0)
@@ -155,9 +155,8 @@ loomResult_t normalDispatch(loomEp* ep, const void* x, int numTokens, const int3
   auto firstHop = [&](int expert) {
     int owner = shape.rankOfExpert(expert);
     if (!ep->hierarchical) return owner;
-    int host = comm->hostOf[owner];
-    int size = ep->hostStart[host + 1] - ep->hostStart[host];
-    return ep->hostRanks[ep->hostStart[host] + ep->placeOnHost[rank] % size];
+    const std::vector<int>& there = ep->hosts.members[ep->hosts.host[owner]];
+    return there[ep->hosts.local[rank] % there.size()];
   };
   std::vector<Outgoing> out;
   route(shape, numTokens, topkIdx, topkWeights, nranks, firstHop, false, &out);
@@ -191,7 +190,7 @@ loomResult_t normalDispatch(loomEp* ep, const void* x, int numTokens, const int3
     const RecordView& v = views[i];
     for (int k = 0; k < v.picks; ++k) {
       int owner = shape.rankOfExpert(v.expert(k));
-      if (comm->hostOf[owner] != comm->hostOf[rank])
+      if (ep->hosts.host[owner] != ep->hosts.host[rank])
         return LOOM_FAIL(loomInternalError, COLL, "EP dispatch on rank %d: expert %d of another host arrived here",
                          rank, v.expert(k));
       std::vector<uint32_t>& to = recordsTo[owner];

@@ -36,6 +36,8 @@ struct Shape {
   size_t metaWords() const { return kMetaWords + 2 * static_cast<size_t>(topk); }
   size_t recordWords() const { return metaWords() + rowWords(); }
   int rankOfExpert(int expert) const { return expert / localExperts; }
+  // Expert's index among this rank's experts, or -1 when another rank holds it.
+  int localExpertOf(int expert) const { return rankOfExpert(expert) == rank ? expert - rank * localExperts : -1; }
 };
 
 // Checks `config` for communicator of `nranks` ranks and fills *shape; *why names what is wrong.
