@@ -75,7 +75,10 @@ typedef struct {
   size_t bufferBytes;       /**< Receive buffers this object holds (low-latency mode; 0 in normal mode). */
 } loomEpStats_t;
 
-/** Makes an EP object for comm with config. Collective: every rank calls it with the same config. */
+/**
+ * Makes an EP object for comm with config. Collective: every rank calls it with the same config. It runs on the
+ * calling thread and holds the communicator while it connects: synchronise host streams with calls on comm first.
+ */
 loomResult_t loomEpCreate(loomComm_t comm, const loomEpConfig_t* config, loomEp_t* ep);
 
 /**

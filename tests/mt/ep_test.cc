@@ -314,12 +314,13 @@ TEST(EpTest, HostStreamIsSynchronisedFirst) {
       [&](loomComm_t comm, int) {
         loomStream_t stream = nullptr;
         ASSERT_EQ(loomStreamCreate(&stream), loomSuccess);
-        // An all-reduce queued on the stream, then a dispatch on it: the dispatch reads its result.
-        std::vector<float> x(4 * 8, 0.5f), recv(2 * 8 * 8), out(4 * 8);
-        ASSERT_EQ(loomAllReduce(x.data(), x.data(), x.size(), loomFloat32, loomSum, comm, stream), loomSuccess);
+        // Create runs on the calling thread (before anything is queued on the stream); then an all-reduce queued on
+        // the stream, and a dispatch on it: the dispatch reads the all-reduce's result.
         loomEpConfig_t c = smallConfig(2, loomEpLowLatency);
         loomEp_t ep = nullptr;
         ASSERT_EQ(loomEpCreate(comm, &c, &ep), loomSuccess) << loomGetLastError(comm);
+        std::vector<float> x(4 * 8, 0.5f), recv(2 * 8 * 8), out(4 * 8);
+        ASSERT_EQ(loomAllReduce(x.data(), x.data(), x.size(), loomFloat32, loomSum, comm, stream), loomSuccess);
         std::vector<int32_t> idx = {0, 1, 2, 3, 1, 2, 0, 3};
         std::vector<float> w(8, 0.25f);
         int counts[2];
