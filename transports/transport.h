@@ -92,11 +92,13 @@ class Transport {
   // Whether its FIFOs lie in CUDA device memory (cuda_ipc), which only the GPU executor reads and writes: such a
   // transport is never in transportsInPriorityOrder(), and its endpoints' fifo() addresses are the device's.
   virtual bool deviceMemory() const { return false; }
-  // Removes what the transport left on this machine for communicator `commHash` on behalf of ranks that died
-  // (`dead(rank)`) before a peer could take it over (shm: a segment a receiver created and no sender attached to,
-  // so no one unlinked). Called by the survivors' destroy and abort.
-  virtual void removeLeftoversOfDead(uint64_t commHash, const std::function<bool(int rank)>& dead) const {
-    (void)commHash, (void)dead;
+  // Removes what the transport left on this machine for communicator `commHash` that no one else will remove,
+  // when rank `self` leaves it: what ranks that died (`dead(rank)`) made before a peer could take it over, and
+  // what peers made for `self` to take over, which it never will now (shm: a segment a receiver created and no
+  // sender attached to, whose receiver is dead or whose sender is `self`; a stopped receiver cannot unlink its
+  // own). Called by destroy and abort of a communicator that failed or lost a peer.
+  virtual void removeLeftovers(uint64_t commHash, int self, const std::function<bool(int rank)>& dead) const {
+    (void)commHash, (void)self, (void)dead;
   }
   // Whether a thread of the transport's own moves the messages (tcp's proxy), which then needs a core too.
   virtual bool movesByProxy() const { return false; }

@@ -64,14 +64,21 @@ void abortCallsInFlight(loomComm* comm, bool reopenBootstrap) {
   if (reopenBootstrap) comm->abortFlag.store(false);
 }
 
-// What dead peers of this host left for the communicator that no one else will remove. Nothing to look for (no
-// directory to scan) while every peer lives, the usual destroy.
-void removeLeftoversOfDead(loomComm* comm) {
-  if (comm->peerWatch.firstDead() < 0) return;
+// What this communicator left on this host that no one else will remove (Transport::removeLeftovers): after a
+// failure (a call that failed, an abort, a dead peer) only. Nothing to look for (no directory to scan) after a
+// clean run, the usual destroy: every connection was then set up by both of its ends.
+void removeLeftovers(loomComm* comm, bool aborting) {
+  bool failed = aborting || comm->peerWatch.firstDead() >= 0;
+  if (!failed) {
+    std::lock_guard<std::mutex> lock(comm->errorMutex);
+    failed = !comm->lastError.empty();
+  }
+  if (!failed) return;
   auto dead = [comm](int rank) {
     return rank != comm->rank && comm->peerWatch.firstDead([rank](int r) { return r == rank; }) == rank;
   };
-  for (Transport* transport : transportsInPriorityOrder()) transport->removeLeftoversOfDead(comm->commHash, dead);
+  for (Transport* transport : transportsInPriorityOrder())
+    transport->removeLeftovers(comm->commHash, comm->rank, dead);
 }
 
 }  // namespace
@@ -267,7 +274,7 @@ loomResult_t loomCommDestroy(loomComm_t comm) {
   waitForIdle(comm);
   LOOM_INFO(SHM, "rank %d: %llu direct (zero-copy) messages sent", comm->rank,
             (unsigned long long)comm->directMessages);
-  removeLeftoversOfDead(comm);
+  removeLeftovers(comm, false);
   delete comm;
   return loomSuccess;
 }
@@ -275,7 +282,7 @@ loomResult_t loomCommDestroy(loomComm_t comm) {
 loomResult_t loomCommAbort(loomComm_t comm) {
   if (comm == nullptr) return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommAbort: comm is NULL");
   abortCallsInFlight(comm, false);
-  removeLeftoversOfDead(comm);
+  removeLeftovers(comm, true);
   delete comm;
   return loomSuccess;
 }

@@ -416,6 +416,75 @@ void exitRightAfterInit() {
   expectNoChildrenLeft("exitRightAfterInit");
 }
 
+// ---- A receiver stopped (SIGSTOP) after it made its segment ----
+
+// Rank 1 posts a Recv from rank 0, which makes the segment rank 0 would attach to, and is stopped there. Rank 0
+// never attaches (it waits for rank 1 instead, and times out): when it destroys its communicator, it removes the
+// segment made for it, which the stopped receiver cannot. Resumed, rank 1 finds rank 0 gone and fails on its own.
+TEST(FailureTest, AStoppedReceiverLeavesNoSegment) {
+  ShmDir shm;
+  ASSERT_FALSE(shm.path().empty()) << "mkdtemp in /dev/shm: " << strerror(errno);
+  constexpr int kShortTimeoutMs = 1000;
+  {
+    Children children;
+    for (int r = 0; r < 2; ++r)
+      ASSERT_TRUE(children.spawn([&, r](const ChildPipes& pipes) {
+        setenv("LOOM_SHM_DIR", shm.path().c_str(), 1);
+        setenv("LOOM_TRANSPORTS", "shm", 1);
+        loomUniqueId id;
+        if (!receiveId(pipes.fromParent, &id)) return kChildCheckFailed;
+        loomConfig_t config = LOOM_CONFIG_INITIALIZER;
+        config.timeoutMs = r == 0 ? kShortTimeoutMs : kTimeoutMs;
+        loomComm_t comm = nullptr;
+        if (loomCommInitRankConfig(&comm, 2, id, r, &config) != loomSuccess) {
+          tell(pipes.toParent, std::string("init: ") + loomGetLastError(nullptr));
+          return kInitFailed;
+        }
+        tell(pipes.toParent, "R");
+        std::vector<float> buffer(1000);
+        if (r == 0) {
+          char go = 0;  // once rank 1 is stopped
+          if (read(pipes.fromParent, &go, 1) != 1) return kChildCheckFailed;
+        }
+        loomResult_t result = loomRecv(buffer.data(), buffer.size(), loomFloat32, 1 - r, comm, nullptr);
+        tell(pipes.toParent, loomGetLastError(comm));
+        loomCommDestroy(comm);
+        return static_cast<int>(result);
+      })) << "fork: "
+          << strerror(errno);
+    loomUniqueId id;
+    ASSERT_EQ(loomGetUniqueId(&id), loomSuccess) << loomGetLastError(nullptr);
+    ASSERT_TRUE(children.sendToAll(&id, sizeof(id)));
+    ASSERT_TRUE(children.waitReady(kHardBoundSeconds)) << (children.waitAll(5), children.report());
+    // Rank 1's segment for rank 0 (loom-<comm>-0-1-<channel>) appears once its Recv connects.
+    const Clock::time_point start = Clock::now();
+    auto segmentFor0 = [&] {
+      for (const std::string& name : shm.entries())
+        if (name.find("-0-1-") != std::string::npos) return true;
+      return false;
+    };
+    while (!segmentFor0() && secondsBetween(start, Clock::now()) < kHardBoundSeconds)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ASSERT_TRUE(segmentFor0()) << "rank 1 made no segment for rank 0:" << joined(shm.entries());
+    children.signal(1, SIGSTOP);
+    const char go = 'g';
+    ASSERT_EQ(write(children[0].toChild, &go, 1), 1);
+    ASSERT_TRUE(children.waitAll(kHardBoundSeconds, 1)) << "rank 0 did not end:" << children.report();
+    EXPECT_TRUE(WIFEXITED(children[0].status) && WEXITSTATUS(children[0].status) == loomTimeout)
+        << children.report();
+    EXPECT_TRUE(shm.entries().empty()) << "left in " << shm.path() << " while rank 1 is stopped:"
+                                       << joined(shm.entries());
+    const Clock::time_point resumedAt = Clock::now();
+    children.signal(1, SIGCONT);
+    ASSERT_TRUE(children.waitAll(kHardBoundSeconds)) << "rank 1 did not end once resumed:" << children.report();
+    EXPECT_TRUE(WIFEXITED(children[1].status) && WEXITSTATUS(children[1].status) == loomRemoteError)
+        << children.report();
+    EXPECT_LT(secondsBetween(resumedAt, children[1].endedAt), 5.0) << children.report();
+  }
+  EXPECT_TRUE(shm.entries().empty()) << "left in " << shm.path() << ":" << joined(shm.entries());
+  expectNoChildrenLeft("AStoppedReceiverLeavesNoSegment");
+}
+
 // Every survivor sees loomRemoteError at once, including ranks still connecting: rank 2, whose ring successor is
 // the rank that left, waits for a segment that will never be created, and that wait watches peer processes too.
 TEST(FailureTest, RankExitsRightAfterInitEverySurvivorSeesRemoteError) { exitRightAfterInit(); }

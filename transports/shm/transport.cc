@@ -3,7 +3,8 @@
 // The receiver creates the file (O_EXCL, space reserved with posix_fallocate so a full /dev/shm fails here, with
 // the bytes needed, rather than with SIGBUS later), maps it and initialises the FIFO. The sender waits for the
 // file, maps it, marks itself attached and unlinks it: from then on nothing is left in the directory, whatever
-// happens to either process. A receiver whose sender never came unlinks the file when it is destroyed.
+// happens to either process. A receiver whose sender never came unlinks the file when it is destroyed; a sender
+// that leaves a failed communicator unlinks those made for it (the receiver may be stopped, or dead).
 #include "transports/transport.h"
 
 #include <dirent.h>
@@ -57,7 +58,9 @@ class ShmTransport : public Transport {
   }
 
   // Segments are named loom-<commHash>-<sender>-<receiver>-<channel> (ConnectionKey::name); the receiver made them.
-  void removeLeftoversOfDead(uint64_t commHash, const std::function<bool(int)>& dead) const override {
+  // Once the sender has attached, the name is gone; one still there waits for a sender that will never come if
+  // that sender is `self`, leaving, and its receiver, dead or stopped, may never unlink it.
+  void removeLeftovers(uint64_t commHash, int self, const std::function<bool(int)>& dead) const override {
     const std::string dir = params::shmDir();
     char prefix[32];
     std::snprintf(prefix, sizeof(prefix), "loom-%016llx-", (unsigned long long)commHash);
@@ -68,7 +71,7 @@ class ShmTransport : public Transport {
       if (std::strncmp(entry->d_name, prefix, std::strlen(prefix)) != 0 ||
           std::sscanf(entry->d_name + std::strlen(prefix), "%d-%d-%d", &sender, &receiver, &channel) != 3)
         continue;
-      if (receiver >= 0 && dead(receiver)) unlink((dir + "/" + entry->d_name).c_str());
+      if (sender == self || (receiver >= 0 && dead(receiver))) unlink((dir + "/" + entry->d_name).c_str());
     }
     closedir(listing);
   }
