@@ -29,21 +29,22 @@ constexpr uint64_t kCallerPassesPerPoll = 16;
 
 }  // namespace
 
-LocalFifo::LocalFifo(const FifoShape& shape, int doorbell) : bytes_((fifoBytes(shape) + 4095) / 4096 * 4096) {
+Pages::Pages(size_t bytes) : bytes_((bytes + 4095) / 4096 * 4096) {
   base_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (base_ == MAP_FAILED) {
-    base_ = nullptr;
-    return;
-  }
-  fifoInit(base_, shape);
-  fifoView(base_).header->doorbell = doorbell;
+  if (base_ == MAP_FAILED) base_ = nullptr;
 }
 
-LocalFifo::~LocalFifo() {
+Pages::~Pages() {
   if (base_ == nullptr) return;
   // Quarantined: the pages go back to the system; the addresses stay mapped (a late write lands in a fresh zero page).
   if (quarantined_ && madvise(base_, bytes_, MADV_DONTNEED) == 0) return;
   munmap(base_, bytes_);
+}
+
+LocalFifo::LocalFifo(const FifoShape& shape, int doorbell) : pages_(fifoBytes(shape)) {
+  if (!pages_.valid()) return;
+  fifoInit(pages_.data(), shape);
+  fifoView(pages_.data()).header->doorbell = doorbell;
 }
 
 std::string ProxyConn::name() const {

@@ -32,27 +32,39 @@
 
 namespace loom {
 
-// A FIFO in this process's memory, with the proxy's eventfd as its doorbell. Pages of its own (mmap), not the
-// heap's: a transport whose peers write into it directly (ucx's RMA puts, carried out by this process's UCX worker
-// or by process_vm_writev) can have a write from a peer that was cleared to send land after the FIFO is gone.
-// quarantine() says so: the FIFO's pages are then given back to the system but its addresses stay mapped, writable
-// and never reused, so that such a write lands in zero pages of its own instead of memory this process has since
-// handed out. The cost is address space only.
-class LocalFifo {
+// Page-aligned memory mapped for its own (mmap), not the heap's, for memory that peers write into directly (ucx's
+// RMA puts, carried out by this process's UCX worker or by process_vm_writev; ib's RDMA writes): a write from a
+// peer that was cleared to send can land after the memory is given up. quarantine() says so: the pages are then
+// given back to the system but the addresses stay mapped, writable and never reused, so that such a write lands in
+// zero pages of its own instead of memory this process has since handed out. The cost is address space only.
+class Pages {
  public:
-  LocalFifo(const FifoShape& shape, int doorbell);
-  ~LocalFifo();
-  LocalFifo(const LocalFifo&) = delete;
-  LocalFifo& operator=(const LocalFifo&) = delete;
+  explicit Pages(size_t bytes);  // rounded up to whole pages; zeroed
+  ~Pages();
+  Pages(const Pages&) = delete;
+  Pages& operator=(const Pages&) = delete;
   bool valid() const { return base_ != nullptr; }
+  void* data() const { return base_; }
   size_t bytes() const { return bytes_; }
-  FifoMemory view() const { return fifoView(base_); }
   void quarantine() { quarantined_ = true; }
 
  private:
   size_t bytes_;
   void* base_;
   bool quarantined_ = false;
+};
+
+// A FIFO in this process's memory (Pages), with the proxy's eventfd as its doorbell.
+class LocalFifo {
+ public:
+  LocalFifo(const FifoShape& shape, int doorbell);
+  bool valid() const { return pages_.valid(); }
+  size_t bytes() const { return pages_.bytes(); }
+  FifoMemory view() const { return fifoView(pages_.data()); }
+  void quarantine() { pages_.quarantine(); }
+
+ private:
+  Pages pages_;
 };
 
 // One direction of one channel between this rank and `peer`. A transport derives its own.

@@ -4,7 +4,8 @@
 // requester asleep on its channel woken when its responder can go on; inline data; remote access errors; writes
 // that reach no responder, among them a dead peer's, and their transport timeout; the qp_error fault; flushes in
 // the error state; the send queue's slots; several threads at once; processes that create the fabric at once; a
-// lock holder that dies; reclaiming what dead processes left. Waits have deadlines and times are only bounded
+// lock holder that dies, and one that is stopped (no one else waits for it; a region it writes into is not
+// deregistered); reclaiming what dead processes left. Waits have deadlines and times are only bounded
 // loosely: the machines that run this are slow and shared.
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -1047,6 +1048,121 @@ TEST(Softib, ALockHolderThatDiesWedgesNobody) {
   ibv_wc wc{};
   ASSERT_TRUE(pollOne(a.cq, &wc));
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+}
+
+// A forked child that takes the fabric's lock (and, with `writingRkey`, announces a write into that region, as a
+// writer between its check and its copy does), says so, and holds it until the parent writes a byte; it is
+// stopped meanwhile. The parent waits until it is.
+struct StoppedLockHolder {
+  explicit StoppedLockHolder(softib::Fabric* fabric, uint32_t writingRkey = 0) {
+    pid = forkChild([&, fabric, writingRkey] {
+      if (!fabric->lock()) return 1;
+      if (writingRkey != 0) softib::storeOrdered(fabric->tables().header.writingRkey, writingRkey);
+      if (::write(pipes.toParent[1], "h", 1) != 1) return 2;
+      char go = 0;
+      if (read(pipes.toChild[0], &go, 1) != 1) return 3;
+      if (writingRkey != 0) softib::storeOrdered(fabric->tables().header.writingRkey, 0u);
+      fabric->unlock();
+      return 0;
+    });
+    char held = 0;
+    pollfd readable{pipes.toParent[0], POLLIN, 0};
+    if (pid <= 0 || poll(&readable, 1, kWaitMs) != 1 || read(pipes.toParent[0], &held, 1) != 1) return;
+    kill(pid, SIGSTOP);
+    const std::string stat = "/proc/" + std::to_string(pid) + "/stat";
+    for (auto end = Clock::now() + std::chrono::milliseconds(kWaitMs); Clock::now() < end;) {
+      const std::string text = readFile(stat);
+      const size_t close = text.rfind(')');
+      if (close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'T') {
+        stopped = true;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  // Resumed, it lets the lock go and exits 0; killed, it dies holding it. Its exit status.
+  int end(bool resume) {
+    if (resume) {
+      kill(pid, SIGCONT);
+      if (::write(pipes.toChild[1], "g", 1) != 1) return -2;
+    } else {
+      kill(pid, SIGKILL);
+    }
+    return waitChild(pid);
+  }
+  Pipes pipes;
+  pid_t pid = -1;
+  bool stopped = false;
+};
+
+// A process stopped while it holds the fabric's lock (SIGSTOP, say, in the middle of a write) stalls nobody: QPs
+// are made, connected and destroyed, receives posted, CQs armed, regions registered and deregistered, all at
+// once; a write waits in its send queue; and it goes out once the holder is resumed, or killed.
+TEST(Softib, ALockHolderThatIsStoppedStallsNobody) {
+  std::string why;
+  api();
+  softib::Fabric* fabric = softib::Fabric::get(&why);
+  ASSERT_NE(fabric, nullptr) << why;
+  for (bool resume : {true, false}) {
+    SCOPED_TRACE(resume ? "the holder is resumed" : "the holder is killed");
+    StoppedLockHolder holder(fabric);
+    ASSERT_TRUE(holder.stopped) << "the lock holder did not stop";
+    const Clock::time_point start = Clock::now();
+    Side a, b;
+    ASSERT_TRUE(connectBoth(a, b)) << "QPs connect while a stopped process holds the lock";
+    std::fill(a.buffer.begin(), a.buffer.end(), uint8_t{0x5a});
+    ASSERT_EQ(postRecv(b.qp, 7), 0);
+    ASSERT_EQ(rdmaWrite(a, b, 1, 64, true, htonl(42)), 0);
+    ibv_wc wc{};
+    EXPECT_FALSE(pollOne(a.cq, &wc, 200)) << "the write cannot move while the holder is stopped";
+    EXPECT_EQ(b.buffer[0], 0);
+    EXPECT_EQ(api().reqNotifyCq(a.cq, 0), 0);
+    std::vector<uint8_t> other(4096);
+    ibv_mr* mr = api().regMr(a.pd, other.data(), other.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    ASSERT_NE(mr, nullptr);
+    EXPECT_EQ(api().deregMr(mr), 0) << "no write is landing in it";
+    {
+      Side c;
+      EXPECT_TRUE(c.valid());
+    }  // destroyed: its QP, CQ, region and PD
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0) << "every call returned promptly";
+    ASSERT_EQ(holder.end(resume), resume ? 0 : 128 + SIGKILL);
+    ASSERT_TRUE(pollOne(a.cq, &wc)) << "the write goes out once the holder has gone";
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    ASSERT_TRUE(pollOne(b.cq, &wc));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc.opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+    EXPECT_EQ(ntohl(wc.imm_data), 42u);
+    EXPECT_EQ(b.buffer[0], 0x5a);
+    EXPECT_EQ(b.buffer[63], 0x5a);
+  }
+}
+
+// A region that a stopped lock holder may be writing into is not deregistered (EBUSY: its memory must not be
+// freed), while every other region is; no new write finds it; a later deregMr succeeds once the write is over.
+TEST(Softib, ARegionAStoppedProcessWritesIntoIsNotDeregistered) {
+  std::string why;
+  api();
+  softib::Fabric* fabric = softib::Fabric::get(&why);
+  ASSERT_NE(fabric, nullptr) << why;
+  Side a, b;
+  ASSERT_TRUE(connectBoth(a, b));
+  StoppedLockHolder holder(fabric, b.mr->rkey);
+  ASSERT_TRUE(holder.stopped) << "the lock holder did not stop";
+  const Clock::time_point start = Clock::now();
+  EXPECT_EQ(api().deregMr(b.mr), EBUSY);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
+  std::vector<uint8_t> other(4096);
+  ibv_mr* mr = api().regMr(a.pd, other.data(), other.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(api().deregMr(mr), 0);
+  ASSERT_EQ(holder.end(true), 0);
+  ASSERT_EQ(rdmaWrite(a, b, 1, 64, false), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(pollOne(a.cq, &wc));
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << "the region's key is gone";
+  EXPECT_EQ(api().deregMr(b.mr), 0);
+  b.mr = nullptr;
 }
 
 TEST(Softib, EntriesOfDeadProcessesAreReclaimed) {

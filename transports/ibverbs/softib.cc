@@ -7,8 +7,9 @@
 // another host), GID 1 the IPv4-mapped address of the first up interface other than loopback. Queue pairs,
 // memory regions and completion queues are entries in the fabric's shared tables (softib_fabric.h), so a peer in
 // another process finds them, checks keys and pushes receive completions; RDMA writes move with
-// process_vm_writev into the owner of the remote region (memcpy within a process), under the fabric's lock, so that
-// a region is never written once its owner's deregMr has returned.
+// process_vm_writev into the owner of the remote region (memcpy within a process), under the fabric's lock, and
+// announced to deregMr, so that a region is never written once its owner's deregMr has returned. Only writes take
+// the lock; a process stopped while it holds it stalls nobody (softib_fabric.h).
 //
 // Work requests are carried out as a real RC QP would: in order, checking the local keys, the responder (it
 // exists, is alive, is in RTR or RTS, is connected back to this QP, answers to the destination GID), the remote
@@ -221,8 +222,7 @@ ibv_pd* allocPd(ibv_context* context) {
   auto pd = newObject<SoftPd>();
   if (pd == nullptr) return nullptr;
   pd->pd.context = context;
-  FabricLock lock(fabric());
-  pd->id = fabric().tables().header.nextPdId++;
+  pd->id = std::atomic_ref<uint64_t>(fabric().tables().header.nextPdId).fetch_add(1);
   pd->pd.handle = static_cast<uint32_t>(pd->id);
   return &pd.release()->pd;
 }
@@ -242,18 +242,19 @@ ibv_mr* regMr(ibv_pd* pd, void* addr, size_t length, int access) {
   auto mr = newObject<SoftMr>();
   if (mr == nullptr) return nullptr;
   {
-    FabricLock lock(fabric());
-    int slot = fabric().allocMr();
+    int slot = fabric().claimMr();
     if (slot < 0) return nullptr;  // errno ENOMEM
     MrSlot& shared = fabric().tables().mrs[slot];
-    shared.lkey = fabric().newId(static_cast<uint32_t>(slot), kMrSlotBits, 31);
-    shared.rkey = shared.lkey | kRkeyBit;
+    const uint32_t lkey = fabric().newId(static_cast<uint32_t>(slot), kMrSlotBits, 31);
+    storeRelaxed(shared.lkey, lkey);
+    storeRelaxed(shared.rkey, lkey | kRkeyBit);
     shared.access = static_cast<uint32_t>(access);
     shared.pdId = asPd(pd)->id;
     shared.addr = reinterpret_cast<uint64_t>(addr);
     shared.length = length;
-    mr->mr.lkey = shared.lkey;
-    mr->mr.rkey = shared.rkey;
+    Fabric::publish(shared);
+    mr->mr.lkey = lkey;
+    mr->mr.rkey = lkey | kRkeyBit;
   }
   mr->mr.context = pd->context;
   mr->mr.pd = pd;
@@ -265,10 +266,14 @@ ibv_mr* regMr(ibv_pd* pd, void* addr, size_t length, int access) {
   return &mr.release()->mr;
 }
 
+// No new write finds the region once it is released; the one that may be landing in it now (the fabric lock's
+// holder's) is waited for. EBUSY, the region still registered as far as the caller knows, when that writer is
+// stopped: the caller must not free the memory (a later deregMr of it succeeds once the write is done).
 int deregMr(ibv_mr* mr) {
-  {
-    FabricLock lock(fabric());
-    if (MrSlot* shared = fabric().mrByLkey(mr->lkey)) shared->pid = 0;
+  if (MrSlot* shared = fabric().mrByLkey(mr->lkey)) fabric().release(*shared);
+  if (!fabric().waitForWritesInto(mr->rkey)) {
+    LOOM_INFO(IB, "softib: memory region %u is being written by a stopped process; not deregistered", mr->lkey);
+    return EBUSY;
   }
   asMr(mr)->pd->users--;
   delete asMr(mr);
@@ -280,16 +285,12 @@ int deregMr(ibv_mr* mr) {
 ibv_comp_channel* createCompChannel(ibv_context* context) {
   auto channel = newObject<SoftChannel>();
   if (channel == nullptr) return nullptr;
-  int slot = -1;
-  {
-    FabricLock lock(fabric());
-    slot = fabric().allocChannel();
-    if (slot >= 0) {
-      channel->id = fabric().newId(static_cast<uint32_t>(slot), kChannelSlotBits, 31);
-      fabric().tables().channels[slot].id = channel->id;
-    }
-  }
+  const int slot = fabric().claimChannel();
   if (slot < 0) return nullptr;  // errno ENOMEM
+  ChannelSlot& shared = fabric().tables().channels[slot];
+  channel->id = fabric().newId(static_cast<uint32_t>(slot), kChannelSlotBits, 31);
+  storeRelaxed(shared.id, channel->id);
+  Fabric::publish(shared);
   // A FIFO that any process can open and write an event into; the owner keeps it open for reading and writing,
   // so it never reads an end of file and writers find a reader for as long as the channel lives.
   std::string path = fabric().channelPath(channel->id);
@@ -300,8 +301,7 @@ ibv_comp_channel* createCompChannel(ibv_context* context) {
     int error = errno;
     LOOM_WARN(IB, "softib: cannot make the completion channel %s: %m", path.c_str());
     unlink(path.c_str());
-    FabricLock lock(fabric());
-    fabric().tables().channels[slot].pid = 0;
+    fabric().release(shared);
     errno = error;
     return nullptr;
   }
@@ -318,11 +318,8 @@ int destroyCompChannel(ibv_comp_channel* ibChannel) {
   }
   unlink(fabric().channelPath(channel->id).c_str());
   close(channel->channel.fd);
-  {
-    FabricLock lock(fabric());
-    ChannelSlot& shared = fabric().tables().channels[channel->id & (kMaxChannels - 1)];
-    if (shared.id == channel->id) shared.pid = 0;
-  }
+  ChannelSlot& shared = fabric().tables().channels[channel->id & (kMaxChannels - 1)];
+  if (loadRelaxed(shared.id) == channel->id && loadOrdered(shared.pid) == getpid()) fabric().release(shared);
   delete channel;
   return 0;
 }
@@ -337,14 +334,14 @@ ibv_cq* createCq(ibv_context* context, int entries, void* cqContext, ibv_comp_ch
   if (cq == nullptr) return nullptr;
   SoftChannel* channel = ibChannel != nullptr ? asChannel(ibChannel) : nullptr;
   {
-    FabricLock lock(fabric());
-    int slot = fabric().allocCq();
+    int slot = fabric().claimCq();
     if (slot < 0) return nullptr;  // errno ENOMEM
     cq->id = fabric().newId(static_cast<uint32_t>(slot), kCqSlotBits, 31);
     cq->slot = &fabric().tables().cqs[slot];
-    cq->slot->id = cq->id;
+    storeRelaxed(cq->slot->id, cq->id);
     cq->slot->capacity = static_cast<uint32_t>(entries);
-    cq->slot->channelId = channel != nullptr ? channel->id : 0;
+    storeRelaxed(cq->slot->channelId, channel != nullptr ? channel->id : 0u);
+    Fabric::publish(*cq->slot);
   }
   cq->cq.context = context;
   cq->cq.channel = ibChannel;
@@ -368,18 +365,17 @@ int destroyCq(ibv_cq* ibCq) {
     cq->channel->cqs.erase(cq->id);
     --cq->channel->channel.refcnt;
   }
-  {
-    FabricLock lock(fabric());
-    if (fabric().cq(cq->id) == cq->slot) cq->slot->pid = 0;
-  }
+  if (fabric().cq(cq->id) == cq->slot) fabric().release(*cq->slot);
   delete cq;
   return 0;
 }
 
+// Without the mutex: the caller polls after arming, and a pusher looks at the arming after it published
+// (CqSlot::armed).
 int reqNotifyCq(ibv_cq* ibCq, int solicitedOnly) {
   SoftCq* cq = asCq(ibCq);
-  FabricLock lock(fabric());
-  cq->slot->armed = solicitedOnly != 0 ? kArmedSolicited : kArmedAll;
+  storeRelaxed(cq->slot->armed, solicitedOnly != 0 ? kArmedSolicited : kArmedAll);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   return 0;
 }
 
@@ -489,36 +485,51 @@ int modifyQp(ibv_qp* ibQp, ibv_qp_attr* attr, int mask) {
   if ((mask & required) != required || (mask & ~(required | optional)) != 0) return EINVAL;
   if (!attributesValid(qp, *attr, mask)) return EINVAL;
 
-  FabricLock lock(fabric());
   QpSlot& shared = *qp->slot;
-  if (mask & IBV_QP_ACCESS_FLAGS) shared.accessFlags = static_cast<uint32_t>(attr->qp_access_flags);
-  if (mask & IBV_QP_MIN_RNR_TIMER) shared.minRnrTimer = attr->min_rnr_timer;
-  if (mask & IBV_QP_DEST_QPN) qp->destQpNum = shared.destQpNum = attr->dest_qp_num;
-  if (mask & IBV_QP_AV) {
-    qp->dgid = shared.dgid = attr->ah_attr.grh.dgid;
-    shared.sgid = reinterpret_cast<SoftContext*>(qp->qp.context)->gids[attr->ah_attr.grh.sgid_index];
+  // Into the error state and back to reset, the QP's queues change as requesters may take from them: under the
+  // mutex, which a stopped process may hold (EAGAIN then). The connecting transitions change only words a
+  // requester reads after the state, published last.
+  if (to == IBV_QPS_ERR || to == IBV_QPS_RESET) {
+    FabricLock lock(fabric());
+    if (!lock.held()) return EAGAIN;
+    if (to == IBV_QPS_ERR && from != IBV_QPS_ERR) {
+      flushAll(lock, qp);
+    } else if (to == IBV_QPS_RESET) {
+      // Reset discards every work request without a completion and forgets the connection.
+      qp->sendCq->queued -= static_cast<int>(qp->sendQueue.size());
+      qp->sendQueue.clear();
+      qp->unsignaled = 0;
+      qp->sqUsed = 0;
+      qp->destQpNum = 0;
+      qp->dgid = ibv_gid{};
+      storeRelaxed(shared.destQpNum, 0u);
+      shared.dgid = shared.sgid = ibv_gid{};
+      storeRelease(shared.recvHead, loadAcquire(shared.recvTail));
+      storeRelaxed(shared.waiting, 0u);
+    }
+    storeOrdered(shared.state, static_cast<uint32_t>(to));
+    qp->qp.state = to;
+  } else {
+    if (mask & IBV_QP_ACCESS_FLAGS) storeRelaxed(shared.accessFlags, static_cast<uint32_t>(attr->qp_access_flags));
+    if (mask & IBV_QP_MIN_RNR_TIMER) storeRelaxed(shared.minRnrTimer, attr->min_rnr_timer);
+    if (mask & IBV_QP_DEST_QPN) {
+      qp->destQpNum = attr->dest_qp_num;
+      storeRelaxed(shared.destQpNum, attr->dest_qp_num);
+    }
+    if (mask & IBV_QP_AV) {
+      qp->dgid = shared.dgid = attr->ah_attr.grh.dgid;
+      shared.sgid = reinterpret_cast<SoftContext*>(qp->qp.context)->gids[attr->ah_attr.grh.sgid_index];
+    }
+    storeOrdered(shared.state, static_cast<uint32_t>(to));
+    qp->qp.state = to;
+    if (to == IBV_QPS_RTR && from != IBV_QPS_RTR) {
+      ChannelSignals signals(fabric());
+      wakeRequester(signals, shared);
+    }
   }
   if (mask & IBV_QP_TIMEOUT) qp->timeout = attr->timeout;
   if (mask & IBV_QP_RETRY_CNT) qp->retryCnt = attr->retry_cnt;
   if (mask & IBV_QP_RNR_RETRY) qp->rnrRetry = attr->rnr_retry;
-  if (to == IBV_QPS_ERR && from != IBV_QPS_ERR) {
-    flushAll(lock, qp);
-  } else if (to == IBV_QPS_RESET) {
-    // Reset discards every work request without a completion and forgets the connection.
-    qp->sendCq->queued -= static_cast<int>(qp->sendQueue.size());
-    qp->sendQueue.clear();
-    qp->unsignaled = 0;
-    qp->sqUsed = 0;
-    qp->destQpNum = 0;
-    qp->dgid = ibv_gid{};
-    shared.destQpNum = 0;
-    shared.dgid = shared.sgid = ibv_gid{};
-    shared.recvHead = shared.recvTail;
-    storeRelaxed(shared.waiting, 0);
-  }
-  shared.state = to;
-  qp->qp.state = to;
-  if (to == IBV_QPS_RTR && from != IBV_QPS_RTR) wakeRequester(lock, shared);
   if (from != to) LOOM_TRACE(IB, "softib: qp %u: state %d -> %d (peer qp %u)", qp->qp.qp_num, from, to, qp->destQpNum);
   return 0;
 }
@@ -547,19 +558,19 @@ ibv_qp* createQp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   qp->cap = cap;
   qp->signalAll = attr->sq_sig_all != 0;
   {
-    FabricLock lock(fabric());
-    int slot = fabric().allocQp();
+    int slot = fabric().claimQp();
     if (slot < 0) return nullptr;  // errno ENOMEM
     qp->slot = &fabric().tables().qps[slot];
     qp->qp.qp_num = fabric().newId(static_cast<uint32_t>(slot), kQpSlotBits, 24);
     QpSlot& shared = *qp->slot;
-    shared.qpNum = qp->qp.qp_num;
+    storeRelaxed(shared.qpNum, qp->qp.qp_num);
     shared.pdId = qp->pd->id;
-    shared.state = IBV_QPS_RESET;
-    shared.sendCqId = qp->sendCq->id;
+    storeRelaxed(shared.state, static_cast<uint32_t>(IBV_QPS_RESET));
+    storeRelaxed(shared.sendCqId, qp->sendCq->id);
     shared.recvCqId = qp->recvCq->id;
     shared.maxRecvWr = cap.max_recv_wr;
     std::copy(std::begin(context->gids), std::end(context->gids), shared.portGids);
+    Fabric::publish(shared);
   }
   qp->qp.context = pd->context;
   qp->qp.qp_context = attr->qp_context;
@@ -591,8 +602,7 @@ int destroyQp(ibv_qp* ibQp) {
     std::lock_guard<std::mutex> sendLock(qp->sendMutex);
     qp->sendCq->queued -= static_cast<int>(qp->sendQueue.size());
     qp->sendQueue.clear();
-    FabricLock lock(fabric());
-    if (fabric().qp(qp->qp.qp_num) == qp->slot) qp->slot->pid = 0;
+    if (fabric().qp(qp->qp.qp_num) == qp->slot) fabric().release(*qp->slot);
   }
   qp->sendCq->qpUses--;
   qp->recvCq->qpUses--;

@@ -138,11 +138,12 @@ inline bool sameGid(const ibv_gid& a, const ibv_gid& b) { return std::memcmp(a.r
 Cqe sendCqe(const SoftQp* qp, uint64_t wrId, ibv_wc_status status, uint64_t byteLen, uint32_t sqRelease);
 Cqe recvCqe(uint64_t wrId, ibv_wc_status status, uint32_t qpNum);
 // Moves `qp` to the error state: every send work request still queued and every posted receive completes with
-// IBV_WC_WR_FLUSH_ERR, in order, as on an RC QP. Called with its send mutex held.
+// IBV_WC_WR_FLUSH_ERR, in order, as on an RC QP. Called with its send mutex and the fabric's lock held.
 void flushAll(FabricLock& lock, SoftQp* qp);
-// Called by whoever makes `responder` able to take what its requester waits for (a receive posted, RTR reached):
-// the requester tries again at once, and its owner wakes if it sleeps on its send CQ's channel.
-void wakeRequester(FabricLock& lock, const QpSlot& responder);
+// Called, without the fabric's lock, by whoever has just made `responder` able to take what its requester waits
+// for (a receive posted, RTR reached): the requester tries again at once, and its owner wakes if it sleeps on its
+// send CQ's channel.
+void wakeRequester(ChannelSignals& signals, QpSlot& responder);
 int postSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
 int postRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int pollCq(ibv_cq* cq, int entries, ibv_wc* wc);

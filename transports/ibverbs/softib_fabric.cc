@@ -8,13 +8,16 @@
 #include "transports/ibverbs/softib_fabric.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 
@@ -25,7 +28,7 @@ namespace loom::softib {
 namespace {
 
 constexpr uint64_t kMagic = 0x6c6f6f6d73696231;  // "loomsib1"
-constexpr int kLayoutVersion = 1;                // in the file's name: a build with another layout makes its own fabric
+constexpr int kLayoutVersion = 2;                // in the file's name: a build with another layout makes its own fabric
 
 std::string errnoText(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -148,6 +151,31 @@ void signalChannel(const std::string& path, uint32_t cqId) {
   }
 }
 
+// Whether thread `tid` (of any process) is stopped: by a signal (SIGSTOP, SIGTSTP) or a tracer. False when it is
+// gone or its state cannot be read.
+bool threadStopped(pid_t tid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(tid));
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char text[512];
+  ssize_t n = read(fd, text, sizeof(text) - 1);
+  close(fd);
+  if (n <= 0) return false;
+  text[n] = '\0';
+  // "tid (comm) S ...": the state follows the last ')', as the name may hold any character.
+  const char* close = std::strrchr(text, ')');
+  if (close == nullptr || close[1] != ' ') return false;
+  return close[2] == 'T' || close[2] == 't';
+}
+
+// The thread that holds `mutex`, from its futex word (a robust mutex keeps its owner's thread id there, for the
+// kernel's sake); 0 when none.
+pid_t mutexHolder(pthread_mutex_t& mutex) {
+  return static_cast<pid_t>(std::atomic_ref<int>(mutex.__data.__lock).load(std::memory_order_relaxed) &
+                            FUTEX_TID_MASK);
+}
+
 }  // namespace
 
 bool processAlive(pid_t pid) {
@@ -176,9 +204,7 @@ Fabric* Fabric::get(std::string* why) {
     if (tables == nullptr) return result;
     result.why.clear();
     result.fabric = new Fabric(tables, prefix);  // for the life of the process
-    result.fabric->lock();
     result.fabric->reclaim(Table::kAll);
-    result.fabric->unlock();
     LOOM_INFO(IB, "softib: fabric %s", prefix.c_str());
     return result;
   }();
@@ -188,69 +214,146 @@ Fabric* Fabric::get(std::string* why) {
 
 std::string Fabric::channelPath(uint32_t id) const { return prefix_ + ".channel-" + std::to_string(id); }
 
-void Fabric::lock() {
-  int rc = pthread_mutex_lock(&tables_->header.mutex);
+bool Fabric::holderStopped() {
+  const pid_t holder = mutexHolder(tables_->header.mutex);
+  if (holder == 0 || !threadStopped(holder)) return false;
+  if (stoppedHolder_.exchange(holder) != holder)
+    LOOM_INFO(IB, "softib: the fabric's lock is held by thread %d, which is stopped: writes wait until it runs again",
+              static_cast<int>(holder));
+  return true;
+}
+
+bool Fabric::lock() {
+  pthread_mutex_t& mutex = tables_->header.mutex;
+  int rc = pthread_mutex_trylock(&mutex);
+  if (rc == EBUSY) {
+    // A holder known to be stopped is not waited for at all; any other gets a short wait before it is looked at.
+    const pid_t known = stoppedHolder_.load();
+    if (known != 0 && mutexHolder(mutex) == known && threadStopped(known)) return false;
+    const auto start = std::chrono::steady_clock::now();
+    for (int slice = 0;; ++slice) {
+      timespec until{};
+      clock_gettime(CLOCK_MONOTONIC, &until);
+      until.tv_nsec += 2000000;  // 2 ms
+      if (until.tv_nsec >= 1000000000) {
+        until.tv_nsec -= 1000000000;
+        ++until.tv_sec;
+      }
+      rc = pthread_mutex_clocklock(&mutex, CLOCK_MONOTONIC, &until);
+      if (rc != ETIMEDOUT) break;
+      if (holderStopped()) return false;
+      if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(kLockPatienceMs)) {
+        LOOM_WARN(IB, "softib: thread %d has held the fabric's lock for more than %d ms; going on without it",
+                  static_cast<int>(mutexHolder(mutex)), kLockPatienceMs);
+        return false;
+      }
+    }
+  }
   if (rc == EOWNERDEAD) {
     // The tables may hold a change that process left half done; each is small and the worst is an entry that
-    // looks used or a lost completion, not a crash.
+    // looks used or a lost completion, not a crash. Its write, if it was writing, ended with it.
     LOOM_WARN(IB, "softib: a process died holding the fabric's lock; carrying on");
-    pthread_mutex_consistent(&tables_->header.mutex);
-  } else if (rc != 0) {
-    LOOM_WARN(IB, "softib: locking the fabric failed: %s", std::strerror(rc));
+    pthread_mutex_consistent(&mutex);
+    storeOrdered(tables_->header.writingRkey, 0u);
+    rc = 0;
   }
+  if (rc != 0) {
+    LOOM_WARN(IB, "softib: locking the fabric failed: %s", std::strerror(rc));
+    return false;
+  }
+  std::atomic_ref<uint64_t>(tables_->header.lockEpoch).fetch_add(1, std::memory_order_seq_cst);
+  return true;
 }
 
 void Fabric::unlock() { pthread_mutex_unlock(&tables_->header.mutex); }
 
+bool Fabric::waitForWritesInto(uint32_t rkey) {
+  const auto start = std::chrono::steady_clock::now();
+  while (loadOrdered(tables_->header.writingRkey) == rkey) {
+    // No holder left: the writer died mid-write (the next locker clears the word), and a dead process writes nothing.
+    if (mutexHolder(tables_->header.mutex) == 0 || holderStopped()) return mutexHolder(tables_->header.mutex) == 0;
+    if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(kLockPatienceMs)) return false;
+    sched_yield();
+  }
+  return true;
+}
+
 uint32_t Fabric::newId(uint32_t slot, uint32_t slotBits, uint32_t totalBits) {
   const uint32_t counterMask = (1u << (totalBits - slotBits)) - 1;
-  uint32_t counter = ++tables_->header.nextSeq & counterMask;
-  if (counter == 0) counter = ++tables_->header.nextSeq & counterMask;
+  std::atomic_ref<uint32_t> next(tables_->header.nextSeq);
+  uint32_t counter = (next.fetch_add(1) + 1) & counterMask;
+  if (counter == 0) counter = (next.fetch_add(1) + 1) & counterMask;
   return counter << slotBits | slot;
 }
 
+bool Fabric::releaseAt(std::atomic_ref<int32_t> pid, uint64_t& freedEpoch, int32_t owner) {
+  // The epoch is read after the entry is seen free (both ordered, as the holder's raise of the epoch and its
+  // lookups are): a critical section that could still see the entry has the epoch read here or an earlier one.
+  storeRelaxed(freedEpoch, UINT64_MAX);  // until the epoch below is known, not claimable
+  int32_t expected = owner;
+  if (owner == 0 || !pid.compare_exchange_strong(expected, 0, std::memory_order_seq_cst)) return false;
+  std::atomic_ref<uint64_t>(freedEpoch)
+      .store(loadOrdered(tables_->header.lockEpoch), std::memory_order_release);
+  return true;
+}
+
 template <typename Slot, size_t N>
-int Fabric::freeSlot(Slot (&slots)[N], Table table) {
-  for (int round = 0; round < 2; ++round) {
-    for (size_t i = 0; i < N; ++i)
-      if (slots[i].pid == 0) return static_cast<int>(i);
+int Fabric::claim(Slot (&slots)[N], Table table) {
+  const int32_t claimed = -static_cast<int32_t>(getpid());
+  for (int round = 0; round < 3; ++round) {
+    const uint64_t epoch = loadOrdered(tables_->header.lockEpoch);
+    for (size_t i = 0; i < N; ++i) {
+      std::atomic_ref<int32_t> pid(slots[i].pid);
+      if (pid.load(std::memory_order_acquire) != 0 ||
+          std::atomic_ref<uint64_t>(slots[i].freedEpoch).load(std::memory_order_acquire) >= epoch)
+        continue;
+      int32_t expected = 0;
+      if (pid.compare_exchange_strong(expected, claimed, std::memory_order_acq_rel)) return static_cast<int>(i);
+    }
     if (round == 0) reclaim(table);
+    // Entries released since the last critical section began become claimable once one more has: take the
+    // mutex once (unless it is stalled).
+    if (round == 1 && lock()) unlock();
   }
   errno = ENOMEM;
   return -1;
 }
 
-int Fabric::allocQp() {
-  int slot = freeSlot(tables_->qps, Table::kQps);
+int Fabric::claimQp() {
+  int slot = claim(tables_->qps, Table::kQps);
   if (slot >= 0) {
     // The receive ring's old contents are left as they are: nothing reads an entry before it is posted again.
-    std::memset(static_cast<void*>(&tables_->qps[slot]), 0, offsetof(QpSlot, recvWrIds));
-    tables_->qps[slot].pid = getpid();
+    QpSlot& qp = tables_->qps[slot];
+    std::memset(reinterpret_cast<char*>(&qp) + offsetof(QpSlot, qpNum), 0,
+                offsetof(QpSlot, recvWrIds) - offsetof(QpSlot, qpNum));
   }
   return slot;
 }
 
-int Fabric::allocMr() {
-  int slot = freeSlot(tables_->mrs, Table::kMrs);
-  if (slot >= 0) tables_->mrs[slot] = MrSlot{getpid(), 0, 0, 0, 0, 0, 0};
+int Fabric::claimMr() {
+  int slot = claim(tables_->mrs, Table::kMrs);
+  if (slot >= 0) {
+    MrSlot& mr = tables_->mrs[slot];
+    mr.lkey = mr.rkey = mr.access = 0;
+    mr.pdId = mr.addr = mr.length = 0;
+  }
   return slot;
 }
 
-int Fabric::allocCq() {
-  int slot = freeSlot(tables_->cqs, Table::kCqs);
+int Fabric::claimCq() {
+  int slot = claim(tables_->cqs, Table::kCqs);
   if (slot >= 0) {
     CqSlot& cq = tables_->cqs[slot];
-    std::memset(static_cast<void*>(&cq), 0, offsetof(CqSlot, tail));
+    std::memset(reinterpret_cast<char*>(&cq) + offsetof(CqSlot, id), 0, offsetof(CqSlot, tail) - offsetof(CqSlot, id));
     storeRelease(cq.tail, 0);
     storeRelease(cq.head, 0);
-    cq.pid = getpid();
   }
   return slot;
 }
 
-int Fabric::allocChannel() {
-  int slot = freeSlot(tables_->channels, Table::kChannels);
-  if (slot >= 0) tables_->channels[slot] = ChannelSlot{getpid(), 0};
+int Fabric::claimChannel() {
+  int slot = claim(tables_->channels, Table::kChannels);
+  if (slot >= 0) tables_->channels[slot].id = 0;
   return slot;
 }
 
@@ -261,7 +364,7 @@ template <typename Slot, size_t N>
 Slot* lookUp(Slot (&slots)[N], uint32_t id, uint32_t Slot::*key) {
   static_assert((N & (N - 1)) == 0);
   Slot& slot = slots[id & (N - 1)];
-  return slot.pid != 0 && slot.*key == id ? &slot : nullptr;
+  return loadOrdered(slot.pid) > 0 && loadRelaxed(slot.*key) == id ? &slot : nullptr;
 }
 
 }  // namespace
@@ -284,10 +387,10 @@ void Fabric::reclaim(Table table) {
   int reclaimed = 0;
   auto sweep = [&](auto& slots, auto&& onFree) {
     for (auto& slot : slots) {
-      if (slot.pid == 0 || !dead(slot.pid)) continue;
+      const int32_t owner = loadOrdered(slot.pid);  // an entry being initialised holds minus its owner's pid
+      if (owner == 0 || !dead(owner > 0 ? owner : -owner)) continue;
       onFree(slot);
-      slot.pid = 0;
-      ++reclaimed;
+      if (releaseAt(std::atomic_ref<int32_t>(slot.pid), slot.freedEpoch, owner)) ++reclaimed;
     }
   };
   auto nothing = [](auto&) {};
@@ -299,9 +402,22 @@ void Fabric::reclaim(Table table) {
   if (reclaimed > 0) LOOM_INFO(IB, "softib: reclaimed %d entries of processes that have exited", reclaimed);
 }
 
-FabricLock::~FabricLock() {
-  fabric_.unlock();
+ChannelSignals::~ChannelSignals() {
   for (const auto& [channelId, cqId] : signals_) signalChannel(fabric_.channelPath(channelId), cqId);
+}
+
+void ChannelSignals::raise(CqSlot& cq, bool solicited, bool error, bool always) {
+  std::atomic_ref<uint32_t> armed(cq.armed);
+  uint32_t mode = armed.load(std::memory_order_seq_cst);
+  if (mode == 0 || (!always && mode == kArmedSolicited && !solicited && !error)) return;
+  // Whoever disarms it signals: one event per arming, as the verbs promise.
+  if (!armed.compare_exchange_strong(mode, 0, std::memory_order_seq_cst)) return;
+  const uint32_t channelId = loadRelaxed(cq.channelId);
+  if (channelId != 0) signals_.emplace_back(channelId, loadRelaxed(cq.id));
+}
+
+void ChannelSignals::wake(uint32_t cqId) {
+  if (CqSlot* cq = fabric_.cq(cqId)) raise(*cq, true, true, true);
 }
 
 bool FabricLock::push(uint32_t cqId, const Cqe& cqe, bool solicited) {
@@ -309,27 +425,16 @@ bool FabricLock::push(uint32_t cqId, const Cqe& cqe, bool solicited) {
   if (cq == nullptr) return false;
   uint64_t tail = loadAcquire(cq->tail);
   if (tail - loadAcquire(cq->head) >= cq->capacity) {
-    if (cq->overrun == 0)
+    if (loadRelaxed(cq->overrun) == 0)
       LOOM_WARN(IB, "softib: completion queue %u (%u entries) overran: a completion was lost", cqId, cq->capacity);
-    storeRelaxed(cq->overrun, 1);
+    storeRelaxed(cq->overrun, 1u);
     return false;
   }
   cq->ring[tail % cq->capacity] = cqe;
   storeRelease(cq->tail, tail + 1);
-  if (cq->armed == kArmedAll || (cq->armed == kArmedSolicited && (solicited || cqe.status != IBV_WC_SUCCESS)))
-    signal(*cq);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the tail out, then the arming looked at (CqSlot::armed)
+  signals_.raise(*cq, solicited, cqe.status != IBV_WC_SUCCESS);
   return true;
-}
-
-void FabricLock::wake(uint32_t cqId) {
-  CqSlot* cq = fabric_.cq(cqId);
-  if (cq != nullptr && cq->armed != 0) signal(*cq);
-}
-
-void FabricLock::signal(CqSlot& cq) {
-  if (cq.channelId == 0) return;
-  cq.armed = 0;
-  signals_.emplace_back(cq.channelId, cq.id);
 }
 
 }  // namespace loom::softib

@@ -35,26 +35,34 @@ Cqe recvCqe(uint64_t wrId, ibv_wc_status status, uint32_t qpNum) {
   return cqe;
 }
 
-void flushAll(FabricLock& lock, SoftQp* qp) {
+void flushSends(FabricLock& lock, SoftQp* qp) {
   for (const PendingWr& wr : qp->sendQueue) {
     lock.push(qp->sendCq->id, sendCqe(qp, wr.wrId, IBV_WC_WR_FLUSH_ERR, 0, qp->unsignaled + 1), true);
     qp->unsignaled = 0;
   }
   qp->sendCq->queued -= static_cast<int>(qp->sendQueue.size());
   qp->sendQueue.clear();
+}
+
+void flushAll(FabricLock& lock, SoftQp* qp) {
+  flushSends(lock, qp);
   QpSlot& shared = *qp->slot;
-  for (; shared.recvHead != shared.recvTail; ++shared.recvHead)
-    lock.push(qp->recvCq->id,
-              recvCqe(shared.recvWrIds[shared.recvHead % shared.maxRecvWr], IBV_WC_WR_FLUSH_ERR, qp->qp.qp_num), true);
-  shared.state = IBV_QPS_ERR;
+  uint64_t head = loadRelaxed(shared.recvHead);
+  for (const uint64_t tail = loadAcquire(shared.recvTail); head != tail; ++head)
+    lock.push(qp->recvCq->id, recvCqe(shared.recvWrIds[head % shared.maxRecvWr], IBV_WC_WR_FLUSH_ERR, qp->qp.qp_num),
+              true);
+  storeRelease(shared.recvHead, head);
+  storeOrdered(shared.state, static_cast<uint32_t>(IBV_QPS_ERR));
   qp->qp.state = IBV_QPS_ERR;
 }
 
-void wakeRequester(FabricLock& lock, const QpSlot& responder) {
-  QpSlot* requester = fabric().qp(responder.destQpNum);
-  if (requester == nullptr || loadRelaxed(requester->waiting) == 0 || requester->destQpNum != responder.qpNum) return;
-  storeRelaxed(requester->waiting, 0);
-  lock.wake(requester->sendCqId);
+void wakeRequester(ChannelSignals& signals, QpSlot& responder) {
+  QpSlot* requester = fabric().qp(loadRelaxed(responder.destQpNum));
+  if (requester == nullptr || loadOrdered(requester->waiting) == 0 ||
+      loadRelaxed(requester->destQpNum) != loadRelaxed(responder.qpNum))
+    return;
+  storeRelaxed(requester->waiting, 0u);
+  signals.wake(loadRelaxed(requester->sendCqId));
 }
 
 // ---- Send work requests ----
@@ -121,44 +129,63 @@ struct Target {
   uint8_t minRnrTimer = 0;
 };
 
+// Under the fabric's lock. A write of bytes announces its region in writingRkey before it looks the region up
+// (deregMr releases the region, then looks at writingRkey: one of them sees the other); the caller clears it once
+// the bytes have moved.
 Verdict examine(const SoftQp* qp, const PendingWr& wr, Target* target) {
   Fabric& f = fabric();
   const pid_t self = getpid();
   if (!wr.isInline) {
     for (int i = 0; i < wr.numSge; ++i) {
       const MrSlot* mr = f.mrByLkey(wr.sge[i].lkey);
-      if (mr == nullptr || mr->pid != self || mr->pdId != qp->pd->id || !covers(*mr, wr.sge[i].addr, wr.sge[i].length))
+      if (mr == nullptr || loadRelaxed(mr->pid) != self || mr->pdId != qp->pd->id ||
+          !covers(*mr, wr.sge[i].addr, wr.sge[i].length))
         return Verdict::kLocalProtection;
     }
   }
   QpSlot* responder = f.qp(qp->destQpNum);
-  if (responder == nullptr || (responder->state != IBV_QPS_RTR && responder->state != IBV_QPS_RTS) ||
-      responder->destQpNum != qp->qp.qp_num || !answersTo(*responder, qp->dgid) || !processAlive(responder->pid))
+  if (responder == nullptr) return Verdict::kNoResponder;
+  const uint32_t state = loadOrdered(responder->state);  // first: the words below were written before it
+  if ((state != IBV_QPS_RTR && state != IBV_QPS_RTS) || loadRelaxed(responder->destQpNum) != qp->qp.qp_num ||
+      !answersTo(*responder, qp->dgid) || !processAlive(loadRelaxed(responder->pid)))
     return Verdict::kNoResponder;
-  if ((responder->accessFlags & IBV_ACCESS_REMOTE_WRITE) == 0) return Verdict::kRemoteAccess;
+  if ((loadRelaxed(responder->accessFlags) & IBV_ACCESS_REMOTE_WRITE) == 0) return Verdict::kRemoteAccess;
   // As on hardware, a write of no bytes names no memory, so its key is not looked at.
   if (wr.length > 0) {
+    storeOrdered(f.tables().header.writingRkey, wr.rkey);
     const MrSlot* mr = f.mrByRkey(wr.rkey);
     if (mr == nullptr || mr->pdId != responder->pdId || (mr->access & IBV_ACCESS_REMOTE_WRITE) == 0 ||
         !covers(*mr, wr.remoteAddr, wr.length))
       return Verdict::kRemoteAccess;
   }
-  target->pid = responder->pid;
+  target->pid = loadRelaxed(responder->pid);
   target->qpNum = responder->qpNum;
   if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
-    if (responder->recvHead == responder->recvTail) {
-      target->minRnrTimer = responder->minRnrTimer;
+    // Receives are posted without the lock: the owner writes the entry, then publishes the tail.
+    const uint64_t head = loadRelaxed(responder->recvHead);
+    if (head == loadOrdered(responder->recvTail)) {
+      target->minRnrTimer = loadRelaxed(responder->minRnrTimer);
       return Verdict::kNotReady;
     }
-    target->recvWrId = responder->recvWrIds[responder->recvHead++ % responder->maxRecvWr];
+    target->recvWrId = responder->recvWrIds[head % responder->maxRecvWr];
+    storeRelease(responder->recvHead, head + 1);
   }
   return Verdict::kReady;
 }
 
-// examine(), which also records in the shared table whether the QP now waits for its responder.
+bool waitsForResponder(Verdict verdict) { return verdict == Verdict::kNoResponder || verdict == Verdict::kNotReady; }
+
+// examine(), which also records in the shared table whether the QP now waits for its responder: recorded first,
+// then the responder looked at once more, since its owner, who posts receives and reaches RTR without the lock,
+// changes it first and then looks for a waiting requester (QpSlot::waiting).
 Verdict check(SoftQp* qp, const PendingWr& wr, Target* target) {
   Verdict verdict = examine(qp, wr, target);
-  storeRelaxed(qp->slot->waiting, verdict == Verdict::kNoResponder || verdict == Verdict::kNotReady ? 1 : 0);
+  if (waitsForResponder(verdict)) {
+    storeOrdered(qp->slot->waiting, 1u);
+    verdict = examine(qp, wr, target);
+  }
+  if (!waitsForResponder(verdict)) storeRelaxed(qp->slot->waiting, 0u);
+  if (verdict != Verdict::kReady) storeOrdered(fabric().tables().header.writingRkey, 0u);
   return verdict;
 }
 
@@ -202,14 +229,13 @@ int copyOut(const PendingWr& wr, pid_t pid) {
 }
 
 // Completes the first work request of `qp` with `status`. A failure also takes the QP to the error state,
-// flushing the rest. Called with its send mutex held.
-void completeFirst(SoftQp* qp, ibv_wc_status status) {
+// flushing the rest. Called with its send mutex and the fabric's lock held.
+void completeFirst(FabricLock& lock, SoftQp* qp, ibv_wc_status status) {
   PendingWr& wr = qp->sendQueue.front();
   if (status != IBV_WC_SUCCESS)
     LOOM_INFO(IB, "softib: qp %u: write (wr_id %llu) to qp %u failed: %s", qp->qp.qp_num,
               static_cast<unsigned long long>(wr.wrId), qp->destQpNum, wcStatusStr(status));
   bool signaled = status != IBV_WC_SUCCESS || qp->signalAll || (wr.flags & IBV_SEND_SIGNALED) != 0;
-  FabricLock lock(fabric());
   if (signaled) {
     lock.push(qp->sendCq->id, sendCqe(qp, wr.wrId, status, wr.length, qp->unsignaled + 1), true);
     qp->unsignaled = 0;
@@ -226,26 +252,26 @@ enum class Step { kDone, kWait };
 // The work request's packets reach no responder: it is resent until the transport timeout runs out. Resends
 // look again once per local ACK timeout, or every millisecond where that is longer, so that a responder that comes
 // up is found soon without every poll taking the fabric's lock.
-Step noResponder(SoftQp* qp, PendingWr& wr, Clock::time_point now) {
+Step noResponder(FabricLock& lock, SoftQp* qp, PendingWr& wr, Clock::time_point now) {
   const Clock::duration oneTry = std::chrono::nanoseconds(int64_t{4096} << qp->timeout);
   wr.nextTry = now + std::min<Clock::duration>(oneTry, std::chrono::milliseconds(1));
   if (qp->timeout == 0) return Step::kWait;  // the verbs' "infinite" local ACK timeout
   // A requester gives up after retry_cnt resends, each after a local ACK timeout of 4.096 us x 2^timeout.
   if (wr.retryDeadline == Clock::time_point::max()) wr.retryDeadline = now + oneTry * (qp->retryCnt + 1);
   if (now < wr.retryDeadline) return Step::kWait;
-  completeFirst(qp, IBV_WC_RETRY_EXC_ERR);
+  completeFirst(lock, qp, IBV_WC_RETRY_EXC_ERR);
   return Step::kDone;
 }
 
 // Hands the responder its receive completion for a write with immediate whose data has landed; false when it
 // left RTR and RTS meanwhile (then the write goes unanswered, and the receive it took is flushed with the rest).
-bool deliver(const SoftQp* qp, const PendingWr& wr, const Target& target) {
-  FabricLock lock(fabric());
+bool deliver(FabricLock& lock, const SoftQp* qp, const PendingWr& wr, const Target& target) {
   QpSlot* responder = fabric().qp(target.qpNum);
-  if (responder == nullptr || responder->pid != target.pid) return false;
+  if (responder == nullptr || loadRelaxed(responder->pid) != target.pid) return false;
   Cqe cqe = recvCqe(target.recvWrId, IBV_WC_SUCCESS, target.qpNum);
-  if (responder->state != IBV_QPS_RTR && responder->state != IBV_QPS_RTS) {
-    if (responder->state == IBV_QPS_ERR) {
+  const uint32_t state = loadOrdered(responder->state);
+  if (state != IBV_QPS_RTR && state != IBV_QPS_RTS) {
+    if (state == IBV_QPS_ERR) {
       cqe.status = IBV_WC_WR_FLUSH_ERR;
       lock.push(responder->recvCqId, cqe, true);
     }
@@ -260,48 +286,43 @@ bool deliver(const SoftQp* qp, const PendingWr& wr, const Target& target) {
   return true;
 }
 
-// Carries the first work request of `qp` as far as it goes now. Called with its send mutex held.
-Step attempt(SoftQp* qp, PendingWr& wr) {
-  const Clock::time_point now = Clock::now();
+// A write whose bytes could not be moved into the responder's process, to be told once the lock is released.
+struct CopyFailure {
+  int error = 0;
+  pid_t pid = 0;
+  uint64_t length = 0;
+};
+
+// Carries the first work request of `qp` as far as it goes now, in the critical section `lock` holds: checked,
+// moved, delivered and completed, or left to wait. Called with its send mutex held.
+Step carryOut(FabricLock& lock, SoftQp* qp, PendingWr& wr, Clock::time_point now, CopyFailure* failure) {
   if (!wr.started) {
     wr.started = true;
     if (injectedFault()) {
       LOOM_INFO(IB, "softib: LOOM_SOFTIB_FAULT: the link of qp %u dies", qp->qp.qp_num);
-      completeFirst(qp, IBV_WC_RETRY_EXC_ERR);
+      completeFirst(lock, qp, IBV_WC_RETRY_EXC_ERR);
       return Step::kDone;
     }
     if (wr.length > kMaxMessageBytes) {
-      completeFirst(qp, IBV_WC_LOC_LEN_ERR);
+      completeFirst(lock, qp, IBV_WC_LOC_LEN_ERR);
       return Step::kDone;
     }
   }
-  // Not yet time to resend, unless the responder has changed since (softib's shortcut: a real requester waits out
-  // its timer).
-  if (now < wr.nextTry && loadRelaxed(qp->slot->waiting) != 0) return Step::kWait;
   Target target;
-  Verdict verdict;
-  int error = 0;
-  {
-    FabricLock lock(fabric());
-    verdict = check(qp, wr, &target);
-    // The bytes move under the fabric's lock, which deregMr takes too: as with a real HCA, once the owner's deregMr
-    // has returned, no write lands in the region, so the owner may free or reuse its memory. (Checked, then copied
-    // after unlocking, a write could land in memory the owner had already freed and handed out again.)
-    if (verdict == Verdict::kReady) error = copyOut(wr, target.pid);
-  }
+  const Verdict verdict = check(qp, wr, &target);
   switch (verdict) {
     case Verdict::kLocalProtection:
-      completeFirst(qp, IBV_WC_LOC_PROT_ERR);
+      completeFirst(lock, qp, IBV_WC_LOC_PROT_ERR);
       return Step::kDone;
     case Verdict::kRemoteAccess:
-      completeFirst(qp, IBV_WC_REM_ACCESS_ERR);
+      completeFirst(lock, qp, IBV_WC_REM_ACCESS_ERR);
       return Step::kDone;
     case Verdict::kNoResponder:
-      return noResponder(qp, wr, now);
+      return noResponder(lock, qp, wr, now);
     case Verdict::kNotReady:
       wr.retryDeadline = Clock::time_point::max();  // a NAK is an answer: the transport timer starts again
       if (qp->rnrRetry != kRnrRetryForever && wr.rnrNaks++ >= qp->rnrRetry) {
-        completeFirst(qp, IBV_WC_RNR_RETRY_EXC_ERR);
+        completeFirst(lock, qp, IBV_WC_RNR_RETRY_EXC_ERR);
         return Step::kDone;
       }
       wr.nextTry = now + rnrDelay(target.minRnrTimer);
@@ -309,28 +330,60 @@ Step attempt(SoftQp* qp, PendingWr& wr) {
     case Verdict::kReady:
       break;
   }
+  // The bytes move under the fabric's lock and announced in writingRkey, which deregMr waits on: as with a real
+  // HCA, once the owner's deregMr has returned, no write lands in the region, so the owner may free or reuse its
+  // memory.
+  const int error = copyOut(wr, target.pid);
+  storeOrdered(fabric().tables().header.writingRkey, 0u);
   wr.retryDeadline = Clock::time_point::max();
-  if (error == ESRCH) return noResponder(qp, wr, now);  // the responder's process has just gone
+  if (error == ESRCH) return noResponder(lock, qp, wr, now);  // the responder's process has just gone
   if (error != 0) {
-    errno = error;
-    LOOM_WARN(IB, "softib: qp %u: process_vm_writev of %llu bytes into process %d: %m%s", qp->qp.qp_num,
-              static_cast<unsigned long long>(wr.length), static_cast<int>(target.pid),
-              error == EPERM ? " (the two processes need the same user, and ptrace access to each other)" : "");
-    completeFirst(qp, error == EFAULT ? IBV_WC_REM_ACCESS_ERR : IBV_WC_GENERAL_ERR);
+    *failure = {error, target.pid, wr.length};
+    completeFirst(lock, qp, error == EFAULT ? IBV_WC_REM_ACCESS_ERR : IBV_WC_GENERAL_ERR);
     return Step::kDone;
   }
-  if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !deliver(qp, wr, target)) return noResponder(qp, wr, now);
-  completeFirst(qp, IBV_WC_SUCCESS);
+  if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !deliver(lock, qp, wr, target)) return noResponder(lock, qp, wr, now);
+  completeFirst(lock, qp, IBV_WC_SUCCESS);
   return Step::kDone;
 }
 
-// Carries out `qp`'s work requests in order until one must wait. Called with its send mutex held.
+// carryOut() in a critical section of its own; the work request waits as it is when the lock is held by a stopped
+// process (it goes at a later poll, as if the network were slow). Called with its send mutex held.
+Step attempt(SoftQp* qp, PendingWr& wr) {
+  const Clock::time_point now = Clock::now();
+  // Not yet time to resend, unless the responder has changed since (softib's shortcut: a real requester waits out
+  // its timer).
+  if (now < wr.nextTry && loadRelaxed(qp->slot->waiting) != 0) return Step::kWait;
+  CopyFailure failure;
+  Step step;
+  {
+    FabricLock lock(fabric());
+    if (!lock.held()) return Step::kWait;
+    step = carryOut(lock, qp, wr, now, &failure);
+  }
+  if (failure.error != 0) {
+    errno = failure.error;
+    LOOM_WARN(IB, "softib: qp %u: process_vm_writev of %llu bytes into process %d: %m%s", qp->qp.qp_num,
+              static_cast<unsigned long long>(failure.length), static_cast<int>(failure.pid),
+              failure.error == EPERM ? " (the two processes need the same user, and ptrace access to each other)"
+                                     : "");
+  }
+  return step;
+}
+
+// Carries out `qp`'s work requests in order until one must wait; in the error state, flushes them. Called with
+// its send mutex held.
 void progress(SoftQp* qp) {
+  if (qp->qp.state == IBV_QPS_ERR && !qp->sendQueue.empty()) {
+    FabricLock lock(fabric());
+    if (lock.held()) flushSends(lock, qp);
+    return;
+  }
   while (!qp->sendQueue.empty() && qp->qp.state == IBV_QPS_RTS)
     if (attempt(qp, qp->sendQueue.front()) == Step::kWait) break;
 }
 
-// Queues one work request (or flushes it, in the error state); 0 or the errno value postSend returns.
+// Queues one work request (flushed by progress() in the error state); 0 or the errno value postSend returns.
 int enqueue(SoftQp* qp, const ibv_send_wr& wr) {
   const ibv_qp_state state = qp->qp.state;
   if (state != IBV_QPS_RTS && state != IBV_QPS_ERR) return EINVAL;
@@ -342,11 +395,6 @@ int enqueue(SoftQp* qp, const ibv_send_wr& wr) {
   if (isInline && length > qp->cap.max_inline_data) return EINVAL;
   if (qp->sqUsed.load() >= qp->cap.max_send_wr) return ENOMEM;
   ++qp->sqUsed;
-  if (state == IBV_QPS_ERR) {
-    FabricLock lock(fabric());
-    lock.push(qp->sendCq->id, sendCqe(qp, wr.wr_id, IBV_WC_WR_FLUSH_ERR, 0, 1), true);
-    return 0;
-  }
   PendingWr& pending = qp->sendQueue.emplace_back();
   pending.wrId = wr.wr_id;
   pending.opcode = wr.opcode;
@@ -383,26 +431,43 @@ int postSend(ibv_qp* ibQp, ibv_send_wr* wr, ibv_send_wr** bad) {
   return error;
 }
 
+// Without the fabric's lock (but in the error state, whose flush completion needs it: EAGAIN while a stopped
+// process holds it): the QP's owner is the only writer of its receive ring's tail, and a requester takes entries
+// under the lock.
 int postRecv(ibv_qp* ibQp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   SoftQp* qp = asQp(ibQp);
-  FabricLock lock(fabric());
   QpSlot& shared = *qp->slot;
+  bool posted = false;
   for (; wr != nullptr; wr = wr->next) {
+    const uint32_t state = loadOrdered(shared.state);
     int error = 0;
-    if (shared.state == IBV_QPS_RESET || wr->num_sge < 0 || wr->num_sge > static_cast<int>(qp->cap.max_recv_sge))
+    if (state == IBV_QPS_RESET || wr->num_sge < 0 || wr->num_sge > static_cast<int>(qp->cap.max_recv_sge)) {
       error = EINVAL;
-    else if (shared.state != IBV_QPS_ERR && shared.recvTail - shared.recvHead >= shared.maxRecvWr)
-      error = ENOMEM;
+    } else if (state == IBV_QPS_ERR) {
+      FabricLock lock(fabric());
+      if (lock.held())
+        lock.push(qp->recvCq->id, recvCqe(wr->wr_id, IBV_WC_WR_FLUSH_ERR, qp->qp.qp_num), true);
+      else
+        error = EAGAIN;
+    } else {
+      const uint64_t tail = loadRelaxed(shared.recvTail);
+      if (tail - loadAcquire(shared.recvHead) >= shared.maxRecvWr) {
+        error = ENOMEM;
+      } else {
+        shared.recvWrIds[tail % shared.maxRecvWr] = wr->wr_id;
+        storeOrdered(shared.recvTail, tail + 1);
+        posted = true;
+      }
+    }
     if (error != 0) {
       *bad = wr;
       return error;
     }
-    if (shared.state == IBV_QPS_ERR)
-      lock.push(qp->recvCq->id, recvCqe(wr->wr_id, IBV_WC_WR_FLUSH_ERR, qp->qp.qp_num), true);
-    else
-      shared.recvWrIds[shared.recvTail++ % shared.maxRecvWr] = wr->wr_id;
   }
-  if (shared.state != IBV_QPS_ERR) wakeRequester(lock, shared);
+  if (posted) {
+    ChannelSignals signals(fabric());
+    wakeRequester(signals, shared);
+  }
   return 0;
 }
 

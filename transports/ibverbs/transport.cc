@@ -116,16 +116,18 @@ struct QpInfo {
   }
 };
 
-// Page-aligned memory, registered for as long as it lives.
-struct Registered {
-  const VerbsApi* verbs = nullptr;
-  void* memory = nullptr;
-  ibv_mr* mr = nullptr;
-  ~Registered() {
-    if (mr != nullptr) verbs->deregMr(mr);
-    std::free(memory);
+// Deregisters `mr`, the registration of `memory` (Pages or a LocalFifo). A region that cannot be deregistered
+// (EBUSY: a write into it may still be landing) may still be written, so its memory is quarantined rather than
+// given back to be reused.
+template <typename Memory>
+void deregister(const VerbsApi* verbs, ibv_mr* mr, Memory& memory, const char* what, const std::string& conn) {
+  if (mr == nullptr) return;
+  if (int error = verbs->deregMr(mr)) {
+    memory.quarantine();
+    LOOM_INFO(NET, "ib: the %s of connection %s could not be deregistered (%s): its pages stay mapped", what,
+              conn.c_str(), std::strerror(error));
   }
-};
+}
 
 // Whether LOOM_IB_HCA allows port `port` of device `name`: LOOM_SOCKET_IFNAME's syntax (socket.h), each entry
 // a device name or "name:port".
@@ -177,14 +179,17 @@ struct IbConn : ProxyConn {
       : ProxyConn(sends, peer, channel, shape, doorbell), id(id), verbs(verbs) {}
   ~IbConn() override {
     for (ibv_qp* qp : qps) verbs->destroyQp(qp);
-    if (fifoMr != nullptr) verbs->deregMr(fifoMr);
+    deregister(verbs, fifoMr, fifo, "FIFO", name());
+    deregister(verbs, ctsMr, cts, "clear-to-send array", name());
   }
 
   const uint32_t id;  // in the wr_ids of its work requests
   const VerbsApi* verbs;
   std::vector<ibv_qp*> qps;
   ibv_mr* fifoMr = nullptr;  // the FIFO: a sender's source, a receiver's landing area
-  Registered cts;            // sender: the CTS array the receiver writes; receiver: the entries it writes from
+  Pages cts{static_cast<size_t>(shape.depth) * sizeof(CtsEntry)};  // sender: the CTS array the receiver writes;
+                                                                    // receiver: the entries it writes from
+  ibv_mr* ctsMr = nullptr;
   uint64_t remoteCts = 0;    // receiver: the sender's CTS array
   uint32_t remoteCtsRkey = 0;
   UniqueFd control;
@@ -465,14 +470,8 @@ loomResult_t IbComm::newConn(bool sends, int peer, int channel, const FifoShape&
     return LOOM_FAIL(loomSystemError, NET, "ib: cannot allocate the FIFO %s", conn->name().c_str());
   const int local = IBV_ACCESS_LOCAL_WRITE, remote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
   conn->fifoMr = verbs_->regMr(pd_, conn->fifo.view().header, conn->fifo.bytes(), sends ? local : remote);
-  const size_t ctsBytes = (shape.depth * sizeof(CtsEntry) + 4095) / 4096 * 4096;
-  conn->cts.verbs = verbs_;
-  conn->cts.memory = std::aligned_alloc(4096, ctsBytes);
-  if (conn->cts.memory != nullptr) {
-    std::memset(conn->cts.memory, 0, ctsBytes);
-    conn->cts.mr = verbs_->regMr(pd_, conn->cts.memory, ctsBytes, sends ? remote : local);
-  }
-  if (conn->fifoMr == nullptr || conn->cts.mr == nullptr)
+  if (conn->cts.valid()) conn->ctsMr = verbs_->regMr(pd_, conn->cts.data(), conn->cts.bytes(), sends ? remote : local);
+  if (conn->fifoMr == nullptr || conn->ctsMr == nullptr)
     return LOOM_FAIL(loomSystemError, NET, "ib: cannot register the memory of the connection %s: %s",
                      conn->name().c_str(), std::strerror(errno));
   *out = std::move(conn);
@@ -495,8 +494,8 @@ loomResult_t IbComm::newSender(const ConnectionKey& key, const FifoShape& shape,
   hello[12] = static_cast<uint8_t>(qpsPerConnection_);
   LOOM_CHECK(context().bootstrap->connectHandoff(key.receiver, hello, context().timeoutMs, &conn->control));
   QpInfo mine = localInfo(*conn, psn);
-  mine.ctsAddress = reinterpret_cast<uint64_t>(conn->cts.memory);
-  mine.ctsRkey = conn->cts.mr->rkey;
+  mine.ctsAddress = reinterpret_cast<uint64_t>(conn->cts.data());
+  mine.ctsRkey = conn->ctsMr->rkey;
   uint8_t info[kInfoBytes];
   mine.write(info);
   const std::string peer = "rank " + std::to_string(key.receiver);
@@ -703,7 +702,7 @@ bool IbComm::pumpOut(IbConn& conn) {
     fail(conn, "was given a direct message (ib sends from registered memory only)");
     return true;
   }
-  const CtsEntry& cts = static_cast<const CtsEntry*>(conn.cts.memory)[conn.messages % conn.shape.depth];
+  const CtsEntry& cts = static_cast<const CtsEntry*>(conn.cts.data())[conn.messages % conn.shape.depth];
   if (cts.sequence != conn.messages + 1 || bytes > cts.capacity) {
     fail(conn, "found a clear-to-send entry that does not match its message");
     return true;
@@ -747,10 +746,10 @@ bool IbComm::pumpIn(IbConn& conn) {
     const uint64_t tail = conn.fifo.view().header->tail.load(std::memory_order_acquire);
     while (conn.ctsIssued < tail + depth) {
       const uint64_t m = conn.ctsIssued;
-      auto* entry = static_cast<CtsEntry*>(conn.cts.memory) + m % depth;
+      auto* entry = static_cast<CtsEntry*>(conn.cts.data()) + m % depth;
       *entry = {reinterpret_cast<uint64_t>(conn.slotSimple(m)), conn.fifoMr->rkey,
                 static_cast<uint32_t>(conn.shape.slotBytes), m + 1, 0};
-      ibv_sge sge{reinterpret_cast<uint64_t>(entry), sizeof(CtsEntry), conn.cts.mr->lkey};
+      ibv_sge sge{reinterpret_cast<uint64_t>(entry), sizeof(CtsEntry), conn.ctsMr->lkey};
       ibv_send_wr wr{};
       wr.wr_id = wrId(kWrCts, 0, conn.id);
       wr.sg_list = &sge;
