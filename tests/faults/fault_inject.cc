@@ -4,6 +4,11 @@
 // stop, some survivor's loomTimeout must name the operation and the rank it waited for (how often that is the
 // stopped rank itself is counted); nothing may be left in the shared-memory directory.
 //
+// A stopped rank then meets one of three ends, drawn per trial: it is killed once the survivors are done; it is
+// resumed (SIGCONT) once they are done, and must then end by itself, as they did, within the same bounds; or it is
+// resumed after a pause shorter than a third of the deadline, which no rank may fail of, and the trial then goes
+// on as a kill of that rank.
+//
 //   fault_inject [--trials N] [--seed S] [--transports shm,tcp,ucx,ib] [--min-ranks 2] [--max-ranks 8] [--only T]
 //                [--stop-every K] [--timeout-ms T] [--verbose]
 //
@@ -49,6 +54,9 @@ struct Options {
   bool verbose = false;
 };
 
+// What becomes of a stopped rank (above).
+enum class StopEnd { kKill, kResume, kPause };
+
 struct Trial {
   int index;
   std::string transport;
@@ -59,6 +67,8 @@ struct Trial {
   uint64_t seed;
   bool destroy;   // survivors destroy (else abort) their communicator after the error
   int timeoutMs;  // the communicators' deadline
+  StopEnd stopEnd;  // for a SIGSTOP
+  int pauseMs;      // kPause: how long the rank stays stopped
 };
 
 int64_t monotonicNs() {
@@ -136,6 +146,8 @@ int rankMain(const ChildPipes& pipes, const Trial& trial, int rank, const std::s
 struct Totals {
   int trials = 0, failedTrials = 0, hangs = 0, crashes = 0, wrongCodes = 0, late = 0, slowClose = 0;
   int unnamedStops = 0, leftovers = 0, setupFailures = 0;
+  int resumed = 0, resumedEnded = 0;  // stopped ranks resumed after the survivors ended, and those that then ended
+  int pauses = 0, failedInPause = 0;  // stops shorter than the deadline, and ranks that failed of one
   int stopTrials = 0, stoppedRankNamed = 0;  // stop trials, and those where a loomTimeout named the stopped rank
   double worstKillMs = 0, worstStopMs = 0, worstCloseMs = 0;
   std::map<std::string, int> perTransport;
@@ -167,11 +179,59 @@ bool runTrial(const Trial& trial, const Options& options, Totals* totals) {
       return false;
     }
     usleep(static_cast<useconds_t>(trial.delayMs) * 1000);
+    // A pause: stopped and resumed well within the deadline, then killed; checked as a kill from then on.
+    const bool pause = trial.signal == SIGSTOP && trial.stopEnd == StopEnd::kPause;
+    if (pause) {
+      children.signal(trial.victim, SIGSTOP);
+      usleep(static_cast<useconds_t>(trial.pauseMs) * 1000);
+      children.signal(trial.victim, SIGCONT);
+      usleep(300 * 1000);
+      ++totals->pauses;
+    }
+    const int signal = pause ? SIGKILL : trial.signal;
     const int64_t signalledAt = monotonicNs();
-    children.signal(trial.victim, trial.signal);
+    children.signal(trial.victim, signal);
     // Survivors must be done within the deadline plus 2 s; allow 10 s more before calling it a hang.
     const double boundMs = options.timeoutMs + 2000.0;
-    bool allDone = children.waitAll(boundMs / 1000 + 10, trial.signal == SIGSTOP ? trial.victim : -1);
+    bool allDone = children.waitAll(boundMs / 1000 + 10, signal == SIGSTOP ? trial.victim : -1);
+    if (signal == SIGSTOP && trial.stopEnd == StopEnd::kResume && allDone) {
+      // Resumed, the stopped rank finds its peers gone: it must end as they did, within the same bounds.
+      ++totals->resumed;
+      const int64_t resumedAt = monotonicNs();
+      children.signal(trial.victim, SIGCONT);
+      children.waitAll(boundMs / 1000 + 10);
+      const auto& victim = children[trial.victim];
+      const std::string who = "rank " + std::to_string(trial.victim) + " (resumed)";
+      long long failedAt = 0, closeNs = 0;
+      int reported = 0;
+      const size_t at = victim.said.find("E ");
+      if (WIFSIGNALED(victim.status)) {
+        problems.push_back(who + " " + (WTERMSIG(victim.status) == SIGKILL ? "hung" : "crashed: ") +
+                           (WTERMSIG(victim.status) == SIGKILL ? "" : loomtest::describeStatus(victim.status)));
+        ++(WTERMSIG(victim.status) == SIGKILL ? totals->hangs : totals->crashes);
+      } else if (int code = WEXITSTATUS(victim.status); code != loomRemoteError && code != loomTimeout) {
+        problems.push_back(who + " ended with " + loomtest::describeStatus(victim.status) + ": " + victim.said);
+        ++totals->wrongCodes;
+      } else if (at == std::string::npos ||
+                 std::sscanf(victim.said.c_str() + at, "E %d %lld %lld", &reported, &failedAt, &closeNs) != 3) {
+        problems.push_back(who + " said nothing of its error: " + victim.said);
+        ++totals->wrongCodes;
+      } else {
+        ++totals->resumedEnded;
+        if ((failedAt - resumedAt) / 1e6 > boundMs) {
+          problems.push_back(who + " took " + std::to_string(static_cast<int>((failedAt - resumedAt) / 1e6)) + " ms");
+          ++totals->late;
+        }
+        if (closeNs / 1e6 > 2000) {
+          problems.push_back(who + (trial.destroy ? " destroy" : " abort") + " took " +
+                             std::to_string(static_cast<int>(closeNs / 1e6)) + " ms");
+          ++totals->slowClose;
+        }
+        if (options.verbose)
+          std::printf("    %s: %d after %.0f ms: %s\n", who.c_str(), reported, (failedAt - resumedAt) / 1e6,
+                      victim.said.substr(victim.said.find('|', at) + 1).c_str());
+      }
+    }
     children.signal(trial.victim, SIGKILL);
     children.waitAll(10);
     bool timeoutNamed = false, stopNamed = false, hung = false;
@@ -207,6 +267,10 @@ bool runTrial(const Trial& trial, const Options& options, Totals* totals) {
       }
       std::string message = child.said.substr(child.said.find('|', at) + 1);
       double detectMs = (failedAt - signalledAt) / 1e6, closeMs = closeNs / 1e6;
+      if (pause && detectMs < 0) {
+        problems.push_back(who + " failed during a pause of " + std::to_string(trial.pauseMs) + " ms");
+        ++totals->failedInPause;
+      }
       worstMs = std::max(worstMs, detectMs);
       worstCloseMs = std::max(worstCloseMs, closeMs);
       if (detectMs > boundMs) {
@@ -222,18 +286,18 @@ bool runTrial(const Trial& trial, const Options& options, Totals* totals) {
           message.find("AllReduce") != std::string::npos || message.find("AllGather") != std::string::npos ||
           message.find("Broadcast") != std::string::npos || message.find("ReduceScatter") != std::string::npos ||
           message.find("AllToAll") != std::string::npos || message.find("Barrier") != std::string::npos;
-      if (trial.signal == SIGSTOP && code == loomTimeout && namesOperation &&
+      if (signal == SIGSTOP && code == loomTimeout && namesOperation &&
           message.find("waiting for ") != std::string::npos && message.find(" rank ") != std::string::npos) {
         timeoutNamed = true;
         stopNamed |= message.find("rank " + std::to_string(trial.victim) + " ") != std::string::npos;
       }
       if (options.verbose) std::printf("    %s: %d after %.0f ms: %s\n", who.c_str(), code, detectMs, message.c_str());
     }
-    if (trial.signal == SIGSTOP && !timeoutNamed && !hung) {
+    if (signal == SIGSTOP && !timeoutNamed && !hung) {
       problems.push_back("no survivor's loomTimeout named the operation and the rank it waited for");
       ++totals->unnamedStops;
     }
-    if (trial.signal == SIGSTOP) {
+    if (signal == SIGSTOP) {
       ++totals->stopTrials;
       if (stopNamed) ++totals->stoppedRankNamed;
     }
@@ -244,16 +308,21 @@ bool runTrial(const Trial& trial, const Options& options, Totals* totals) {
     ++totals->leftovers;
   }
   const bool ok = problems.empty();
+  std::string what = trial.signal == SIGKILL ? "SIGKILL" : "SIGSTOP";
+  if (trial.signal == SIGSTOP)
+    what += trial.stopEnd == StopEnd::kKill     ? " (then killed)"
+            : trial.stopEnd == StopEnd::kResume ? " (then resumed)"
+                                                : " (resumed after " + std::to_string(trial.pauseMs) + " ms, then killed)";
   std::printf("trial %3d: %-4s %d ranks, %s rank %d after %3d ms, %s: worst detection %6.1f ms, %s %5.1f ms: %s\n",
-              trial.index, trial.transport.c_str(), trial.nranks, trial.signal == SIGKILL ? "SIGKILL" : "SIGSTOP",
-              trial.victim, trial.delayMs, trial.destroy ? "destroy" : "abort  ", worstMs,
-              trial.destroy ? "destroy" : "abort", worstCloseMs, ok ? "ok" : "FAILED");
+              trial.index, trial.transport.c_str(), trial.nranks, what.c_str(), trial.victim, trial.delayMs,
+              trial.destroy ? "destroy" : "abort  ", worstMs, trial.destroy ? "destroy" : "abort", worstCloseMs,
+              ok ? "ok" : "FAILED");
   for (const std::string& problem : problems) std::printf("    %s\n", problem.c_str());
   std::fflush(stdout);
   ++totals->trials;
   ++totals->perTransport[trial.transport];
   if (!ok) ++totals->failedTrials;
-  double& worst = trial.signal == SIGKILL ? totals->worstKillMs : totals->worstStopMs;
+  double& worst = trial.signal == SIGKILL || trial.stopEnd == StopEnd::kPause ? totals->worstKillMs : totals->worstStopMs;
   worst = std::max(worst, worstMs);
   totals->worstCloseMs = std::max(totals->worstCloseMs, worstCloseMs);
   return ok;
@@ -308,7 +377,7 @@ int main(int argc, char** argv) {
   }
   if (options.minRanks < 2 || options.maxRanks < options.minRanks)
     return usage("ranks: need 2 <= --min-ranks <= --max-ranks");
-  if (options.timeoutMs < 100) return usage("--timeout-ms must be at least 100");
+  if (options.timeoutMs < 300) return usage("--timeout-ms must be at least 300");
   // The ranks' errors are expected: their messages are checked here, not logged (the settings are read once).
   if (!options.verbose) setenv("LOOM_DEBUG", "NONE", 1);
   // The transports this build and machine have (ib on the software device).
@@ -343,6 +412,8 @@ int main(int argc, char** argv) {
     trial.seed = draw();
     trial.destroy = draw() % 2 == 0;
     trial.timeoutMs = options.timeoutMs;
+    trial.stopEnd = static_cast<StopEnd>(draw() % 3);
+    trial.pauseMs = 50 + static_cast<int>(draw() % static_cast<uint64_t>(options.timeoutMs / 3 - 50));
     if (options.only < 0 || options.only == t) runTrial(trial, options, &totals);
   }
   std::printf("# %d trials (", totals.trials);
@@ -360,6 +431,10 @@ int main(int argc, char** argv) {
       "# the stopped rank itself was named by a survivor's loomTimeout in %d of %d stop trials (elsewhere the first "
       "to time out named the neighbour it waited for)\n",
       totals.stoppedRankNamed, totals.stopTrials);
+  std::printf(
+      "# stopped ranks resumed after the survivors ended: %d, of which %d ended by themselves; pauses shorter than the "
+      "deadline: %d, ranks that failed of one: %d\n",
+      totals.resumed, totals.resumedEnded, totals.pauses, totals.failedInPause);
   std::printf(
       "# worst detection: %.1f ms after SIGKILL, %.1f ms after SIGSTOP (deadline %d ms); worst abort or "
       "destroy %.1f ms\n",

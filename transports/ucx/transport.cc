@@ -12,10 +12,14 @@
 // Messages. The receiving proxy posts a tagged receive for each message straight into the FIFO's next Simple slot,
 // and tells the sender that slot is free with a clear-to-send (CTS) back: the slot's address, where the FIFO keeps
 // its size, and, in the first one, the key of the FIFO, which the receiver maps with ucp_mem_map. A Simple
-// message of LOOM_UCX_PUT_BYTES or more whose CTS has come goes by RMA: put into the slot, its size put beside
-// it, the endpoint flushed (the puts are then complete at the receiver), and a zero-length "put" notice sent on
-// the message's tag. Anything else is one tagged send of the payload, received in the slot as it is (an LL message is
-// then copied into its LL slot). Either way the receive posted for the message takes it.
+// message of LOOM_UCX_PUT_BYTES or more whose CTS has come goes by RMA, where the endpoint has a wire with native
+// RMA (InfiniBand, RoCE, CMA between processes of a host): put into the slot, its size put beside it, the endpoint
+// flushed (the puts are then complete at the receiver), and a zero-length "put" notice sent on the message's tag.
+// Anything else is one tagged send of the payload, received in the slot as it is (an LL message is then copied
+// into its LL slot). Either way the receive posted for the message takes it. Where UCX would emulate RMA with
+// active messages (its tcp), a put is an active message plus an acknowledgement, slower than the tagged send
+// (docs/PERFORMANCE.md), and UCX 1.13 aborts the target whose acknowledgement finds its endpoint failed (a rank
+// resumed after its peers died): such endpoints send tagged.
 //
 // Tags: bits 63-60 the kind (0 Simple, 1 LL, 2 abort notice, 3 put notice, 4 CTS), bit 59 set for what goes back
 // from a receiver to its sender, bits 58-40 the message's sequence number on its connection (modulo 2^19), bits
@@ -30,10 +34,12 @@
 #include <poll.h>
 #include <ucp/api/ucp.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "src/core/bootstrap.h"
@@ -90,6 +96,7 @@ struct UcxApi {
   decltype(&ucp_ep_flush_nbx) epFlushNbx = nullptr;
   decltype(&ucp_tag_probe_nb) tagProbeNb = nullptr;
   decltype(&ucp_tag_msg_recv_nbx) tagMsgRecvNbx = nullptr;
+  decltype(&ucp_ep_print_info) epPrintInfo = nullptr;
   decltype(&ucs_status_string) statusString = nullptr;
   std::string why;  // empty once loaded
 };
@@ -140,6 +147,7 @@ const UcxApi& ucx() {
     load(a.epFlushNbx, ucp, "ucp_ep_flush_nbx");
     load(a.tagProbeNb, ucp, "ucp_tag_probe_nb");
     load(a.tagMsgRecvNbx, ucp, "ucp_tag_msg_recv_nbx");
+    load(a.epPrintInfo, ucp, "ucp_ep_print_info");
     load(a.statusString, ucs, "ucs_status_string");
     return a;
   }();
@@ -147,6 +155,27 @@ const UcxApi& ucx() {
 }
 
 const char* statusText(ucs_status_t status) { return ucx().statusString ? ucx().statusString(status) : "?"; }
+
+// Whether `ep` has a lane with native RMA, from what ucp_ep_print_info says of its lanes ("lane[3]: ... cma/memory
+// ... rma_bw#0"): UCX has no query for it. An endpoint whose lanes carry no "rma" role emulates its puts with
+// active messages. False (tagged sends, always right) when the text cannot be had.
+bool hasNativeRma(ucp_ep_h ep) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* stream = open_memstream(&text, &size);
+  if (stream == nullptr) return false;
+  ucx().epPrintInfo(ep, stream);
+  std::fclose(stream);
+  bool native = false;
+  for (const char* line = text; line != nullptr && *line != '\0';) {
+    const char* end = std::strchr(line, '\n');
+    const std::string_view view(line, end != nullptr ? static_cast<size_t>(end - line) : std::strlen(line));
+    if (view.find("lane[") != std::string_view::npos && view.find(" rma") != std::string_view::npos) native = true;
+    line = end != nullptr ? end + 1 : nullptr;
+  }
+  std::free(text);
+  return native;
+}
 
 struct UcxConn : ProxyConn {
   UcxConn(bool sends, int peer, int channel, const FifoShape& shape, int doorbell, ucp_context_h context)
@@ -302,6 +331,7 @@ class UcxComm : public ProxyComm {
   int workerFd_ = -1;
   std::vector<std::vector<uint8_t>> addresses_;  // every rank's worker address
   std::map<int, ucp_ep_h> endpoints_;            // the proxy thread's
+  std::map<int, bool> nativeRma_;  // by peer: its endpoint has a lane with native RMA, or LOOM_UCX_PUT_EMULATED (puts go)
   std::map<int, PeerRef> refs_;
   // Requests of closed connections, freed once they end; each keeps its connection (and the FIFO slot a receive
   // may still write into) alive until then.
@@ -314,6 +344,7 @@ class UcxComm : public ProxyComm {
   std::vector<std::pair<void*, std::unique_ptr<uint8_t[]>>> sending_;
   uint64_t puts_ = 0;  // messages sent by RMA, for the log line at the end
   const size_t putBytes_ = static_cast<size_t>(std::max<int64_t>(0, params::ucxPutBytes()));  // 0: never
+  const bool putEmulated_ = params::ucxPutEmulated() != 0;
   std::mutex failedMutex_;
   std::vector<std::pair<int, ucs_status_t>> failed_;  // peers whose endpoint failed, and why (the error handler)
 };
@@ -406,6 +437,10 @@ ucp_ep_h UcxComm::endpoint(int peer) {
     return nullptr;
   }
   endpoints_[peer] = ep;
+  nativeRma_[peer] = hasNativeRma(ep) || putEmulated_;
+  LOOM_INFO(NET, "ucx: rank %d: the endpoint to rank %d %s", context().rank, peer,
+            nativeRma_[peer] ? "puts large messages (native RMA, or LOOM_UCX_PUT_EMULATED)"
+                             : "emulates RMA: every message goes tagged");
   return ep;
 }
 
@@ -478,7 +513,7 @@ bool UcxComm::pumpOut(UcxConn& conn) {
     const uint64_t sequence = conn.sequence++;
     const UcxConn::Cts& cleared = conn.cts[sequence % conn.cts.size()];
     if (conn.protocol == Protocol::kSimple && putBytes_ > 0 && conn.payloadBytes >= putBytes_ &&
-        conn.rkey != nullptr && cleared.sequence == sequence) {
+        conn.rkey != nullptr && cleared.sequence == sequence && nativeRma_[conn.peer]) {
       if (!startPut(conn, cleared, sequence)) return true;
       if (conn.request != nullptr) return progressed;
       continue;  // flushed at once: the notice went out too, or is on its way
