@@ -339,7 +339,7 @@ ibv_cq* createCq(ibv_context* context, int entries, void* cqContext, ibv_comp_ch
     cq->id = fabric().newId(static_cast<uint32_t>(slot), kCqSlotBits, 31);
     cq->slot = &fabric().tables().cqs[slot];
     storeRelaxed(cq->slot->id, cq->id);
-    cq->slot->capacity = static_cast<uint32_t>(entries);
+    storeRelaxed(cq->slot->capacity, static_cast<uint32_t>(entries));
     storeRelaxed(cq->slot->channelId, channel != nullptr ? channel->id : 0u);
     Fabric::publish(*cq->slot);
   }
@@ -567,8 +567,8 @@ ibv_qp* createQp(ibv_pd* pd, ibv_qp_init_attr* attr) {
     shared.pdId = qp->pd->id;
     storeRelaxed(shared.state, static_cast<uint32_t>(IBV_QPS_RESET));
     storeRelaxed(shared.sendCqId, qp->sendCq->id);
-    shared.recvCqId = qp->recvCq->id;
-    shared.maxRecvWr = cap.max_recv_wr;
+    storeRelaxed(shared.recvCqId, qp->recvCq->id);
+    storeRelaxed(shared.maxRecvWr, cap.max_recv_wr);
     std::copy(std::begin(context->gids), std::end(context->gids), shared.portGids);
     Fabric::publish(shared);
   }

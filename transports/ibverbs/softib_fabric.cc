@@ -231,15 +231,17 @@ bool Fabric::lock() {
     const pid_t known = stoppedHolder_.load();
     if (known != 0 && mutexHolder(mutex) == known && threadStopped(known)) return false;
     const auto start = std::chrono::steady_clock::now();
-    for (int slice = 0;; ++slice) {
+    for (;;) {
+      // A slice of 2 ms. (timedlock's clock is the wall clock, which may jump: it then distorts one slice only;
+      // pthread_mutex_clocklock would take the monotonic one, but ThreadSanitizer does not see it lock.)
       timespec until{};
-      clock_gettime(CLOCK_MONOTONIC, &until);
-      until.tv_nsec += 2000000;  // 2 ms
+      clock_gettime(CLOCK_REALTIME, &until);
+      until.tv_nsec += 2000000;
       if (until.tv_nsec >= 1000000000) {
         until.tv_nsec -= 1000000000;
         ++until.tv_sec;
       }
-      rc = pthread_mutex_clocklock(&mutex, CLOCK_MONOTONIC, &until);
+      rc = pthread_mutex_timedlock(&mutex, &until);
       if (rc != ETIMEDOUT) break;
       if (holderStopped()) return false;
       if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(kLockPatienceMs)) {
@@ -319,13 +321,22 @@ int Fabric::claim(Slot (&slots)[N], Table table) {
   return -1;
 }
 
+// A claimed entry starts from zeros. The words that lookups without the mutex read (a requester's wake-up, a
+// channel's signal) are cleared atomically: such a lookup may still be reading the entry's previous life.
 int Fabric::claimQp() {
   int slot = claim(tables_->qps, Table::kQps);
   if (slot >= 0) {
-    // The receive ring's old contents are left as they are: nothing reads an entry before it is posted again.
     QpSlot& qp = tables_->qps[slot];
-    std::memset(reinterpret_cast<char*>(&qp) + offsetof(QpSlot, qpNum), 0,
-                offsetof(QpSlot, recvWrIds) - offsetof(QpSlot, qpNum));
+    for (uint32_t* word : {&qp.qpNum, &qp.state, &qp.accessFlags, &qp.sendCqId, &qp.recvCqId, &qp.waiting,
+                           &qp.destQpNum, &qp.maxRecvWr})
+      storeRelaxed(*word, 0u);
+    storeRelaxed(qp.minRnrTimer, uint8_t{0});
+    qp.pdId = 0;
+    std::memset(qp.portGids, 0, sizeof(qp.portGids));
+    qp.dgid = qp.sgid = ibv_gid{};
+    // The receive ring's old contents are left as they are: nothing reads an entry before it is posted again.
+    storeRelaxed(qp.recvHead, uint64_t{0});
+    storeRelaxed(qp.recvTail, uint64_t{0});
   }
   return slot;
 }
@@ -334,7 +345,9 @@ int Fabric::claimMr() {
   int slot = claim(tables_->mrs, Table::kMrs);
   if (slot >= 0) {
     MrSlot& mr = tables_->mrs[slot];
-    mr.lkey = mr.rkey = mr.access = 0;
+    storeRelaxed(mr.lkey, 0u);
+    storeRelaxed(mr.rkey, 0u);
+    mr.access = 0;
     mr.pdId = mr.addr = mr.length = 0;
   }
   return slot;
@@ -344,7 +357,7 @@ int Fabric::claimCq() {
   int slot = claim(tables_->cqs, Table::kCqs);
   if (slot >= 0) {
     CqSlot& cq = tables_->cqs[slot];
-    std::memset(reinterpret_cast<char*>(&cq) + offsetof(CqSlot, id), 0, offsetof(CqSlot, tail) - offsetof(CqSlot, id));
+    for (uint32_t* word : {&cq.id, &cq.capacity, &cq.channelId, &cq.armed, &cq.overrun}) storeRelaxed(*word, 0u);
     storeRelease(cq.tail, 0);
     storeRelease(cq.head, 0);
   }
@@ -353,7 +366,7 @@ int Fabric::claimCq() {
 
 int Fabric::claimChannel() {
   int slot = claim(tables_->channels, Table::kChannels);
-  if (slot >= 0) tables_->channels[slot].id = 0;
+  if (slot >= 0) storeRelaxed(tables_->channels[slot].id, 0u);
   return slot;
 }
 
