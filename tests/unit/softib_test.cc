@@ -1057,11 +1057,11 @@ struct StoppedLockHolder {
   explicit StoppedLockHolder(softib::Fabric* fabric, uint32_t writingRkey = 0) {
     pid = forkChild([&, fabric, writingRkey] {
       if (!fabric->lock()) return 1;
-      if (writingRkey != 0) softib::storeOrdered(fabric->tables().header.writingRkey, writingRkey);
+      if (writingRkey != 0) softib::atomicStore(fabric->tables().header.writingRkey, writingRkey, softib::kOrdered);
       if (::write(pipes.toParent[1], "h", 1) != 1) return 2;
       char go = 0;
       if (read(pipes.toChild[0], &go, 1) != 1) return 3;
-      if (writingRkey != 0) softib::storeOrdered(fabric->tables().header.writingRkey, 0u);
+      if (writingRkey != 0) softib::atomicStore(fabric->tables().header.writingRkey, 0u, softib::kOrdered);
       fabric->unlock();
       return 0;
     });

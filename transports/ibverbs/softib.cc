@@ -246,8 +246,8 @@ ibv_mr* regMr(ibv_pd* pd, void* addr, size_t length, int access) {
     if (slot < 0) return nullptr;  // errno ENOMEM
     MrSlot& shared = fabric().tables().mrs[slot];
     const uint32_t lkey = fabric().newId(static_cast<uint32_t>(slot), kMrSlotBits, 31);
-    storeRelaxed(shared.lkey, lkey);
-    storeRelaxed(shared.rkey, lkey | kRkeyBit);
+    atomicStore(shared.lkey, lkey, kRelaxed);
+    atomicStore(shared.rkey, lkey | kRkeyBit, kRelaxed);
     shared.access = static_cast<uint32_t>(access);
     shared.pdId = asPd(pd)->id;
     shared.addr = reinterpret_cast<uint64_t>(addr);
@@ -289,7 +289,7 @@ ibv_comp_channel* createCompChannel(ibv_context* context) {
   if (slot < 0) return nullptr;  // errno ENOMEM
   ChannelSlot& shared = fabric().tables().channels[slot];
   channel->id = fabric().newId(static_cast<uint32_t>(slot), kChannelSlotBits, 31);
-  storeRelaxed(shared.id, channel->id);
+  atomicStore(shared.id, channel->id, kRelaxed);
   Fabric::publish(shared);
   // A FIFO that any process can open and write an event into; the owner keeps it open for reading and writing,
   // so it never reads an end of file and writers find a reader for as long as the channel lives.
@@ -319,7 +319,7 @@ int destroyCompChannel(ibv_comp_channel* ibChannel) {
   unlink(fabric().channelPath(channel->id).c_str());
   close(channel->channel.fd);
   ChannelSlot& shared = fabric().tables().channels[channel->id & (kMaxChannels - 1)];
-  if (loadRelaxed(shared.id) == channel->id && loadOrdered(shared.pid) == getpid()) fabric().release(shared);
+  if (atomicLoad(shared.id, kRelaxed) == channel->id && atomicLoad(shared.pid, kOrdered) == getpid()) fabric().release(shared);
   delete channel;
   return 0;
 }
@@ -338,9 +338,9 @@ ibv_cq* createCq(ibv_context* context, int entries, void* cqContext, ibv_comp_ch
     if (slot < 0) return nullptr;  // errno ENOMEM
     cq->id = fabric().newId(static_cast<uint32_t>(slot), kCqSlotBits, 31);
     cq->slot = &fabric().tables().cqs[slot];
-    storeRelaxed(cq->slot->id, cq->id);
-    storeRelaxed(cq->slot->capacity, static_cast<uint32_t>(entries));
-    storeRelaxed(cq->slot->channelId, channel != nullptr ? channel->id : 0u);
+    atomicStore(cq->slot->id, cq->id, kRelaxed);
+    atomicStore(cq->slot->capacity, static_cast<uint32_t>(entries), kRelaxed);
+    atomicStore(cq->slot->channelId, channel != nullptr ? channel->id : 0u, kRelaxed);
     Fabric::publish(*cq->slot);
   }
   cq->cq.context = context;
@@ -374,7 +374,7 @@ int destroyCq(ibv_cq* ibCq) {
 // (CqSlot::armed).
 int reqNotifyCq(ibv_cq* ibCq, int solicitedOnly) {
   SoftCq* cq = asCq(ibCq);
-  storeRelaxed(cq->slot->armed, solicitedOnly != 0 ? kArmedSolicited : kArmedAll);
+  atomicStore(cq->slot->armed, solicitedOnly != 0 ? kArmedSolicited : kArmedAll, kRelaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   return 0;
 }
@@ -502,25 +502,25 @@ int modifyQp(ibv_qp* ibQp, ibv_qp_attr* attr, int mask) {
       qp->sqUsed = 0;
       qp->destQpNum = 0;
       qp->dgid = ibv_gid{};
-      storeRelaxed(shared.destQpNum, 0u);
+      atomicStore(shared.destQpNum, 0u, kRelaxed);
       shared.dgid = shared.sgid = ibv_gid{};
-      storeRelease(shared.recvHead, loadAcquire(shared.recvTail));
-      storeRelaxed(shared.waiting, 0u);
+      atomicStore(shared.recvHead, atomicLoad(shared.recvTail, kAcquire), kRelease);
+      atomicStore(shared.waiting, 0u, kRelaxed);
     }
-    storeOrdered(shared.state, static_cast<uint32_t>(to));
+    atomicStore(shared.state, static_cast<uint32_t>(to), kOrdered);
     qp->qp.state = to;
   } else {
-    if (mask & IBV_QP_ACCESS_FLAGS) storeRelaxed(shared.accessFlags, static_cast<uint32_t>(attr->qp_access_flags));
-    if (mask & IBV_QP_MIN_RNR_TIMER) storeRelaxed(shared.minRnrTimer, attr->min_rnr_timer);
+    if (mask & IBV_QP_ACCESS_FLAGS) atomicStore(shared.accessFlags, static_cast<uint32_t>(attr->qp_access_flags), kRelaxed);
+    if (mask & IBV_QP_MIN_RNR_TIMER) atomicStore(shared.minRnrTimer, attr->min_rnr_timer, kRelaxed);
     if (mask & IBV_QP_DEST_QPN) {
       qp->destQpNum = attr->dest_qp_num;
-      storeRelaxed(shared.destQpNum, attr->dest_qp_num);
+      atomicStore(shared.destQpNum, attr->dest_qp_num, kRelaxed);
     }
     if (mask & IBV_QP_AV) {
       qp->dgid = shared.dgid = attr->ah_attr.grh.dgid;
       shared.sgid = reinterpret_cast<SoftContext*>(qp->qp.context)->gids[attr->ah_attr.grh.sgid_index];
     }
-    storeOrdered(shared.state, static_cast<uint32_t>(to));
+    atomicStore(shared.state, static_cast<uint32_t>(to), kOrdered);
     qp->qp.state = to;
     if (to == IBV_QPS_RTR && from != IBV_QPS_RTR) {
       ChannelSignals signals(fabric());
@@ -563,12 +563,12 @@ ibv_qp* createQp(ibv_pd* pd, ibv_qp_init_attr* attr) {
     qp->slot = &fabric().tables().qps[slot];
     qp->qp.qp_num = fabric().newId(static_cast<uint32_t>(slot), kQpSlotBits, 24);
     QpSlot& shared = *qp->slot;
-    storeRelaxed(shared.qpNum, qp->qp.qp_num);
+    atomicStore(shared.qpNum, qp->qp.qp_num, kRelaxed);
     shared.pdId = qp->pd->id;
-    storeRelaxed(shared.state, static_cast<uint32_t>(IBV_QPS_RESET));
-    storeRelaxed(shared.sendCqId, qp->sendCq->id);
-    storeRelaxed(shared.recvCqId, qp->recvCq->id);
-    storeRelaxed(shared.maxRecvWr, cap.max_recv_wr);
+    atomicStore(shared.state, static_cast<uint32_t>(IBV_QPS_RESET), kRelaxed);
+    atomicStore(shared.sendCqId, qp->sendCq->id, kRelaxed);
+    atomicStore(shared.recvCqId, qp->recvCq->id, kRelaxed);
+    atomicStore(shared.maxRecvWr, cap.max_recv_wr, kRelaxed);
     std::copy(std::begin(context->gids), std::end(context->gids), shared.portGids);
     Fabric::publish(shared);
   }

@@ -256,7 +256,7 @@ bool Fabric::lock() {
     // looks used or a lost completion, not a crash. Its write, if it was writing, ended with it.
     LOOM_WARN(IB, "softib: a process died holding the fabric's lock; carrying on");
     pthread_mutex_consistent(&mutex);
-    storeOrdered(tables_->header.writingRkey, 0u);
+    atomicStore(tables_->header.writingRkey, 0u, kOrdered);
     rc = 0;
   }
   if (rc != 0) {
@@ -271,7 +271,7 @@ void Fabric::unlock() { pthread_mutex_unlock(&tables_->header.mutex); }
 
 bool Fabric::waitForWritesInto(uint32_t rkey) {
   const auto start = std::chrono::steady_clock::now();
-  while (loadOrdered(tables_->header.writingRkey) == rkey) {
+  while (atomicLoad(tables_->header.writingRkey, kOrdered) == rkey) {
     // No holder left: the writer died mid-write (the next locker clears the word), and a dead process writes nothing.
     if (mutexHolder(tables_->header.mutex) == 0 || holderStopped()) return mutexHolder(tables_->header.mutex) == 0;
     if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(kLockPatienceMs)) return false;
@@ -291,11 +291,11 @@ uint32_t Fabric::newId(uint32_t slot, uint32_t slotBits, uint32_t totalBits) {
 bool Fabric::releaseAt(std::atomic_ref<int32_t> pid, uint64_t& freedEpoch, int32_t owner) {
   // The epoch is read after the entry is seen free (both ordered, as the holder's raise of the epoch and its
   // lookups are): a critical section that could still see the entry has the epoch read here or an earlier one.
-  storeRelaxed(freedEpoch, UINT64_MAX);  // until the epoch below is known, not claimable
+  atomicStore(freedEpoch, UINT64_MAX, kRelaxed);  // until the epoch below is known, not claimable
   int32_t expected = owner;
   if (owner == 0 || !pid.compare_exchange_strong(expected, 0, std::memory_order_seq_cst)) return false;
   std::atomic_ref<uint64_t>(freedEpoch)
-      .store(loadOrdered(tables_->header.lockEpoch), std::memory_order_release);
+      .store(atomicLoad(tables_->header.lockEpoch, kOrdered), std::memory_order_release);
   return true;
 }
 
@@ -303,7 +303,7 @@ template <typename Slot, size_t N>
 int Fabric::claim(Slot (&slots)[N], Table table) {
   const int32_t claimed = -static_cast<int32_t>(getpid());
   for (int round = 0; round < 3; ++round) {
-    const uint64_t epoch = loadOrdered(tables_->header.lockEpoch);
+    const uint64_t epoch = atomicLoad(tables_->header.lockEpoch, kOrdered);
     for (size_t i = 0; i < N; ++i) {
       std::atomic_ref<int32_t> pid(slots[i].pid);
       if (pid.load(std::memory_order_acquire) != 0 ||
@@ -329,14 +329,14 @@ int Fabric::claimQp() {
     QpSlot& qp = tables_->qps[slot];
     for (uint32_t* word : {&qp.qpNum, &qp.state, &qp.accessFlags, &qp.sendCqId, &qp.recvCqId, &qp.waiting,
                            &qp.destQpNum, &qp.maxRecvWr})
-      storeRelaxed(*word, 0u);
-    storeRelaxed(qp.minRnrTimer, uint8_t{0});
+      atomicStore(*word, 0u, kRelaxed);
+    atomicStore(qp.minRnrTimer, uint8_t{0}, kRelaxed);
     qp.pdId = 0;
     std::memset(qp.portGids, 0, sizeof(qp.portGids));
     qp.dgid = qp.sgid = ibv_gid{};
     // The receive ring's old contents are left as they are: nothing reads an entry before it is posted again.
-    storeRelaxed(qp.recvHead, uint64_t{0});
-    storeRelaxed(qp.recvTail, uint64_t{0});
+    atomicStore(qp.recvHead, uint64_t{0}, kRelaxed);
+    atomicStore(qp.recvTail, uint64_t{0}, kRelaxed);
   }
   return slot;
 }
@@ -345,8 +345,8 @@ int Fabric::claimMr() {
   int slot = claim(tables_->mrs, Table::kMrs);
   if (slot >= 0) {
     MrSlot& mr = tables_->mrs[slot];
-    storeRelaxed(mr.lkey, 0u);
-    storeRelaxed(mr.rkey, 0u);
+    atomicStore(mr.lkey, 0u, kRelaxed);
+    atomicStore(mr.rkey, 0u, kRelaxed);
     mr.access = 0;
     mr.pdId = mr.addr = mr.length = 0;
   }
@@ -357,16 +357,16 @@ int Fabric::claimCq() {
   int slot = claim(tables_->cqs, Table::kCqs);
   if (slot >= 0) {
     CqSlot& cq = tables_->cqs[slot];
-    for (uint32_t* word : {&cq.id, &cq.capacity, &cq.channelId, &cq.armed, &cq.overrun}) storeRelaxed(*word, 0u);
-    storeRelease(cq.tail, 0);
-    storeRelease(cq.head, 0);
+    for (uint32_t* word : {&cq.id, &cq.capacity, &cq.channelId, &cq.armed, &cq.overrun}) atomicStore(*word, 0u, kRelaxed);
+    atomicStore(cq.tail, 0, kRelease);
+    atomicStore(cq.head, 0, kRelease);
   }
   return slot;
 }
 
 int Fabric::claimChannel() {
   int slot = claim(tables_->channels, Table::kChannels);
-  if (slot >= 0) storeRelaxed(tables_->channels[slot].id, 0u);
+  if (slot >= 0) atomicStore(tables_->channels[slot].id, 0u, kRelaxed);
   return slot;
 }
 
@@ -377,7 +377,7 @@ template <typename Slot, size_t N>
 Slot* lookUp(Slot (&slots)[N], uint32_t id, uint32_t Slot::*key) {
   static_assert((N & (N - 1)) == 0);
   Slot& slot = slots[id & (N - 1)];
-  return loadOrdered(slot.pid) > 0 && loadRelaxed(slot.*key) == id ? &slot : nullptr;
+  return atomicLoad(slot.pid, kOrdered) > 0 && atomicLoad(slot.*key, kRelaxed) == id ? &slot : nullptr;
 }
 
 }  // namespace
@@ -400,7 +400,7 @@ void Fabric::reclaim(Table table) {
   int reclaimed = 0;
   auto sweep = [&](auto& slots, auto&& onFree) {
     for (auto& slot : slots) {
-      const int32_t owner = loadOrdered(slot.pid);  // an entry being initialised holds minus its owner's pid
+      const int32_t owner = atomicLoad(slot.pid, kOrdered);  // an entry being initialised holds minus its owner's pid
       if (owner == 0 || !dead(owner > 0 ? owner : -owner)) continue;
       onFree(slot);
       if (releaseAt(std::atomic_ref<int32_t>(slot.pid), slot.freedEpoch, owner)) ++reclaimed;
@@ -425,8 +425,8 @@ void ChannelSignals::raise(CqSlot& cq, bool solicited, bool error, bool always) 
   if (mode == 0 || (!always && mode == kArmedSolicited && !solicited && !error)) return;
   // Whoever disarms it signals: one event per arming, as the verbs promise.
   if (!armed.compare_exchange_strong(mode, 0, std::memory_order_seq_cst)) return;
-  const uint32_t channelId = loadRelaxed(cq.channelId);
-  if (channelId != 0) signals_.emplace_back(channelId, loadRelaxed(cq.id));
+  const uint32_t channelId = atomicLoad(cq.channelId, kRelaxed);
+  if (channelId != 0) signals_.emplace_back(channelId, atomicLoad(cq.id, kRelaxed));
 }
 
 void ChannelSignals::wake(uint32_t cqId) {
@@ -436,15 +436,15 @@ void ChannelSignals::wake(uint32_t cqId) {
 bool FabricLock::push(uint32_t cqId, const Cqe& cqe, bool solicited) {
   CqSlot* cq = fabric_.cq(cqId);
   if (cq == nullptr) return false;
-  uint64_t tail = loadAcquire(cq->tail);
-  if (tail - loadAcquire(cq->head) >= cq->capacity) {
-    if (loadRelaxed(cq->overrun) == 0)
+  uint64_t tail = atomicLoad(cq->tail, kAcquire);
+  if (tail - atomicLoad(cq->head, kAcquire) >= cq->capacity) {
+    if (atomicLoad(cq->overrun, kRelaxed) == 0)
       LOOM_WARN(IB, "softib: completion queue %u (%u entries) overran: a completion was lost", cqId, cq->capacity);
-    storeRelaxed(cq->overrun, 1u);
+    atomicStore(cq->overrun, 1u, kRelaxed);
     return false;
   }
   cq->ring[tail % cq->capacity] = cqe;
-  storeRelease(cq->tail, tail + 1);
+  atomicStore(cq->tail, tail + 1, kRelease);
   std::atomic_thread_fence(std::memory_order_seq_cst);  // the tail out, then the arming looked at (CqSlot::armed)
   signals_.raise(*cq, solicited, cqe.status != IBV_WC_SUCCESS);
   return true;

@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -152,29 +153,18 @@ struct Tables {
   ChannelSlot channels[kMaxChannels];
 };
 
-// Atomic access to a word of the shared tables that some readers look at without the mutex.
-inline uint64_t loadAcquire(uint64_t& word) { return std::atomic_ref<uint64_t>(word).load(std::memory_order_acquire); }
-inline void storeRelease(uint64_t& word, uint64_t value) {
-  std::atomic_ref<uint64_t>(word).store(value, std::memory_order_release);
-}
-
+// Atomic access to a word of the shared tables that some readers look at without the mutex. kOrdered (sequentially
+// consistent) is for the words two sides each write and then read the other's (a Dekker pairing: at least one of
+// them sees the other's write).
+constexpr std::memory_order kRelaxed = std::memory_order_relaxed, kAcquire = std::memory_order_acquire,
+                            kRelease = std::memory_order_release, kOrdered = std::memory_order_seq_cst;
 template <typename T>
-T loadRelaxed(T& word) {
-  return std::atomic_ref<T>(word).load(std::memory_order_relaxed);
-}
-template <typename T>
-void storeRelaxed(T& word, T value) {
-  std::atomic_ref<T>(word).store(value, std::memory_order_relaxed);
-}
-// Sequentially consistent, for the words two sides each write and then read the other's (a Dekker pairing: at
-// least one of them sees the other's write).
-template <typename T>
-T loadOrdered(T& word) {
-  return std::atomic_ref<T>(word).load(std::memory_order_seq_cst);
+T atomicLoad(T& word, std::memory_order order) {
+  return std::atomic_ref<T>(word).load(order);
 }
 template <typename T>
-void storeOrdered(T& word, T value) {
-  std::atomic_ref<T>(word).store(value, std::memory_order_seq_cst);
+void atomicStore(T& word, std::type_identity_t<T> value, std::memory_order order) {
+  std::atomic_ref<T>(word).store(value, order);
 }
 
 // True unless `pid` is known to be gone (kill(pid, 0) fails with ESRCH).

@@ -47,22 +47,22 @@ void flushSends(FabricLock& lock, SoftQp* qp) {
 void flushAll(FabricLock& lock, SoftQp* qp) {
   flushSends(lock, qp);
   QpSlot& shared = *qp->slot;
-  uint64_t head = loadRelaxed(shared.recvHead);
-  for (const uint64_t tail = loadAcquire(shared.recvTail); head != tail; ++head)
+  uint64_t head = atomicLoad(shared.recvHead, kRelaxed);
+  for (const uint64_t tail = atomicLoad(shared.recvTail, kAcquire); head != tail; ++head)
     lock.push(qp->recvCq->id, recvCqe(shared.recvWrIds[head % shared.maxRecvWr], IBV_WC_WR_FLUSH_ERR, qp->qp.qp_num),
               true);
-  storeRelease(shared.recvHead, head);
-  storeOrdered(shared.state, static_cast<uint32_t>(IBV_QPS_ERR));
+  atomicStore(shared.recvHead, head, kRelease);
+  atomicStore(shared.state, static_cast<uint32_t>(IBV_QPS_ERR), kOrdered);
   qp->qp.state = IBV_QPS_ERR;
 }
 
 void wakeRequester(ChannelSignals& signals, QpSlot& responder) {
-  QpSlot* requester = fabric().qp(loadRelaxed(responder.destQpNum));
-  if (requester == nullptr || loadOrdered(requester->waiting) == 0 ||
-      loadRelaxed(requester->destQpNum) != loadRelaxed(responder.qpNum))
+  QpSlot* requester = fabric().qp(atomicLoad(responder.destQpNum, kRelaxed));
+  if (requester == nullptr || atomicLoad(requester->waiting, kOrdered) == 0 ||
+      atomicLoad(requester->destQpNum, kRelaxed) != atomicLoad(responder.qpNum, kRelaxed))
     return;
-  storeRelaxed(requester->waiting, 0u);
-  signals.wake(loadRelaxed(requester->sendCqId));
+  atomicStore(requester->waiting, 0u, kRelaxed);
+  signals.wake(atomicLoad(requester->sendCqId, kRelaxed));
 }
 
 // ---- Send work requests ----
@@ -138,37 +138,37 @@ Verdict examine(const SoftQp* qp, const PendingWr& wr, Target* target) {
   if (!wr.isInline) {
     for (int i = 0; i < wr.numSge; ++i) {
       const MrSlot* mr = f.mrByLkey(wr.sge[i].lkey);
-      if (mr == nullptr || loadRelaxed(mr->pid) != self || mr->pdId != qp->pd->id ||
+      if (mr == nullptr || atomicLoad(mr->pid, kRelaxed) != self || mr->pdId != qp->pd->id ||
           !covers(*mr, wr.sge[i].addr, wr.sge[i].length))
         return Verdict::kLocalProtection;
     }
   }
   QpSlot* responder = f.qp(qp->destQpNum);
   if (responder == nullptr) return Verdict::kNoResponder;
-  const uint32_t state = loadOrdered(responder->state);  // first: the words below were written before it
-  if ((state != IBV_QPS_RTR && state != IBV_QPS_RTS) || loadRelaxed(responder->destQpNum) != qp->qp.qp_num ||
-      !answersTo(*responder, qp->dgid) || !processAlive(loadRelaxed(responder->pid)))
+  const uint32_t state = atomicLoad(responder->state, kOrdered);  // first: the words below were written before it
+  if ((state != IBV_QPS_RTR && state != IBV_QPS_RTS) || atomicLoad(responder->destQpNum, kRelaxed) != qp->qp.qp_num ||
+      !answersTo(*responder, qp->dgid) || !processAlive(atomicLoad(responder->pid, kRelaxed)))
     return Verdict::kNoResponder;
-  if ((loadRelaxed(responder->accessFlags) & IBV_ACCESS_REMOTE_WRITE) == 0) return Verdict::kRemoteAccess;
+  if ((atomicLoad(responder->accessFlags, kRelaxed) & IBV_ACCESS_REMOTE_WRITE) == 0) return Verdict::kRemoteAccess;
   // As on hardware, a write of no bytes names no memory, so its key is not looked at.
   if (wr.length > 0) {
-    storeOrdered(f.tables().header.writingRkey, wr.rkey);
+    atomicStore(f.tables().header.writingRkey, wr.rkey, kOrdered);
     const MrSlot* mr = f.mrByRkey(wr.rkey);
     if (mr == nullptr || mr->pdId != responder->pdId || (mr->access & IBV_ACCESS_REMOTE_WRITE) == 0 ||
         !covers(*mr, wr.remoteAddr, wr.length))
       return Verdict::kRemoteAccess;
   }
-  target->pid = loadRelaxed(responder->pid);
+  target->pid = atomicLoad(responder->pid, kRelaxed);
   target->qpNum = responder->qpNum;
   if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
     // Receives are posted without the lock: the owner writes the entry, then publishes the tail.
-    const uint64_t head = loadRelaxed(responder->recvHead);
-    if (head == loadOrdered(responder->recvTail)) {
-      target->minRnrTimer = loadRelaxed(responder->minRnrTimer);
+    const uint64_t head = atomicLoad(responder->recvHead, kRelaxed);
+    if (head == atomicLoad(responder->recvTail, kOrdered)) {
+      target->minRnrTimer = atomicLoad(responder->minRnrTimer, kRelaxed);
       return Verdict::kNotReady;
     }
     target->recvWrId = responder->recvWrIds[head % responder->maxRecvWr];
-    storeRelease(responder->recvHead, head + 1);
+    atomicStore(responder->recvHead, head + 1, kRelease);
   }
   return Verdict::kReady;
 }
@@ -181,11 +181,11 @@ bool waitsForResponder(Verdict verdict) { return verdict == Verdict::kNoResponde
 Verdict check(SoftQp* qp, const PendingWr& wr, Target* target) {
   Verdict verdict = examine(qp, wr, target);
   if (waitsForResponder(verdict)) {
-    storeOrdered(qp->slot->waiting, 1u);
+    atomicStore(qp->slot->waiting, 1u, kOrdered);
     verdict = examine(qp, wr, target);
   }
-  if (!waitsForResponder(verdict)) storeRelaxed(qp->slot->waiting, 0u);
-  if (verdict != Verdict::kReady) storeOrdered(fabric().tables().header.writingRkey, 0u);
+  if (!waitsForResponder(verdict)) atomicStore(qp->slot->waiting, 0u, kRelaxed);
+  if (verdict != Verdict::kReady) atomicStore(fabric().tables().header.writingRkey, 0u, kOrdered);
   return verdict;
 }
 
@@ -267,9 +267,9 @@ Step noResponder(FabricLock& lock, SoftQp* qp, PendingWr& wr, Clock::time_point 
 // left RTR and RTS meanwhile (then the write goes unanswered, and the receive it took is flushed with the rest).
 bool deliver(FabricLock& lock, const SoftQp* qp, const PendingWr& wr, const Target& target) {
   QpSlot* responder = fabric().qp(target.qpNum);
-  if (responder == nullptr || loadRelaxed(responder->pid) != target.pid) return false;
+  if (responder == nullptr || atomicLoad(responder->pid, kRelaxed) != target.pid) return false;
   Cqe cqe = recvCqe(target.recvWrId, IBV_WC_SUCCESS, target.qpNum);
-  const uint32_t state = loadOrdered(responder->state);
+  const uint32_t state = atomicLoad(responder->state, kOrdered);
   if (state != IBV_QPS_RTR && state != IBV_QPS_RTS) {
     if (state == IBV_QPS_ERR) {
       cqe.status = IBV_WC_WR_FLUSH_ERR;
@@ -334,7 +334,7 @@ Step carryOut(FabricLock& lock, SoftQp* qp, PendingWr& wr, Clock::time_point now
   // HCA, once the owner's deregMr has returned, no write lands in the region, so the owner may free or reuse its
   // memory.
   const int error = copyOut(wr, target.pid);
-  storeOrdered(fabric().tables().header.writingRkey, 0u);
+  atomicStore(fabric().tables().header.writingRkey, 0u, kOrdered);
   wr.retryDeadline = Clock::time_point::max();
   if (error == ESRCH) return noResponder(lock, qp, wr, now);  // the responder's process has just gone
   if (error != 0) {
@@ -353,7 +353,7 @@ Step attempt(SoftQp* qp, PendingWr& wr) {
   const Clock::time_point now = Clock::now();
   // Not yet time to resend, unless the responder has changed since (softib's shortcut: a real requester waits out
   // its timer).
-  if (now < wr.nextTry && loadRelaxed(qp->slot->waiting) != 0) return Step::kWait;
+  if (now < wr.nextTry && atomicLoad(qp->slot->waiting, kRelaxed) != 0) return Step::kWait;
   CopyFailure failure;
   Step step;
   {
@@ -439,7 +439,7 @@ int postRecv(ibv_qp* ibQp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   QpSlot& shared = *qp->slot;
   bool posted = false;
   for (; wr != nullptr; wr = wr->next) {
-    const uint32_t state = loadOrdered(shared.state);
+    const uint32_t state = atomicLoad(shared.state, kOrdered);
     int error = 0;
     if (state == IBV_QPS_RESET || wr->num_sge < 0 || wr->num_sge > static_cast<int>(qp->cap.max_recv_sge)) {
       error = EINVAL;
@@ -450,12 +450,12 @@ int postRecv(ibv_qp* ibQp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
       else
         error = EAGAIN;
     } else {
-      const uint64_t tail = loadRelaxed(shared.recvTail);
-      if (tail - loadAcquire(shared.recvHead) >= shared.maxRecvWr) {
+      const uint64_t tail = atomicLoad(shared.recvTail, kRelaxed);
+      if (tail - atomicLoad(shared.recvHead, kAcquire) >= shared.maxRecvWr) {
         error = ENOMEM;
       } else {
         shared.recvWrIds[tail % shared.maxRecvWr] = wr->wr_id;
-        storeOrdered(shared.recvTail, tail + 1);
+        atomicStore(shared.recvTail, tail + 1, kOrdered);
         posted = true;
       }
     }
@@ -513,8 +513,8 @@ int pollCq(ibv_cq* ibCq, int entries, ibv_wc* wc) {
     return -1;
   }
   std::lock_guard<std::mutex> pollLock(cq->pollMutex);
-  uint64_t head = loadAcquire(slot.head);
-  const uint64_t tail = loadAcquire(slot.tail);
+  uint64_t head = atomicLoad(slot.head, kAcquire);
+  const uint64_t tail = atomicLoad(slot.tail, kAcquire);
   int got = 0;
   for (; got < entries && head != tail; ++got, ++head) {
     const Cqe& cqe = slot.ring[head % slot.capacity];
@@ -530,7 +530,7 @@ int pollCq(ibv_cq* ibCq, int entries, ibv_wc* wc) {
     out.wc_flags = cqe.wcFlags;
     if (cqe.sqRelease > 0) releaseSlots(cq, cqe.qpNum, cqe.sqRelease);
   }
-  storeRelease(slot.head, head);
+  atomicStore(slot.head, head, kRelease);
   return got;
 }
 
