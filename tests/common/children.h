@@ -171,6 +171,19 @@ class Children {
     return true;
   }
 
+  // Whether child `i` is still running (not exited, killed or reaped); one that ended is reaped here.
+  bool running(size_t i) {
+    Child& child = children_[i];
+    if (child.reaped) return false;
+    int status = 0;
+    if (waitpid(child.pid, &status, WNOHANG) != child.pid) return true;
+    child.reaped = true;
+    child.status = status;
+    child.endedAt = Clock::now();
+    drain(child);
+    return false;
+  }
+
   void signal(size_t i, int sig) {
     if (!children_[i].reaped) kill(children_[i].pid, sig);
   }

@@ -4,10 +4,11 @@
 // stop, some survivor's loomTimeout must name the operation and the rank it waited for (how often that is the
 // stopped rank itself is counted); nothing may be left in the shared-memory directory.
 //
-// A stopped rank then meets one of three ends, drawn per trial: it is killed once the survivors are done; it is
-// resumed (SIGCONT) once they are done, and must then end by itself, as they did, within the same bounds; or it is
-// resumed after a pause shorter than a third of the deadline, which no rank may fail of, and the trial then goes
-// on as a kill of that rank.
+// A stopped rank then meets one of three ends, in turn from one stop trial to the next: it is killed once the
+// survivors are done; it is resumed (SIGCONT) once they are done, and must then end by itself, as they did, within
+// the same bounds; or it is resumed after a pause (drawn) shorter than a third of the deadline, which no rank may
+// fail of (the paused rank must still be running 300 ms later, and no survivor may fail before the kill that
+// follows, or time out on a wait that began before it), and the trial then goes on as a kill of that rank.
 //
 //   fault_inject [--trials N] [--seed S] [--transports shm,tcp,ucx,ib] [--min-ranks 2] [--max-ranks 8] [--only T]
 //                [--stop-every K] [--timeout-ms T] [--verbose]
@@ -162,6 +163,7 @@ bool runTrial(const Trial& trial, const Options& options, Totals* totals) {
     return false;
   }
   std::vector<std::string> problems;
+  std::string end;  // what became of a stopped rank, for the trial's line
   double worstMs = 0, worstCloseMs = 0;
   {
     Children children;
@@ -187,6 +189,12 @@ bool runTrial(const Trial& trial, const Options& options, Totals* totals) {
       children.signal(trial.victim, SIGCONT);
       usleep(300 * 1000);
       ++totals->pauses;
+      if (!children.running(trial.victim)) {
+        problems.push_back("rank " + std::to_string(trial.victim) + " (paused) ended during its pause: " +
+                           loomtest::describeStatus(children[trial.victim].status) + ": " +
+                           children[trial.victim].said);
+        ++totals->failedInPause;
+      }
     }
     const int signal = pause ? SIGKILL : trial.signal;
     const int64_t signalledAt = monotonicNs();
@@ -194,6 +202,12 @@ bool runTrial(const Trial& trial, const Options& options, Totals* totals) {
     // Survivors must be done within the deadline plus 2 s; allow 10 s more before calling it a hang.
     const double boundMs = options.timeoutMs + 2000.0;
     bool allDone = children.waitAll(boundMs / 1000 + 10, signal == SIGSTOP ? trial.victim : -1);
+    if (pause)
+      end = " (resumed after " + std::to_string(trial.pauseMs) + " ms, then killed)";
+    else if (trial.signal == SIGSTOP)
+      end = trial.stopEnd == StopEnd::kKill ? " (then killed)"
+            : allDone                       ? " (then resumed)"
+                                            : " (not resumed: survivors hung)";
     if (signal == SIGSTOP && trial.stopEnd == StopEnd::kResume && allDone) {
       // Resumed, the stopped rank finds its peers gone: it must end as they did, within the same bounds.
       ++totals->resumed;
@@ -267,8 +281,11 @@ bool runTrial(const Trial& trial, const Options& options, Totals* totals) {
       }
       std::string message = child.said.substr(child.said.find('|', at) + 1);
       double detectMs = (failedAt - signalledAt) / 1e6, closeMs = closeNs / 1e6;
-      if (pause && detectMs < 0) {
-        problems.push_back(who + " failed during a pause of " + std::to_string(trial.pauseMs) + " ms");
+      // A wait that timed out began options.timeoutMs before it failed: before the kill (100 ms of slack), it was
+      // a wait through the pause.
+      if (pause && (detectMs < 0 || (code == loomTimeout && detectMs < options.timeoutMs - 100))) {
+        problems.push_back(who + " failed of a pause of " + std::to_string(trial.pauseMs) + " ms (" +
+                           std::to_string(static_cast<int>(detectMs)) + " ms from the kill that followed)");
         ++totals->failedInPause;
       }
       worstMs = std::max(worstMs, detectMs);
@@ -308,11 +325,7 @@ bool runTrial(const Trial& trial, const Options& options, Totals* totals) {
     ++totals->leftovers;
   }
   const bool ok = problems.empty();
-  std::string what = trial.signal == SIGKILL ? "SIGKILL" : "SIGSTOP";
-  if (trial.signal == SIGSTOP)
-    what += trial.stopEnd == StopEnd::kKill     ? " (then killed)"
-            : trial.stopEnd == StopEnd::kResume ? " (then resumed)"
-                                                : " (resumed after " + std::to_string(trial.pauseMs) + " ms, then killed)";
+  const std::string what = (trial.signal == SIGKILL ? "SIGKILL" : "SIGSTOP") + end;
   std::printf("trial %3d: %-4s %d ranks, %s rank %d after %3d ms, %s: worst detection %6.1f ms, %s %5.1f ms: %s\n",
               trial.index, trial.transport.c_str(), trial.nranks, what.c_str(), trial.victim, trial.delayMs,
               trial.destroy ? "destroy" : "abort  ", worstMs, trial.destroy ? "destroy" : "abort", worstCloseMs,
@@ -322,7 +335,8 @@ bool runTrial(const Trial& trial, const Options& options, Totals* totals) {
   ++totals->trials;
   ++totals->perTransport[trial.transport];
   if (!ok) ++totals->failedTrials;
-  double& worst = trial.signal == SIGKILL || trial.stopEnd == StopEnd::kPause ? totals->worstKillMs : totals->worstStopMs;
+  const bool killed = trial.signal == SIGKILL || trial.stopEnd == StopEnd::kPause;
+  double& worst = killed ? totals->worstKillMs : totals->worstStopMs;
   worst = std::max(worst, worstMs);
   totals->worstCloseMs = std::max(totals->worstCloseMs, worstCloseMs);
   return ok;
@@ -412,7 +426,7 @@ int main(int argc, char** argv) {
     trial.seed = draw();
     trial.destroy = draw() % 2 == 0;
     trial.timeoutMs = options.timeoutMs;
-    trial.stopEnd = static_cast<StopEnd>(draw() % 3);
+    trial.stopEnd = static_cast<StopEnd>(options.stopEvery > 0 ? t / options.stopEvery % 3 : 0);
     trial.pauseMs = 50 + static_cast<int>(draw() % static_cast<uint64_t>(options.timeoutMs / 3 - 50));
     if (options.only < 0 || options.only == t) runTrial(trial, options, &totals);
   }

@@ -1,6 +1,7 @@
-// Formats read from outside the process: plan files (algorithms/plan_text.h) and the bootstrap's messages
-// (src/core/bootstrap_wire.h). What loom writes reads back the same; bad input is refused with a message naming
-// what, and where. tools/fuzz runs the same parsers on random input.
+// Formats read from outside the process: plan files (algorithms/plan_text.h), the bootstrap's messages
+// (src/core/bootstrap_wire.h) and UCX's description of an endpoint's lanes (transports/ucx/lanes.h). What loom
+// writes reads back the same; bad input is refused with a message naming what, and where. tools/fuzz runs the same
+// parsers on random input.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "algorithms/plan_text.h"
 #include "algorithms/verifier.h"
 #include "src/core/bootstrap_wire.h"
+#include "transports/ucx/lanes.h"
 
 namespace {
 
@@ -197,6 +199,32 @@ TEST(BootstrapWire, RefusesBadMessagesSayingWhy) {
   id[0] ^= 1;
   contains(bootwire::parseUniqueId(std::span<const uint8_t, LOOM_UNIQUE_ID_BYTES>(id.data(), id.size()), &info),
            "is not from loomGetUniqueId");
+}
+
+// ucp_ep_print_info's lanes, as UCX 1.13.1 prints them: an endpoint with peer error handling between processes of
+// one host (tcp only: RMA emulated), one without (shared memory, CMA for RMA), and tcp given an RMA role of its own.
+TEST(UcxLanes, NativeRmaIsALaneWithAnRmaRoleOtherThanTcp) {
+  const char* tcpOnly =
+      "#\n# UCP endpoint \n#\n#               peer: <no debug data>\n"
+      "#                 lane[0]:  2:tcp/lo.0 md[1]                -> md[1]/tcp/sysdev[255] am am_bw#0 keepalive "
+      "wireup\n"
+      "#\n#                tag_send: 0..<egr/short>..8185..<egr/zcopy>..20553..<rndv>..(inf)\n"
+      "#                  rma_bw: mds rndv_rkey_size 9\n";
+  const char* sharedMemory =
+      "#                 lane[0]:  0:self/memory0.0 md[0]          -> md[0]/self/sysdev[255]\n"
+      "#                 lane[1]:  3:sysv/memory.0 md[2]           -> md[2]/sysv/sysdev[255] am am_bw#0\n"
+      "#                 lane[3]:  5:cma/memory.0 md[4]            -> md[4]/cma/sysdev[255] rma_bw#0\n"
+      "#                  put[0]: 0..<short>..4294967296..<bcopy>..(inf)\n";
+  const char* tcpWithPut =
+      "#                 lane[0]:  1:tcp/ib0.0 md[1]     -> md[1]/tcp/sysdev[255] rma_bw#0 am am_bw#0\n";
+  const char* infiniBand =
+      "#                 lane[0]:  4:rc_mlx5/mlx5_0:1.0 md[2] -> md[2]/ib/sysdev[255] rma#0 amo am am_bw#0\n";
+  EXPECT_FALSE(loom::lanesHaveNativeRma(tcpOnly));
+  EXPECT_TRUE(loom::lanesHaveNativeRma(sharedMemory));
+  EXPECT_FALSE(loom::lanesHaveNativeRma(tcpWithPut));
+  EXPECT_TRUE(loom::lanesHaveNativeRma(infiniBand));
+  EXPECT_FALSE(loom::lanesHaveNativeRma(""));
+  EXPECT_FALSE(loom::lanesHaveNativeRma("#                 lane[0]:"));
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 // another process finds them, checks keys and pushes receive completions; RDMA writes move with
 // process_vm_writev into the owner of the remote region (memcpy within a process), under the fabric's lock, and
 // announced to deregMr, so that a region is never written once its owner's deregMr has returned. Only writes take
-// the lock; a process stopped while it holds it stalls nobody (softib_fabric.h).
+// the lock; a process stopped while it holds it blocks no other thread (softib_fabric.h).
 //
 // Work requests are carried out as a real RC QP would: in order, checking the local keys, the responder (it
 // exists, is alive, is in RTR or RTS, is connected back to this QP, answers to the destination GID), the remote
@@ -319,7 +319,8 @@ int destroyCompChannel(ibv_comp_channel* ibChannel) {
   unlink(fabric().channelPath(channel->id).c_str());
   close(channel->channel.fd);
   ChannelSlot& shared = fabric().tables().channels[channel->id & (kMaxChannels - 1)];
-  if (atomicLoad(shared.id, kRelaxed) == channel->id && atomicLoad(shared.pid, kOrdered) == getpid()) fabric().release(shared);
+  if (atomicLoad(shared.id, kRelaxed) == channel->id && atomicLoad(shared.pid, kOrdered) == getpid())
+    fabric().release(shared);
   delete channel;
   return 0;
 }
@@ -504,13 +505,15 @@ int modifyQp(ibv_qp* ibQp, ibv_qp_attr* attr, int mask) {
       qp->dgid = ibv_gid{};
       atomicStore(shared.destQpNum, 0u, kRelaxed);
       shared.dgid = shared.sgid = ibv_gid{};
+      std::lock_guard<std::mutex> receives(qp->recvMutex);
       atomicStore(shared.recvHead, atomicLoad(shared.recvTail, kAcquire), kRelease);
       atomicStore(shared.waiting, 0u, kRelaxed);
     }
     atomicStore(shared.state, static_cast<uint32_t>(to), kOrdered);
     qp->qp.state = to;
   } else {
-    if (mask & IBV_QP_ACCESS_FLAGS) atomicStore(shared.accessFlags, static_cast<uint32_t>(attr->qp_access_flags), kRelaxed);
+    if (mask & IBV_QP_ACCESS_FLAGS)
+      atomicStore(shared.accessFlags, static_cast<uint32_t>(attr->qp_access_flags), kRelaxed);
     if (mask & IBV_QP_MIN_RNR_TIMER) atomicStore(shared.minRnrTimer, attr->min_rnr_timer, kRelaxed);
     if (mask & IBV_QP_DEST_QPN) {
       qp->destQpNum = attr->dest_qp_num;

@@ -102,6 +102,9 @@ struct SoftQp {
   ibv_qp_cap cap;
   bool signalAll;
   std::mutex sendMutex;  // the send queue, the state and the connection below
+  // Between threads of the owner that post receives, flush them (the error state) or reset the ring; taken after
+  // the fabric's lock, never before it.
+  std::mutex recvMutex;
   uint32_t destQpNum = 0;
   ibv_gid dgid{};
   uint8_t timeout = 0;

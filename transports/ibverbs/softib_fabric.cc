@@ -47,6 +47,7 @@ bool initTables(Tables* tables, std::string* why) {
   }
   header.bytes = sizeof(Tables);
   header.nextPdId = 1;
+  header.lockEpoch = 1;  // past the zeros that never-used entries hold
   header.magic = kMagic;
   return true;
 }
@@ -253,14 +254,18 @@ bool Fabric::lock() {
   }
   if (rc == EOWNERDEAD) {
     // The tables may hold a change that process left half done; each is small and the worst is an entry that
-    // looks used or a lost completion, not a crash. Its write, if it was writing, ended with it.
-    LOOM_WARN(IB, "softib: a process died holding the fabric's lock; carrying on");
+    // looks used or a lost completion, not a crash. Its write, if it was writing, ended with it. Made consistent
+    // first: a mutex given up again before that can never be taken again.
     pthread_mutex_consistent(&mutex);
     atomicStore(tables_->header.writingRkey, 0u, kOrdered);
+    LOOM_WARN(IB, "softib: a process died holding the fabric's lock; carrying on");
     rc = 0;
   }
   if (rc != 0) {
-    LOOM_WARN(IB, "softib: locking the fabric failed: %s", std::strerror(rc));
+    LOOM_WARN(IB, "softib: locking the fabric failed: %s%s", std::strerror(rc),
+              rc == ENOTRECOVERABLE ? "; no write can move until the fabric is made anew: stop every process "
+                                      "using it and remove its file in LOOM_SOFTIB_DIR"
+                                    : "");
     return false;
   }
   std::atomic_ref<uint64_t>(tables_->header.lockEpoch).fetch_add(1, std::memory_order_seq_cst);
@@ -289,13 +294,14 @@ uint32_t Fabric::newId(uint32_t slot, uint32_t slotBits, uint32_t totalBits) {
 }
 
 bool Fabric::releaseAt(std::atomic_ref<int32_t> pid, uint64_t& freedEpoch, int32_t owner) {
-  // The epoch is read after the entry is seen free (both ordered, as the holder's raise of the epoch and its
-  // lookups are): a critical section that could still see the entry has the epoch read here or an earlier one.
-  atomicStore(freedEpoch, UINT64_MAX, kRelaxed);  // until the epoch below is known, not claimable
   int32_t expected = owner;
-  if (owner == 0 || !pid.compare_exchange_strong(expected, 0, std::memory_order_seq_cst)) return false;
-  std::atomic_ref<uint64_t>(freedEpoch)
-      .store(atomicLoad(tables_->header.lockEpoch, kOrdered), std::memory_order_release);
+  if (owner == 0 || !pid.compare_exchange_strong(expected, kReleasing | static_cast<int32_t>(getpid()),
+                                                 std::memory_order_seq_cst))
+    return false;
+  // The epoch is read after lookups stop finding the entry (both ordered, as a holder's raise of the epoch and its
+  // lookups are): a critical section that could still see the entry has the epoch read here or an earlier one.
+  atomicStore(freedEpoch, atomicLoad(tables_->header.lockEpoch, kOrdered), kRelaxed);
+  pid.store(0, std::memory_order_release);
   return true;
 }
 
@@ -310,7 +316,11 @@ int Fabric::claim(Slot (&slots)[N], Table table) {
           std::atomic_ref<uint64_t>(slots[i].freedEpoch).load(std::memory_order_acquire) >= epoch)
         continue;
       int32_t expected = 0;
-      if (pid.compare_exchange_strong(expected, claimed, std::memory_order_acq_rel)) return static_cast<int>(i);
+      if (!pid.compare_exchange_strong(expected, claimed, std::memory_order_acq_rel)) continue;
+      // Claimed, released again and freed once more since the look above: its epoch may be too recent now.
+      if (std::atomic_ref<uint64_t>(slots[i].freedEpoch).load(std::memory_order_acquire) < epoch)
+        return static_cast<int>(i);
+      pid.store(0, std::memory_order_release);
     }
     if (round == 0) reclaim(table);
     // Entries released since the last critical section began become claimable once one more has: take the
@@ -357,7 +367,8 @@ int Fabric::claimCq() {
   int slot = claim(tables_->cqs, Table::kCqs);
   if (slot >= 0) {
     CqSlot& cq = tables_->cqs[slot];
-    for (uint32_t* word : {&cq.id, &cq.capacity, &cq.channelId, &cq.armed, &cq.overrun}) atomicStore(*word, 0u, kRelaxed);
+    for (uint32_t* word : {&cq.id, &cq.capacity, &cq.channelId, &cq.armed, &cq.overrun})
+      atomicStore(*word, 0u, kRelaxed);
     atomicStore(cq.tail, 0, kRelease);
     atomicStore(cq.head, 0, kRelease);
   }
@@ -400,8 +411,8 @@ void Fabric::reclaim(Table table) {
   int reclaimed = 0;
   auto sweep = [&](auto& slots, auto&& onFree) {
     for (auto& slot : slots) {
-      const int32_t owner = atomicLoad(slot.pid, kOrdered);  // an entry being initialised holds minus its owner's pid
-      if (owner == 0 || !dead(owner > 0 ? owner : -owner)) continue;
+      const int32_t owner = atomicLoad(slot.pid, kOrdered);
+      if (owner == 0 || !dead(pidWordOwner(owner))) continue;
       onFree(slot);
       if (releaseAt(std::atomic_ref<int32_t>(slot.pid), slot.freedEpoch, owner)) ++reclaimed;
     }
@@ -430,6 +441,7 @@ void ChannelSignals::raise(CqSlot& cq, bool solicited, bool error, bool always) 
 }
 
 void ChannelSignals::wake(uint32_t cqId) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // what the owner will find out, then the arming looked at
   if (CqSlot* cq = fabric_.cq(cqId)) raise(*cq, true, true, true);
 }
 

@@ -10,14 +10,17 @@
 // sends and the verbs objects themselves live in the owning process (softib.cc); nothing here moves data.
 //
 // A real HCA goes on whatever the processes using it do; here the processes are the HCA, and any of them can be
-// stopped (SIGSTOP, a debugger) at any instruction, holding whatever it holds. So that a stopped process stalls
-// nobody else, the mutex guards only the data path (a write: checking the responder and keys, taking a receive,
+// stopped (SIGSTOP, a debugger) at any instruction, holding whatever it holds. So that a stopped process blocks no
+// other thread, the mutex guards only the data path (a write: checking the responder and keys, taking a receive,
 // moving the bytes, pushing the completions), and a thread that finds it held by a stopped process does not wait:
-// its write waits in its queue and goes out at a later poll, as if the network were slow. Everything else works
-// without the mutex: entries are claimed and released with atomics (claim(), release()), and a released entry is
-// reused only once every critical section that could have seen it has ended (the lock epoch, below). A memory
-// region is deregistered without the mutex too; the one write that may be landing in it at that moment is
-// announced in the header (writingRkey), and deregMr waits for it, or fails with EBUSY when its writer is stopped.
+// its write waits in its queue and goes out at a later poll, as if the network were slow. (Writes, every
+// process's, wait so until the holder runs again or dies: the callers' deadlines end their waits.) Everything
+// else works without the mutex: entries are claimed and released with atomics (claim(), release()), and a
+// released entry is reused only once every critical section that could have seen it has ended (the lock epoch,
+// below). A memory region is deregistered without the mutex too; the one write that may be landing in it at that
+// moment is announced in the header (writingRkey), and deregMr waits for it, or fails with EBUSY when its writer is
+// stopped. A holder that is not stopped but makes no progress (a frozen cgroup) is waited for kLockPatienceMs at
+// each try: bounded, not instant.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -63,9 +66,9 @@ struct Cqe {
 };
 static_assert(sizeof(Cqe) == 32);
 
-// Every table's entries begin with the owner's pid, 0 when free and minus the owner's pid while the owner
-// initialises a claimed entry (lookups skip it), then the lock epoch at which it was last released (it may be
-// claimed again once the epoch has moved past it).
+// Every table's entries begin with their pid word (pidWordOwner()): 0 when free, the owner's pid in use, minus it
+// while the owner initialises a claimed entry, kReleasing | the releaser's pid while it is freed (lookups skip
+// both), then the lock epoch at which it was last released (it may be claimed again once the epoch is past it).
 struct QpSlot {
   int32_t pid;
   uint64_t freedEpoch;
@@ -76,9 +79,10 @@ struct QpSlot {
   uint32_t sendCqId;
   uint32_t recvCqId;
   // Set by the owner while its first send work request waits for this QP's responder (RNR, or no responder yet);
-  // cleared by whoever posts a receive there or brings it to RTR, who also wakes the owner (ChannelSignals::wake).
-  // The requester sets it, then looks at the responder again; the responder's owner changes the responder, then
-  // looks at it (both ordered): one of them sees the other.
+  // cleared by whoever posts a receive there or brings it to RTR, who also wakes the owner (ChannelSignals::wake),
+  // and by the requester itself once it goes on (and by a reset). The requester sets it, then looks at the
+  // responder again; the responder's owner changes the responder, then looks at it (both ordered): one of them
+  // sees the other.
   uint32_t waiting;
   uint32_t destQpNum;  // from RTR on
   ibv_gid portGids[kGidCount];
@@ -112,8 +116,8 @@ struct CqSlot {
   uint32_t capacity;
   uint32_t channelId;  // 0: none
   // 0, kArmedAll or kArmedSolicited: the next (solicited) completion signals the channel. Set by the owner without
-  // the mutex, then it polls once more; a pusher publishes the tail, then looks (both behind a full fence), so
-  // that either the owner's poll sees the completion or the pusher sees the arming.
+  // the mutex, then it polls once more; a pusher publishes the tail (a waker, the requester's `waiting`), then
+  // looks (both behind a full fence), so that either the owner's poll sees the work or the other sees the arming.
   uint32_t armed;
   uint32_t overrun;  // a completion found the ring full and was lost
   // Written by pushers under the fabric's mutex and read by the owner without it (tail), and the other way round
@@ -165,6 +169,14 @@ T atomicLoad(T& word, std::memory_order order) {
 template <typename T>
 void atomicStore(T& word, std::type_identity_t<T> value, std::memory_order order) {
   std::atomic_ref<T>(word).store(value, order);
+}
+
+constexpr int32_t kReleasing = INT32_MIN;
+// The process a pid word names (the owner, the initialising owner or the releaser); 0 for a free entry. (Pids are
+// below 2^22, so minus a pid and kReleasing | a pid never meet.)
+inline int32_t pidWordOwner(int32_t word) {
+  if (word >= 0) return word;
+  return word < -(1 << 22) ? (word & INT32_MAX) : -word;
 }
 
 // True unless `pid` is known to be gone (kill(pid, 0) fails with ESRCH).
@@ -223,7 +235,8 @@ class Fabric {
   explicit Fabric(Tables* tables, std::string prefix) : tables_(tables), prefix_(std::move(prefix)) {}
   template <typename Slot, size_t N>
   int claim(Slot (&slots)[N], Table table);
-  // Frees an entry whose pid word held `owner`, if it still does; whether it did.
+  // Frees an entry whose pid word held `owner`, if it still does; whether it did. Marked kReleasing first, so that
+  // neither a lookup nor a claimer takes it while its release epoch is written.
   bool releaseAt(std::atomic_ref<int32_t> pid, uint64_t& freedEpoch, int32_t owner);
   // Frees every entry of `table` whose owner has died.
   void reclaim(Table table);

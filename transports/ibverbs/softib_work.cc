@@ -47,6 +47,7 @@ void flushSends(FabricLock& lock, SoftQp* qp) {
 void flushAll(FabricLock& lock, SoftQp* qp) {
   flushSends(lock, qp);
   QpSlot& shared = *qp->slot;
+  std::lock_guard<std::mutex> receives(qp->recvMutex);  // a receive posted from now on sees the error state
   uint64_t head = atomicLoad(shared.recvHead, kRelaxed);
   for (const uint64_t tail = atomicLoad(shared.recvTail, kAcquire); head != tail; ++head)
     lock.push(qp->recvCq->id, recvCqe(shared.recvWrIds[head % shared.maxRecvWr], IBV_WC_WR_FLUSH_ERR, qp->qp.qp_num),
@@ -439,25 +440,34 @@ int postRecv(ibv_qp* ibQp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   QpSlot& shared = *qp->slot;
   bool posted = false;
   for (; wr != nullptr; wr = wr->next) {
-    const uint32_t state = atomicLoad(shared.state, kOrdered);
     int error = 0;
-    if (state == IBV_QPS_RESET || wr->num_sge < 0 || wr->num_sge > static_cast<int>(qp->cap.max_recv_sge)) {
-      error = EINVAL;
-    } else if (state == IBV_QPS_ERR) {
+    bool flush = false;
+    {
+      std::lock_guard<std::mutex> receives(qp->recvMutex);
+      const uint32_t state = atomicLoad(shared.state, kOrdered);
+      if (state == IBV_QPS_RESET || wr->num_sge < 0 || wr->num_sge > static_cast<int>(qp->cap.max_recv_sge)) {
+        error = EINVAL;
+      } else if (state == IBV_QPS_ERR) {
+        flush = true;
+      } else {
+        const uint64_t tail = atomicLoad(shared.recvTail, kRelaxed);
+        if (tail - atomicLoad(shared.recvHead, kAcquire) >= shared.maxRecvWr) {
+          error = ENOMEM;
+        } else {
+          shared.recvWrIds[tail % shared.maxRecvWr] = wr->wr_id;
+          atomicStore(shared.recvTail, tail + 1, kOrdered);
+          posted = true;
+        }
+      }
+    }
+    if (flush) {
+      // In the error state for good (only a reset, under the lock, leaves it): its flush completion, pushed under
+      // the fabric's lock, which is taken before the receive mutex, never after.
       FabricLock lock(fabric());
       if (lock.held())
         lock.push(qp->recvCq->id, recvCqe(wr->wr_id, IBV_WC_WR_FLUSH_ERR, qp->qp.qp_num), true);
       else
         error = EAGAIN;
-    } else {
-      const uint64_t tail = atomicLoad(shared.recvTail, kRelaxed);
-      if (tail - atomicLoad(shared.recvHead, kAcquire) >= shared.maxRecvWr) {
-        error = ENOMEM;
-      } else {
-        shared.recvWrIds[tail % shared.maxRecvWr] = wr->wr_id;
-        atomicStore(shared.recvTail, tail + 1, kOrdered);
-        posted = true;
-      }
     }
     if (error != 0) {
       *bad = wr;

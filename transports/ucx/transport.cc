@@ -46,6 +46,7 @@
 #include "src/core/check.h"
 #include "src/core/log.h"
 #include "src/core/params.h"
+#include "transports/ucx/lanes.h"
 
 namespace loom {
 namespace {
@@ -156,9 +157,8 @@ const UcxApi& ucx() {
 
 const char* statusText(ucs_status_t status) { return ucx().statusString ? ucx().statusString(status) : "?"; }
 
-// Whether `ep` has a lane with native RMA, from what ucp_ep_print_info says of its lanes ("lane[3]: ... cma/memory
-// ... rma_bw#0"): UCX has no query for it. An endpoint whose lanes carry no "rma" role emulates its puts with
-// active messages. False (tagged sends, always right) when the text cannot be had.
+// Whether `ep` has a lane with native RMA (lanes.h), from what ucp_ep_print_info says of it; false (tagged sends,
+// always right) when the text cannot be had.
 bool hasNativeRma(ucp_ep_h ep) {
   char* text = nullptr;
   size_t size = 0;
@@ -166,13 +166,7 @@ bool hasNativeRma(ucp_ep_h ep) {
   if (stream == nullptr) return false;
   ucx().epPrintInfo(ep, stream);
   std::fclose(stream);
-  bool native = false;
-  for (const char* line = text; line != nullptr && *line != '\0';) {
-    const char* end = std::strchr(line, '\n');
-    const std::string_view view(line, end != nullptr ? static_cast<size_t>(end - line) : std::strlen(line));
-    if (view.find("lane[") != std::string_view::npos && view.find(" rma") != std::string_view::npos) native = true;
-    line = end != nullptr ? end + 1 : nullptr;
-  }
+  const bool native = text != nullptr && lanesHaveNativeRma(std::string_view(text, size));
   std::free(text);
   return native;
 }
@@ -331,7 +325,7 @@ class UcxComm : public ProxyComm {
   int workerFd_ = -1;
   std::vector<std::vector<uint8_t>> addresses_;  // every rank's worker address
   std::map<int, ucp_ep_h> endpoints_;            // the proxy thread's
-  std::map<int, bool> nativeRma_;  // by peer: its endpoint has a lane with native RMA, or LOOM_UCX_PUT_EMULATED (puts go)
+  std::map<int, bool> nativeRma_;  // by peer: its endpoint has native RMA, or LOOM_UCX_PUT_EMULATED (puts go)
   std::map<int, PeerRef> refs_;
   // Requests of closed connections, freed once they end; each keeps its connection (and the FIFO slot a receive
   // may still write into) alive until then.
