@@ -6,7 +6,8 @@
 #
 # 1. The collective matrix (collective_check) on 2 hosts x 2 ranks and on 4 hosts x 1 rank: ranks of one host
 #    talk over shm, hosts over tcp. Also with LOOM_SOCKET_IFNAME=eth0, 2 channels and 3 sockets per connection,
-#    with the hosts' links shaped to 200 Mbit/s by tc's tbf, over ucx between the hosts (LOOM_NET=ucx), and over
+#    with the hosts' links shaped to 200 Mbit/s by tc's tbf, over ucx between the hosts (LOOM_NET=ucx: tagged
+#    sends, UCX's tcp emulating RMA; and with LOOM_UCX_PUT_EMULATED=1, puts), and over
 #    ib on the software verbs device (LOOM_NET=ib, LOOM_IB_PROVIDER=softib); on 4 hosts over tcp, ib and ucx.
 # 2. A host's link set down in the middle of AllReduce calls: every rank ends with an error (the others with
 #    loomTimeout or loomRemoteError) within LOOM_TIMEOUT_MS plus 3 s.
@@ -81,9 +82,17 @@ if ldconfig -p | grep -q 'libucp\.so\.0'; then
   NETNS_PASS="LOOM_TIMEOUT_MS LOOM_DEBUG LOOM_DEBUG_SUBSYS LOOM_NET UCX_NET_DEVICES"
   matrix two-hosts-ucx 2 7,70000 1000003 plain
   grep -q "received over ucx" "$NETNS_WORK/two-hosts-ucx.0.log" || fail "two-hosts-ucx: rank 0 logged no ucx traffic"
-  cat "$NETNS_WORK"/two-hosts-ucx.*.log | grep -q "went by RMA put over ucx" ||
-    fail "two-hosts-ucx: no rank sent a message by RMA put"
-  unset LOOM_NET UCX_NET_DEVICES LOOM_DEBUG_SUBSYS
+  # UCX's tcp emulates RMA: every message goes tagged, unless LOOM_UCX_PUT_EMULATED asks for puts anyway.
+  cat "$NETNS_WORK"/two-hosts-ucx.*.log | grep -q "emulates RMA: every message goes tagged" ||
+    fail "two-hosts-ucx: no endpoint was found to emulate RMA"
+  ! cat "$NETNS_WORK"/two-hosts-ucx.*.log | grep -q "went by RMA put over ucx" ||
+    fail "two-hosts-ucx: a rank put messages over emulated RMA"
+  export LOOM_UCX_PUT_EMULATED=1
+  NETNS_PASS="$NETNS_PASS LOOM_UCX_PUT_EMULATED"
+  matrix two-hosts-ucx-puts 2 7,70000 1000003 plain
+  cat "$NETNS_WORK"/two-hosts-ucx-puts.*.log | grep -q "went by RMA put over ucx" ||
+    fail "two-hosts-ucx-puts: no rank sent a message by RMA put"
+  unset LOOM_NET UCX_NET_DEVICES LOOM_DEBUG_SUBSYS LOOM_UCX_PUT_EMULATED
   export LOOM_DEBUG=WARN
   NETNS_PASS="LOOM_TIMEOUT_MS LOOM_DEBUG"
 else

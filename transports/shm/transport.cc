@@ -59,7 +59,9 @@ class ShmTransport : public Transport {
 
   // Segments are named loom-<commHash>-<sender>-<receiver>-<channel> (ConnectionKey::name); the receiver made them.
   // Once the sender has attached, the name is gone; one still there waits for a sender that will never come if
-  // that sender is `self`, leaving, and its receiver, dead or stopped, may never unlink it.
+  // that sender is `self`, leaving, and its receiver, dead or stopped, may never unlink it. cuda_ipc's records
+  // (<name>.cuda, and .cuda.tmp while one is written) follow the same rule and match the same pattern: removed
+  // alike (a receiver whose rename then fails was waiting for this rank, which is leaving).
   void removeLeftovers(uint64_t commHash, int self, const std::function<bool(int)>& dead) const override {
     const std::string dir = params::shmDir();
     char prefix[32];
