@@ -152,6 +152,11 @@ loomResult_t loomCommFinalize(loomComm_t comm);
 loomResult_t loomCommDestroy(loomComm_t comm);
 /** Makes every wait on comm return at once, from any thread, then frees comm. */
 loomResult_t loomCommAbort(loomComm_t comm);
+/**
+ * Makes every wait on comm return at once, from any thread, and every later call fail, without freeing comm: a
+ * thread may still be entering a call on it. Peers fail as after loomCommAbort. Destroy comm afterwards.
+ */
+loomResult_t loomCommRevoke(loomComm_t comm);
 /** Stores in *asyncError the first error of an asynchronous operation on comm (loomSuccess when none). */
 loomResult_t loomCommGetAsyncError(loomComm_t comm, loomResult_t* asyncError);
 /** Number of ranks in comm. */

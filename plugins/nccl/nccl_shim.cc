@@ -575,11 +575,14 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeR
   });
 }
 
+// loomCommRevoke is synchronous: the communicator is quiescent when it returns, so its state goes straight to
+// the failure of what it ended (never ncclInProgress); destroy, split and shrink may follow at once.
 ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
-  (void)revokeFlags;
-  return fail(comm, ncclInvalidUsage,
-              "ncclCommRevoke is not supported by loom: ncclCommAbort ends every pending operation of a communicator "
-              "and frees it");
+  if (comm == nullptr) return fail(nullptr, ncclInvalidArgument, "ncclCommRevoke: comm is NULL");
+  if (revokeFlags != NCCL_REVOKE_DEFAULT)
+    return fail(comm, ncclInvalidArgument, "ncclCommRevoke: revokeFlags is %d; NCCL_REVOKE_DEFAULT (0) is the only one",
+                revokeFlags);
+  return fromLoom(comm, loomCommRevoke(comm->loom));
 }
 
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {

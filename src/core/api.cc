@@ -97,6 +97,8 @@ loomResult_t submitUnlessEmpty(Call&& call, bool empty) {
 loomResult_t checkComm(loomComm* comm, const char* what, loomStream_t stream) {
   if (comm == nullptr) return LOOM_FAIL(loomInvalidArgument, COLL, "%s: comm is NULL", what);
   if (comm->finalized) return LOOM_FAIL(loomInvalidUsage, COLL, "%s: the communicator was finalized", what);
+  if (comm->revoked.load())
+    return LOOM_FAIL(loomInvalidUsage, COLL, "%s: the communicator was revoked (loomCommRevoke); destroy it", what);
   int pending = comm->asyncError.load();
   if (pending == loomInProgress)
     return LOOM_FAIL(loomInvalidUsage, COLL, "%s: the communicator is still initialising (loomInProgress)", what);

@@ -173,6 +173,7 @@ struct loomComm {
   std::atomic<int> asyncError{loomSuccess};
   std::atomic<int> activeCalls{0};  // calls inside the library right now; Abort waits for them to leave
   bool finalized = false;
+  std::atomic<bool> revoked{false};  // loomCommRevoke: every later call fails at its check
   std::mutex runMutex;        // one operation at a time on a communicator (streams and callers may race)
   bool checkCalls = false;    // LOOM_CHECK_COLL (coll_check.h)
   uint64_t checkedCalls = 0;  // submissions checked so far (under checkMutex)

@@ -68,7 +68,7 @@ void abortCallsInFlight(loomComm* comm, bool reopenBootstrap) {
 // failure (a call that failed, an abort, a dead peer) only. Nothing to look for (no directory to scan) after a
 // clean run, the usual destroy: every connection was then set up by both of its ends.
 void removeLeftovers(loomComm* comm, bool aborting) {
-  bool failed = aborting || comm->peerWatch.firstDead() >= 0;
+  bool failed = aborting || comm->abortFlag.load() || comm->peerWatch.firstDead() >= 0;  // abort flag: revoked
   if (!failed) {
     std::lock_guard<std::mutex> lock(comm->errorMutex);
     failed = !comm->lastError.empty();
@@ -284,6 +284,13 @@ loomResult_t loomCommAbort(loomComm_t comm) {
   abortCallsInFlight(comm, false);
   removeLeftovers(comm, true);
   delete comm;
+  return loomSuccess;
+}
+
+loomResult_t loomCommRevoke(loomComm_t comm) {
+  if (comm == nullptr) return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommRevoke: comm is NULL");
+  comm->revoked.store(true);  // later calls fail at their check; one already past it, at its first wait
+  abortCallsInFlight(comm, false);
   return loomSuccess;
 }
 

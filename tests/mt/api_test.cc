@@ -480,6 +480,56 @@ TEST_P(ApiTest, AbortReachesAPeerThroughSharedConnections) {
   EXPECT_EQ(loomCommDestroy(comms[1]), loomSuccess);
 }
 
+// Revoke is abort without the free: rank 0's blocked Recv returns within seconds of loomCommRevoke from another
+// thread, rank 1's AllReduce over FIFOs they share fails naming rank 0, a later call on the revoked communicator
+// fails at once (loomInvalidUsage, "revoked") instead of waiting for its 60 s deadline, and destroy still frees it.
+TEST_P(ApiTest, RevokeEndsCallsAndLaterOnesButLeavesTheCommunicator) {
+  std::vector<loomComm_t> comms = initComms({configWithTimeout(60000), configWithTimeout(60000)});
+  ASSERT_TRUE(comms[0] && comms[1]);
+  std::vector<std::vector<float>> data(2, std::vector<float>(50000, 1.0f));
+  std::vector<std::thread> warmUp;
+  for (int rank = 0; rank < 2; ++rank)
+    warmUp.emplace_back([&, rank] {
+      EXPECT_EQ(loomAllReduce(data[rank].data(), data[rank].data(), data[rank].size(), loomFloat32, loomSum,
+                              comms[rank], nullptr),
+                loomSuccess);
+    });
+  for (std::thread& thread : warmUp) thread.join();
+  std::atomic<int> entering{0};
+  loomResult_t result0 = loomSuccess, result1 = loomSuccess;
+  std::vector<float> recv0(16, kSentinel);
+  Clock::time_point revokedAt, returned0, returned1;
+  std::thread rank0([&] {
+    ++entering;
+    result0 = loomRecv(recv0.data(), recv0.size(), loomFloat32, 1, comms[0], nullptr);
+    returned0 = Clock::now();
+  });
+  std::thread rank1([&] {
+    ++entering;
+    result1 = loomAllReduce(data[1].data(), data[1].data(), data[1].size(), loomFloat32, loomSum, comms[1], nullptr);
+    returned1 = Clock::now();
+  });
+  while (entering.load() < 2) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  revokedAt = Clock::now();
+  EXPECT_EQ(loomCommRevoke(comms[0]), loomSuccess);
+  rank0.join();
+  rank1.join();
+  EXPECT_EQ(result0, loomRemoteError) << GetParam();
+  EXPECT_LT(std::chrono::duration<double>(returned0 - revokedAt).count(), 5.0) << GetParam();
+  EXPECT_EQ(result1, loomRemoteError) << GetParam() << ": " << loomGetLastError(comms[1]);
+  EXPECT_LT(std::chrono::duration<double>(returned1 - revokedAt).count(), 5.0) << GetParam();
+  EXPECT_TRUE(contains(loomGetLastError(comms[1]), "rank 0")) << loomGetLastError(comms[1]);
+  const auto later = Clock::now();
+  EXPECT_EQ(loomAllReduce(data[0].data(), data[0].data(), data[0].size(), loomFloat32, loomSum, comms[0], nullptr),
+            loomInvalidUsage);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - later).count(), 5.0) << GetParam();
+  EXPECT_TRUE(contains(loomGetLastError(comms[0]), "revoked")) << loomGetLastError(comms[0]);
+  EXPECT_EQ(loomCommRevoke(nullptr), loomInvalidArgument);
+  EXPECT_EQ(loomCommDestroy(comms[0]), loomSuccess);
+  EXPECT_EQ(loomCommDestroy(comms[1]), loomSuccess);
+}
+
 // ---- Split ----
 
 // 6 ranks split by parity with key -rank: two communicators of 3 whose ranks run in reverse order. An AllReduce

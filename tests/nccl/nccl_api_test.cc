@@ -657,8 +657,9 @@ TEST(NcclApi, RefusalsAndBadArguments) {
       << ncclGetLastError(comm);
   EXPECT_EQ(ncclCommShrink(comm, &exclude, 1, &shrunk, nullptr, 0x8), ncclInvalidArgument);
   EXPECT_EQ(shrunk, nullptr);
-  EXPECT_EQ(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT), ncclInvalidUsage);
-  EXPECT_NE(std::string(ncclGetLastError(comm)).find("ncclCommRevoke is not supported"), std::string::npos);
+  EXPECT_EQ(ncclCommRevoke(comm, 1), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(comm)).find("revokeFlags"), std::string::npos) << ncclGetLastError(comm);
+  EXPECT_EQ(ncclCommRevoke(nullptr, NCCL_REVOKE_DEFAULT), ncclInvalidArgument);
   Buffer<float> buffer(16);
   EXPECT_EQ(
       ncclAllReduce(buffer.get(), buffer.get(), 16, static_cast<ncclDataType_t>(99), ncclSum, comm, world.streams[0]),
@@ -692,6 +693,32 @@ TEST(NcclApi, RefusalsAndBadArguments) {
     return ncclAllReduce(values[r]->get(), values[r]->get(), 16, ncclFloat, ncclSum, world.comms[r], world.streams[r]);
   });
   EXPECT_EQ(values[1]->download()[15], 6.0f);
+}
+
+// Revoke ends what is in flight and fails what follows without freeing: both ranks' calls after it fail (the
+// revoked one at once, its peer through the FIFOs they share), and destroy then frees.
+TEST(NcclApi, RevokeFailsLaterCallsAndDestroyFollows) {
+  SKIP_WITHOUT_COMMUNICATORS();
+  World world(2);
+  auto values = buffers<float>(2, 16, 1.0f);
+  world.run([&](int r) {
+    return ncclAllReduce(values[r]->get(), values[r]->get(), 16, ncclFloat, ncclSum, world.comms[r], world.streams[r]);
+  });
+  ASSERT_EQ(ncclCommRevoke(world.comms[0], NCCL_REVOKE_DEFAULT), ncclSuccess);
+  std::vector<ncclResult_t> results(2, ncclSuccess);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      results[r] = ncclAllReduce(values[r]->get(), values[r]->get(), 16, ncclFloat, ncclSum, world.comms[r],
+                                 world.streams[r]);
+      if (results[r] == ncclSuccess && world.streams[r] != nullptr) {  // a CUDA communicator fails on its stream
+        cudaStreamSynchronize(world.streams[r]);
+        ncclCommGetAsyncError(world.comms[r], &results[r]);
+      }
+    });
+  for (std::thread& rank : ranks) rank.join();
+  EXPECT_NE(results[0], ncclSuccess);
+  EXPECT_NE(results[1], ncclSuccess);
 }
 
 TEST(NcclApi, AbortReturnsPromptly) {
