@@ -5,21 +5,26 @@
 // A process group joins a loom communicator through the group's store: its rank 0 draws a unique id and sets it
 // under a key of the group's prefix, the others read it. The group's timeout is the communicator's deadline, so a
 // dead peer becomes an error on every survivor within it. Collectives run on a worker thread of the group, one at a
-// time in the order they were called (the order every rank calls them), each a blocking loom call; the Work they
-// return completes, with its future, when the call returns. Point-to-point messages go over a two-rank communicator
-// per peer and direction (made on first use, its id passed through the store), each with a worker thread of its
-// own, so that a send waiting for its receiver never holds up a receive from that peer. Tags are accepted but not
-// used: between two ranks, messages match in the order they were sent.
+// time in the order they were called (the order every rank calls them), each a blocking loom call (the coalesced
+// forms: one loom group of calls); the Work they return completes, with its future, when the call returns.
+// Point-to-point messages go over a two-rank communicator per peer and direction (made on first use, its id passed
+// through the store), each with a worker thread of its own, so that a send waiting for its receiver never holds up
+// a receive from that peer. Tags are accepted but not used: between two ranks, messages match in the order they
+// were sent.
 //
-// Built against torch 1.13 (the ProcessGroup base) and written for torch 2.x too (the Backend base), tensors on the
-// CPU: contiguous, of a type loom reduces (float, double, half, bfloat16, int8, uint8, int32, int64; bool for the
-// operations that move data without reducing it).
+// One source for torch 1.13 (the ProcessGroup base) and torch 2.x (the Backend base, by TORCH_VERSION_MAJOR).
+// Tensors on the CPU, dense and contiguous. Operations that move data take every dtype (as bytes); reductions take
+// the types loom reduces (float, double, half, bfloat16, int8, uint8, int32, int64, and uint32 and uint64 on 2.x),
+// complex tensors through their real view (SUM, AVG, PREMUL_SUM), bool as bytes (MIN and PRODUCT are AND, MAX and
+// SUM are OR). PREMUL_SUM scales the input by its factor, then sums. The bitwise ops (BAND, BOR, BXOR, on integer
+// and bool tensors) have no loom kernel: the inputs are gathered (all-gather, gather or all-to-all) and folded here.
 #include <pybind11/chrono.h>
 #include <torch/extension.h>
 #include <torch/version.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #else
@@ -27,6 +32,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -36,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -45,6 +52,13 @@
 #include "loom/loom.h"
 
 namespace loom_torch {
+
+// A lambda that copies what it uses, `this` included: [=] in C++17 (torch 1.13), [=, this] from C++20 (torch 2.x).
+#if __cplusplus >= 202002L
+#define COPY_ALL =, this
+#else
+#define COPY_ALL =
+#endif
 
 #if TORCH_VERSION_MAJOR >= 2
 using Base = c10d::Backend;
@@ -59,8 +73,86 @@ void check(loomResult_t result, loomComm_t comm, const char* what) {
   fail(std::string(what) + " failed: " + loomGetErrorString(result) + ": " + loomGetLastError(comm));
 }
 
-loomDataType_t typeOf(const at::Tensor& tensor, bool reducing) {
-  switch (tensor.scalar_type()) {
+// The tensor whose elements loom reduces: a complex tensor's real view, else the tensor itself.
+at::Tensor reducible(const at::Tensor& tensor) { return tensor.is_complex() ? at::view_as_real(tensor) : tensor; }
+
+// How an operation reduces: a loom op (after scaling the input by `scale` for PREMUL_SUM), or a bitwise op folded
+// here.
+struct Reduction {
+  loomRedOp_t op = loomSum;
+  bool bitwise = false;
+  c10d::ReduceOp::RedOpType bitwiseOp = c10d::ReduceOp::BAND;
+  bool scaled = false;
+  double scale = 1.0;
+  at::Tensor scaleTensor;  // PREMUL_SUM's factor as a one-element tensor, when it came as one
+};
+
+std::string opName(c10d::ReduceOp::RedOpType op) {
+  static const char* const names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"};
+  const auto index = static_cast<size_t>(op);
+  return index < sizeof(names) / sizeof(names[0]) ? names[index] : "reduce op " + std::to_string(index);
+}
+
+// The reduction `op` asks for on `tensor` (its dtype checked against it), or an error naming what does not fit.
+Reduction reductionOf(const c10d::ReduceOp& op, const at::Tensor& tensor, const char* what) {
+  Reduction r;
+  const at::ScalarType type = tensor.scalar_type();
+  const bool isBool = type == at::kBool, isFloat = at::isFloatingType(type) || at::isComplexType(type);
+  const std::string where = std::string(what) + ": " + opName(op.op_) + " on " + c10::toString(type) + " tensors";
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      r.op = isBool ? loomMax : loomSum;  // bool: or
+      break;
+    case c10d::ReduceOp::AVG:
+      if (isBool) fail(where + " is not defined");
+      r.op = loomAvg;
+      break;
+    case c10d::ReduceOp::PRODUCT:
+      r.op = isBool ? loomMin : loomProd;  // bool: and
+      break;
+    case c10d::ReduceOp::MIN:
+      r.op = loomMin;
+      break;
+    case c10d::ReduceOp::MAX:
+      r.op = loomMax;
+      break;
+    case c10d::ReduceOp::BAND:
+    case c10d::ReduceOp::BOR:
+    case c10d::ReduceOp::BXOR:
+      if (isFloat) fail(where + ": bitwise ops take integer and bool tensors");
+      r.bitwise = true;
+      r.bitwiseOp = op.op_;
+      break;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      if (!isFloat) fail(where + ": PREMUL_SUM takes floating-point tensors");
+      const auto* factor = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      if (factor == nullptr) fail(where + " without its factor (make it with _make_nccl_premul_sum)");
+      r.op = loomSum;
+      r.scaled = true;
+#if TORCH_VERSION_MAJOR >= 2
+      if (factor->tensor_factor.defined()) r.scaleTensor = factor->tensor_factor;
+#else
+      if (!factor->tensor_factors.empty()) r.scaleTensor = factor->tensor_factors[0];
+#endif
+      if (r.scaleTensor.defined()) {
+        if (r.scaleTensor.numel() != 1) fail(where + ": its factor must be one element");
+        r.scaleTensor = r.scaleTensor.to(at::kCPU);
+      } else {
+        r.scale = factor->double_factor;
+      }
+      break;
+    }
+    default:
+      fail(where + " is not supported");
+  }
+  if (at::isComplexType(type) && (r.op != loomSum && r.op != loomAvg))
+    fail(where + ": complex tensors reduce by SUM, AVG and PREMUL_SUM only");
+  return r;
+}
+
+// loom's type for the elements of reducible(tensor) under `r`, or an error naming the type.
+loomDataType_t reduceTypeOf(const at::Tensor& tensor, const Reduction& r, const char* what) {
+  switch (reducible(tensor).scalar_type()) {
     case at::kFloat:
       return loomFloat32;
     case at::kDouble:
@@ -72,36 +164,47 @@ loomDataType_t typeOf(const at::Tensor& tensor, bool reducing) {
     case at::kChar:
       return loomInt8;
     case at::kByte:
+    case at::kBool:
       return loomUint8;
     case at::kInt:
       return loomInt32;
     case at::kLong:
       return loomInt64;
-    case at::kBool:
-      if (!reducing) return loomUint8;
-      fail("bool tensors cannot be reduced (only moved: broadcast, gather, scatter, all-to-all, send)");
+#if TORCH_VERSION_MAJOR >= 2
+    case at::kUInt32:
+      return loomUint32;
+    case at::kUInt64:
+      return loomUint64;
+#endif
     default:
-      fail(std::string("tensors of type ") + c10::toString(tensor.scalar_type()) + " are not supported");
+      if (r.bitwise) return loomUint8;  // folded here: moved as bytes
+      fail(std::string(what) + ": " + c10::toString(tensor.scalar_type()) +
+           " tensors cannot be reduced (they can be moved: broadcast, all-gather, gather, scatter, all-to-all, send)");
   }
 }
 
-loomRedOp_t opOf(const c10d::ReduceOp& op) {
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM:
-      return loomSum;
-    case c10d::ReduceOp::AVG:
-      return loomAvg;
-    case c10d::ReduceOp::PRODUCT:
-      return loomProd;
-    case c10d::ReduceOp::MIN:
-      return loomMin;
-    case c10d::ReduceOp::MAX:
-      return loomMax;
-    default:
-      fail("reduce op " + std::to_string(static_cast<int>(op.op_)) +
-           " is not supported (SUM, AVG, PRODUCT, MIN and MAX are)");
-  }
+// The input of a reduction of `tensor` by `r`: the tensor, or a copy scaled by PREMUL_SUM's factor.
+at::Tensor scaledInput(const at::Tensor& tensor, const Reduction& r) {
+  if (!r.scaled) return tensor;
+  return r.scaleTensor.defined() ? tensor * r.scaleTensor.to(tensor.scalar_type()) : tensor * r.scale;
 }
+
+// Folds the rows of `stacked` ([ranks, n]) by a bitwise op into a tensor of n.
+at::Tensor fold(const at::Tensor& stacked, c10d::ReduceOp::RedOpType op) {
+  at::Tensor acc = stacked[0].clone();
+  for (int64_t row = 1; row < stacked.size(0); ++row) {
+    if (op == c10d::ReduceOp::BAND)
+      acc.bitwise_and_(stacked[row]);
+    else if (op == c10d::ReduceOp::BOR)
+      acc.bitwise_or_(stacked[row]);
+    else
+      acc.bitwise_xor_(stacked[row]);
+  }
+  return acc;
+}
+
+// A tensor's bytes, for the operations that move data without reducing it (any dtype).
+size_t bytesOf(const at::Tensor& tensor) { return static_cast<size_t>(tensor.numel()) * tensor.element_size(); }
 
 // Checks a tensor loom can use in place: on the CPU, dense and contiguous.
 void checkTensor(const at::Tensor& tensor, const char* what) {
@@ -121,9 +224,9 @@ at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
   for (const at::Tensor& tensor : tensors) flat.push_back(tensor.reshape(-1));
   return at::cat(flat);
 }
-void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& tensors) {
+void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
   int64_t at = 0;
-  for (at::Tensor& tensor : tensors) {
+  for (const at::Tensor& tensor : tensors) {
     tensor.copy_(flat.narrow(0, at, tensor.numel()).view(tensor.sizes()));
     at += tensor.numel();
   }
@@ -219,9 +322,11 @@ loomUniqueId publishId(c10d::Store& store, const std::string& key) {
 
 // The unique id under `key` in `store`, once it is there. Polls rather than waits: a TCPStore holds its lock
 // through a waiting get, which would keep this process's other threads from setting their keys.
-loomUniqueId readId(c10d::Store& store, const std::string& key, std::chrono::milliseconds timeout) {
+loomUniqueId readId(c10d::Store& store, const std::string& key, std::chrono::milliseconds timeout,
+                    const std::atomic<bool>* aborted = nullptr) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!store.check({key})) {
+    if (aborted != nullptr && aborted->load()) fail("the group was aborted while waiting for " + key);
     if (std::chrono::steady_clock::now() > deadline)
       fail("no loom unique id appeared under " + key + " in the store within the group's timeout");
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -251,14 +356,7 @@ class ProcessGroupLoom : public Base {
     const loomUniqueId id = rank == 0 ? publishId(*store_, "loom/id") : readId(*store_, "loom/id", timeout);
     comm_ = join(id, rank, size, timeout, "torch group");
   }
-  ~ProcessGroupLoom() override {
-    collectives_.reset();
-    for (auto& [key, link] : links_) {
-      link->worker.reset();  // its queue run, its thread stopped
-      if (link->comm != nullptr) loomCommDestroy(link->comm);
-    }
-    if (comm_ != nullptr) loomCommDestroy(comm_);
-  }
+  ~ProcessGroupLoom() override { close(); }
 
   const std::string getBackendName() const override { return "loom"; }
 
@@ -266,10 +364,10 @@ class ProcessGroupLoom : public Base {
                                            const c10d::BroadcastOptions& opts) override {
     checkSingle(tensors, "broadcast");
     at::Tensor t = tensors[0];
-    const int root = static_cast<int>(opts.rootRank);
-    return collective(c10d::OpType::BROADCAST, {t}, [=] {
-      check(loomBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), typeOf(t, false), root, comm_, nullptr), comm_,
-            "loomBroadcast");
+    const int root = checkRoot(opts.rootRank, "broadcast");
+    return collective(c10d::OpType::BROADCAST, {t}, [COPY_ALL] {
+      call(loomBroadcast(t.data_ptr(), t.data_ptr(), bytesOf(t), loomUint8, root, comm_, nullptr), comm_,
+           "loomBroadcast");
     });
   }
 
@@ -277,96 +375,132 @@ class ProcessGroupLoom : public Base {
                                            const c10d::AllreduceOptions& opts) override {
     checkSingle(tensors, "allreduce");
     at::Tensor t = tensors[0];
-    const loomRedOp_t op = opOf(opts.reduceOp);
-    const loomDataType_t type = typeOf(t, true);
-    return collective(c10d::OpType::ALLREDUCE, {t}, [=] {
-      check(loomAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), type, op, comm_, nullptr), comm_, "loomAllReduce");
-    });
+    const Reduction r = reductionOf(opts.reduceOp, t, "allreduce");
+    reduceTypeOf(t, r, "allreduce");
+    return collective(c10d::OpType::ALLREDUCE, {t}, [COPY_ALL] { grouped({[&](Keep& keep) { allReduce(t, r, keep); }}, "allreduce"); });
   }
 
+  // Each tensor reduced as by allreduce (their types may differ), in one loom group.
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override {
     if (tensors.empty()) fail("allreduce_coalesced: no tensors");
+    std::vector<Reduction> reductions;
     for (const at::Tensor& tensor : tensors) {
       checkTensor(tensor, "allreduce_coalesced");
-      if (tensor.scalar_type() != tensors[0].scalar_type()) fail("allreduce_coalesced: tensors of one type only");
+      reductions.push_back(reductionOf(opts.reduceOp, tensor, "allreduce_coalesced"));
+      reduceTypeOf(tensor, reductions.back(), "allreduce_coalesced");
     }
     std::vector<at::Tensor> outputs = tensors;
-    const loomRedOp_t op = opOf(opts.reduceOp);
-    const loomDataType_t type = typeOf(tensors[0], true);
-    return collective(c10d::OpType::ALLREDUCE_COALESCED, outputs, [=]() mutable {
-      at::Tensor flat = flatten(outputs);
-      check(loomAllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(), type, op, comm_, nullptr), comm_,
-            "loomAllReduce");
-      unflatten(flat, outputs);
+    return collective(c10d::OpType::ALLREDUCE_COALESCED, outputs, [COPY_ALL] {
+      std::vector<std::function<void(Keep&)>> calls;
+      for (size_t i = 0; i < outputs.size(); ++i)
+        calls.push_back([&, i](Keep& keep) { allReduce(outputs[i], reductions[i], keep); });
+      grouped(calls, "allreduce_coalesced");
     });
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
     checkSingle(tensors, "reduce");
     at::Tensor t = tensors[0];
-    const loomRedOp_t op = opOf(opts.reduceOp);
-    const loomDataType_t type = typeOf(t, true);
-    const int root = static_cast<int>(opts.rootRank);
-    return collective(c10d::OpType::REDUCE, {t}, [=] {
-      check(loomReduce(t.data_ptr(), t.data_ptr(), t.numel(), type, op, root, comm_, nullptr), comm_, "loomReduce");
+    const Reduction r = reductionOf(opts.reduceOp, t, "reduce");
+    reduceTypeOf(t, r, "reduce");
+    const int root = checkRoot(opts.rootRank, "reduce");
+    return collective(c10d::OpType::REDUCE, {t}, [COPY_ALL] {
+      if (r.bitwise) {  // gathered at the root, folded there
+        at::Tensor stacked = at::empty({rank_ == root ? size_ : 0, t.numel()}, t.options());
+        call(loomGather(t.data_ptr(), rank_ == root ? stacked.data_ptr() : nullptr, bytesOf(t), loomUint8, root, comm_,
+                        nullptr),
+             comm_, "loomGather");
+        if (rank_ == root) t.view({-1}).copy_(fold(stacked, r.bitwiseOp));
+        return;
+      }
+      // A scaled input is a copy: the root's result lands in t, the others' tensors stay as they were.
+      const at::Tensor in = reducible(scaledInput(t, r)), out = rank_ == root ? reducible(t) : in;
+      call(loomReduce(in.data_ptr(), out.data_ptr(), in.numel(), reduceTypeOf(t, r, "reduce"), r.op, root, comm_,
+                      nullptr),
+           comm_, "loomReduce");
     });
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) override {
     checkSingle(inputs, "allgather");
-    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_)
-      fail("allgather: one list of " + std::to_string(size_) + " output tensors");
+    if (outputs.size() != 1) fail("allgather: one list of " + std::to_string(size_) + " output tensors");
+    checkGatherList(outputs[0], inputs[0], "allgather");
     at::Tensor in = inputs[0];
     std::vector<at::Tensor> out = outputs[0];
-    for (const at::Tensor& tensor : out) {
-      checkTensor(tensor, "allgather");
-      if (tensor.numel() != in.numel() || tensor.scalar_type() != in.scalar_type())
-        fail("allgather: every output tensor must match the input's size and type");
+    return collective(c10d::OpType::ALLGATHER, out, [COPY_ALL]() mutable {
+      grouped({[&](Keep& keep) { allGatherList(in, out, keep); }}, "allgather");
+    });
+  }
+
+  // Each input gathered into its list of outputs, as by allgather, in one loom group.
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions&) override {
+    if (inputs.empty() || outputLists.size() != inputs.size())
+      fail("allgather_coalesced: one list of outputs per input (" + std::to_string(inputs.size()) + " inputs, " +
+           std::to_string(outputLists.size()) + " lists)");
+    std::vector<at::Tensor> every;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      checkTensor(inputs[i], "allgather_coalesced");
+      checkGatherList(outputLists[i], inputs[i], "allgather_coalesced");
+      every.insert(every.end(), outputLists[i].begin(), outputLists[i].end());
     }
-    return collective(c10d::OpType::ALLGATHER, out, [=]() mutable {
-      at::Tensor flat = at::empty({in.numel() * size_}, in.options());
-      check(loomAllGather(in.data_ptr(), flat.data_ptr(), in.numel(), typeOf(in, false), comm_, nullptr), comm_,
-            "loomAllGather");
-      unflatten(flat, out);
+    std::vector<at::Tensor> in = inputs;
+    std::vector<std::vector<at::Tensor>> out = outputLists;
+    return collective(c10d::OpType::ALLGATHER_COALESCED, every, [COPY_ALL]() mutable {
+      std::vector<std::function<void(Keep&)>> calls;
+      for (size_t i = 0; i < in.size(); ++i) calls.push_back([&, i](Keep& keep) { allGatherList(in[i], out[i], keep); });
+      grouped(calls, "allgather_coalesced");
     });
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions&) override {
-    checkTensor(input, "_allgather_base");
-    checkTensor(output, "_allgather_base");
-    if (output.numel() != input.numel() * size_ || output.scalar_type() != input.scalar_type())
-      fail("_allgather_base: the output must hold the world's inputs, of the input's type");
+    checkGatherInto(output, input, "_allgather_base");
     at::Tensor in = input, out = output;
-    return collective(c10d::OpType::_ALLGATHER_BASE, {out}, [=] {
-      check(loomAllGather(in.data_ptr(), out.data_ptr(), in.numel(), typeOf(in, false), comm_, nullptr), comm_,
-            "loomAllGather");
+    return collective(c10d::OpType::_ALLGATHER_BASE, {out}, [COPY_ALL] {
+      grouped({[&](Keep&) { allGatherInto(in, out); }}, "_allgather_base");
     });
   }
+
+#if TORCH_VERSION_MAJOR >= 2
+  // Each input gathered into its output tensor, as by _allgather_base, in one loom group.
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions&) override {
+    if (inputs.empty() || outputs.size() != inputs.size())
+      fail("allgather_into_tensor_coalesced: one output per input (" + std::to_string(inputs.size()) + " inputs, " +
+           std::to_string(outputs.size()) + " outputs)");
+    for (size_t i = 0; i < inputs.size(); ++i) checkGatherInto(outputs[i], inputs[i], "allgather_into_tensor_coalesced");
+    std::vector<at::Tensor> in = inputs, out = outputs;
+    return collective(c10d::OpType::COALESCED, out, [COPY_ALL] {
+      std::vector<std::function<void(Keep&)>> calls;
+      for (size_t i = 0; i < in.size(); ++i) calls.push_back([&, i](Keep&) { allGatherInto(in[i], out[i]); });
+      grouped(calls, "allgather_into_tensor_coalesced");
+    });
+  }
+#endif
 
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override {
     checkSingle(inputs, "gather");
-    const int root = static_cast<int>(opts.rootRank);
+    const int root = checkRoot(opts.rootRank, "gather");
     at::Tensor in = inputs[0];
     std::vector<at::Tensor> out;
     if (rank_ == root) {
-      if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_)
-        fail("gather: the root needs one list of " + std::to_string(size_) + " output tensors");
+      if (outputs.size() != 1) fail("gather: the root needs one list of " + std::to_string(size_) + " output tensors");
+      checkGatherList(outputs[0], in, "gather");
       out = outputs[0];
-      for (const at::Tensor& tensor : out)
-        if (tensor.numel() != in.numel() || tensor.scalar_type() != in.scalar_type())
-          fail("gather: every output tensor must match the input's size and type");
     } else if (!outputs.empty() && !outputs[0].empty()) {
       fail("gather: only the root passes output tensors");
     }
-    return collective(c10d::OpType::GATHER, out, [=]() mutable {
+    return collective(c10d::OpType::GATHER, out, [COPY_ALL]() mutable {
       at::Tensor flat = at::empty({rank_ == root ? in.numel() * size_ : 0}, in.options());
-      check(loomGather(in.data_ptr(), rank_ == root ? flat.data_ptr() : nullptr, in.numel(), typeOf(in, false), root,
-                       comm_, nullptr),
-            comm_, "loomGather");
+      call(loomGather(in.data_ptr(), rank_ == root ? flat.data_ptr() : nullptr, bytesOf(in), loomUint8, root, comm_,
+                      nullptr),
+           comm_, "loomGather");
       if (rank_ == root) unflatten(flat, out);
     });
   }
@@ -374,24 +508,21 @@ class ProcessGroupLoom : public Base {
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override {
     checkSingle(outputs, "scatter");
-    const int root = static_cast<int>(opts.rootRank);
+    const int root = checkRoot(opts.rootRank, "scatter");
     at::Tensor out = outputs[0];
     std::vector<at::Tensor> in;
     if (rank_ == root) {
-      if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_)
-        fail("scatter: the root needs one list of " + std::to_string(size_) + " input tensors");
+      if (inputs.size() != 1) fail("scatter: the root needs one list of " + std::to_string(size_) + " input tensors");
+      checkGatherList(inputs[0], out, "scatter");
       in = inputs[0];
-      for (const at::Tensor& tensor : in)
-        if (tensor.numel() != out.numel() || tensor.scalar_type() != out.scalar_type())
-          fail("scatter: every input tensor must match the output's size and type");
     } else if (!inputs.empty() && !inputs[0].empty()) {
       fail("scatter: only the root passes input tensors");
     }
-    return collective(c10d::OpType::SCATTER, {out}, [=] {
+    return collective(c10d::OpType::SCATTER, {out}, [COPY_ALL] {
       at::Tensor flat = rank_ == root ? flatten(in) : at::empty({0}, out.options());
-      check(loomScatter(rank_ == root ? flat.data_ptr() : nullptr, out.data_ptr(), out.numel(), typeOf(out, false),
-                        root, comm_, nullptr),
-            comm_, "loomScatter");
+      call(loomScatter(rank_ == root ? flat.data_ptr() : nullptr, out.data_ptr(), bytesOf(out), loomUint8, root, comm_,
+                       nullptr),
+           comm_, "loomScatter");
     });
   }
 
@@ -399,36 +530,51 @@ class ProcessGroupLoom : public Base {
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override {
     checkSingle(outputs, "reduce_scatter");
-    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_)
-      fail("reduce_scatter: one list of " + std::to_string(size_) + " input tensors");
+    if (inputs.size() != 1) fail("reduce_scatter: one list of " + std::to_string(size_) + " input tensors");
     at::Tensor out = outputs[0];
+    checkGatherList(inputs[0], out, "reduce_scatter");
     std::vector<at::Tensor> in = inputs[0];
-    for (const at::Tensor& tensor : in)
-      if (tensor.numel() != out.numel() || tensor.scalar_type() != out.scalar_type())
-        fail("reduce_scatter: every input tensor must match the output's size and type");
-    const loomRedOp_t op = opOf(opts.reduceOp);
-    const loomDataType_t type = typeOf(out, true);
-    return collective(c10d::OpType::REDUCE_SCATTER, {out}, [=] {
-      at::Tensor flat = flatten(in);
-      check(loomReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(), type, op, comm_, nullptr), comm_,
-            "loomReduceScatter");
+    const Reduction r = reductionOf(opts.reduceOp, out, "reduce_scatter");
+    reduceTypeOf(out, r, "reduce_scatter");
+    return collective(c10d::OpType::REDUCE_SCATTER, {out}, [COPY_ALL] {
+      grouped({[&](Keep& keep) { reduceScatter(keep.hold(flatten(in)), out, r, keep); }}, "reduce_scatter");
     });
   }
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
-    checkTensor(input, "_reduce_scatter_base");
-    checkTensor(output, "_reduce_scatter_base");
-    if (input.numel() != output.numel() * size_ || output.scalar_type() != input.scalar_type())
-      fail("_reduce_scatter_base: the input must hold the world's outputs, of the output's type");
+    checkGatherInto(input, output, "_reduce_scatter_base");
     at::Tensor in = input, out = output;
-    const loomRedOp_t op = opOf(opts.reduceOp);
-    const loomDataType_t type = typeOf(out, true);
-    return collective(c10d::OpType::_REDUCE_SCATTER_BASE, {out}, [=] {
-      check(loomReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), type, op, comm_, nullptr), comm_,
-            "loomReduceScatter");
+    const Reduction r = reductionOf(opts.reduceOp, out, "_reduce_scatter_base");
+    reduceTypeOf(out, r, "_reduce_scatter_base");
+    return collective(c10d::OpType::_REDUCE_SCATTER_BASE, {out}, [COPY_ALL] {
+      grouped({[&](Keep& keep) { reduceScatter(in, out, r, keep); }}, "_reduce_scatter_base");
     });
   }
+
+#if TORCH_VERSION_MAJOR >= 2
+  // Each input reduced and scattered into its output, as by _reduce_scatter_base, in one loom group.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override {
+    if (inputs.empty() || outputs.size() != inputs.size())
+      fail("reduce_scatter_tensor_coalesced: one output per input (" + std::to_string(inputs.size()) + " inputs, " +
+           std::to_string(outputs.size()) + " outputs)");
+    std::vector<Reduction> reductions;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      checkGatherInto(inputs[i], outputs[i], "reduce_scatter_tensor_coalesced");
+      reductions.push_back(reductionOf(opts.reduceOp, outputs[i], "reduce_scatter_tensor_coalesced"));
+      reduceTypeOf(outputs[i], reductions.back(), "reduce_scatter_tensor_coalesced");
+    }
+    std::vector<at::Tensor> in = inputs, out = outputs;
+    return collective(c10d::OpType::COALESCED, out, [COPY_ALL] {
+      std::vector<std::function<void(Keep&)>> calls;
+      for (size_t i = 0; i < in.size(); ++i)
+        calls.push_back([&, i](Keep& keep) { reduceScatter(in[i], out[i], reductions[i], keep); });
+      grouped(calls, "reduce_scatter_tensor_coalesced");
+    });
+  }
+#endif
 
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& outputSplits, std::vector<int64_t>& inputSplits,
@@ -436,22 +582,21 @@ class ProcessGroupLoom : public Base {
     checkTensor(input, "alltoall_base");
     checkTensor(output, "alltoall_base");
     if (input.scalar_type() != output.scalar_type()) fail("alltoall_base: input and output of one type");
-    // Elements per first-dimension row; splits count rows (empty: equal parts).
-    const int64_t row = input.dim() > 0 && input.size(0) > 0 ? input.numel() / input.size(0) : 1;
+    // Bytes per first-dimension row; splits count rows (empty: equal parts).
     auto counts = [&](const std::vector<int64_t>& splits, const at::Tensor& tensor, const char* which) {
       std::vector<size_t> result(size_);
+      const size_t row = tensor.dim() > 0 && tensor.size(0) > 0 ? bytesOf(tensor) / tensor.size(0) : 0;
       if (splits.empty()) {
         if (tensor.dim() == 0 || tensor.size(0) % size_ != 0)
           fail(std::string("alltoall_base: the ") + which + "'s first dimension does not split evenly");
-        for (auto& count : result) count = static_cast<size_t>(tensor.numel() / size_);
+        for (auto& count : result) count = bytesOf(tensor) / size_;
         return result;
       }
-      if (static_cast<int>(splits.size()) != size_)
-        fail(std::string("alltoall_base: one ") + which + " split per rank");
+      if (static_cast<int>(splits.size()) != size_) fail(std::string("alltoall_base: one ") + which + " split per rank");
       int64_t rows = 0;
       for (int p = 0; p < size_; ++p) {
         if (splits[p] < 0) fail("alltoall_base: negative split");
-        result[p] = static_cast<size_t>(splits[p] * row);
+        result[p] = static_cast<size_t>(splits[p]) * row;
         rows += splits[p];
       }
       if (tensor.dim() == 0 || rows != tensor.size(0))
@@ -461,46 +606,33 @@ class ProcessGroupLoom : public Base {
     const std::vector<size_t> sendCounts = counts(inputSplits, input, "input"),
                               receiveCounts = counts(outputSplits, output, "output");
     at::Tensor in = input, out = output;
-    return collective(c10d::OpType::ALLTOALL_BASE, {out}, [=] {
-      std::vector<size_t> sendDispls(size_), receiveDispls(size_);
-      for (int p = 1; p < size_; ++p) {
-        sendDispls[p] = sendDispls[p - 1] + sendCounts[p - 1];
-        receiveDispls[p] = receiveDispls[p - 1] + receiveCounts[p - 1];
-      }
-      check(loomAllToAllv(in.data_ptr(), sendCounts.data(), sendDispls.data(), out.data_ptr(), receiveCounts.data(),
-                          receiveDispls.data(), typeOf(in, false), comm_, nullptr),
-            comm_, "loomAllToAllv");
-    });
+    return collective(c10d::OpType::ALLTOALL_BASE, {out}, [COPY_ALL] { allToAll(in, sendCounts, out, receiveCounts); });
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions&) override {
     if (static_cast<int>(outputs.size()) != size_ || static_cast<int>(inputs.size()) != size_)
       fail("alltoall: one input and one output tensor per rank");
-    for (size_t p = 0; p < outputs.size(); ++p) {
+    std::vector<size_t> sendCounts(size_), receiveCounts(size_);
+    for (int p = 0; p < size_; ++p) {
       checkTensor(inputs[p], "alltoall");
       checkTensor(outputs[p], "alltoall");
       if (inputs[p].scalar_type() != inputs[0].scalar_type() || outputs[p].scalar_type() != inputs[0].scalar_type())
         fail("alltoall: tensors of one type only");
+      sendCounts[p] = bytesOf(inputs[p]);
+      receiveCounts[p] = bytesOf(outputs[p]);
     }
     std::vector<at::Tensor> in = inputs, out = outputs;
-    return collective(c10d::OpType::ALLTOALL, out, [=]() mutable {
-      std::vector<size_t> sendCounts(size_), sendDispls(size_), receiveCounts(size_), receiveDispls(size_);
+    return collective(c10d::OpType::ALLTOALL, out, [COPY_ALL]() mutable {
+      at::Tensor flatOut = at::empty({static_cast<int64_t>(
+                                         std::accumulate(receiveCounts.begin(), receiveCounts.end(), size_t{0}))},
+                                     in[0].options().dtype(at::kByte));
+      allToAll(flatten(in), sendCounts, flatOut, receiveCounts);
+      int64_t at = 0;
       for (int p = 0; p < size_; ++p) {
-        sendCounts[p] = static_cast<size_t>(in[p].numel());
-        receiveCounts[p] = static_cast<size_t>(out[p].numel());
-        if (p > 0) {
-          sendDispls[p] = sendDispls[p - 1] + sendCounts[p - 1];
-          receiveDispls[p] = receiveDispls[p - 1] + receiveCounts[p - 1];
-        }
+        out[p].view({-1}).view(at::kByte).copy_(flatOut.narrow(0, at, static_cast<int64_t>(receiveCounts[p])));
+        at += static_cast<int64_t>(receiveCounts[p]);
       }
-      at::Tensor flatIn = flatten(in);
-      at::Tensor flatOut =
-          at::empty({static_cast<int64_t>(receiveDispls.back() + receiveCounts.back())}, in[0].options());
-      check(loomAllToAllv(flatIn.data_ptr(), sendCounts.data(), sendDispls.data(), flatOut.data_ptr(),
-                          receiveCounts.data(), receiveDispls.data(), typeOf(in[0], false), comm_, nullptr),
-            comm_, "loomAllToAllv");
-      unflatten(flatOut, out);
     });
   }
 
@@ -509,9 +641,9 @@ class ProcessGroupLoom : public Base {
     checkPeer(dstRank, "send");
     at::Tensor t = tensors[0];
     Link& link = linkTo(dstRank, true);
-    return queue(*link.worker, c10d::OpType::SEND, {t}, [t, &link] {
+    return queue(*link.worker, c10d::OpType::SEND, {t}, [this, t, &link] {
       link.worker->rethrowFailure();
-      check(loomSend(t.data_ptr(), t.numel(), typeOf(t, false), link.peer, link.comm, nullptr), link.comm, "loomSend");
+      call(loomSend(t.data_ptr(), bytesOf(t), loomUint8, link.peer, link.comm, nullptr), link.comm, "loomSend");
     });
   }
 
@@ -520,9 +652,9 @@ class ProcessGroupLoom : public Base {
     checkPeer(srcRank, "recv");
     at::Tensor t = tensors[0];
     Link& link = linkTo(srcRank, false);
-    return queue(*link.worker, c10d::OpType::RECV, {t}, [t, &link] {
+    return queue(*link.worker, c10d::OpType::RECV, {t}, [this, t, &link] {
       link.worker->rethrowFailure();
-      check(loomRecv(t.data_ptr(), t.numel(), typeOf(t, false), link.peer, link.comm, nullptr), link.comm, "loomRecv");
+      call(loomRecv(t.data_ptr(), bytesOf(t), loomUint8, link.peer, link.comm, nullptr), link.comm, "loomRecv");
     });
   }
 
@@ -531,10 +663,188 @@ class ProcessGroupLoom : public Base {
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
-    return collective(c10d::OpType::BARRIER, {}, [this] { check(loomBarrier(comm_, nullptr), comm_, "loomBarrier"); });
+    return collective(c10d::OpType::BARRIER, {}, [this] { call(loomBarrier(comm_, nullptr), comm_, "loomBarrier"); });
   }
 
+#if TORCH_VERSION_MAJOR >= 2
+  // Ends every call in flight (each fails, as does every later one) and tells the peers; the communicators are
+  // freed when the group is.
+  void abort() override {
+    aborted_.store(true);
+    revokeAll();
+  }
+  // Runs what was queued, then frees the communicators; later calls fail.
+  void shutdown() override { close(); }
+
+  c10::intrusive_ptr<Options> getBackendOptions() override { return c10::make_intrusive<Options>("loom", timeout_); }
+
+  // A subgroup of this one's ranks: a communicator of its own, joined through the store torch hands it.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<Base> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                 const c10::intrusive_ptr<Options>& opts) override {
+    const auto found = std::find(ranks.begin(), ranks.end(), rank_);
+    if (found == ranks.end()) return nullptr;  // not a member: no group here
+    const auto timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
+    return c10::make_intrusive<ProcessGroupLoom>(store, static_cast<int>(found - ranks.begin()),
+                                                 static_cast<int>(ranks.size()), timeout);
+  }
+#endif
+
  private:
+  // What the calls of one loom group need after they are queued: tensors that must live until its end (scaled
+  // copies, gathered buffers), and what to do with the results once it has ended (folds, copies out).
+  struct Keep {
+    const at::Tensor& hold(at::Tensor tensor) {
+      held.push_back(std::move(tensor));
+      return held.back();
+    }
+    std::deque<at::Tensor> held;  // a deque: hold's references stay valid
+    std::vector<std::function<void()>> after;
+  };
+
+  // Runs `calls` (each queues loom calls on comm_) as one loom group, then what they left for after its end. An
+  // error names `what`, the operation.
+  void grouped(const std::vector<std::function<void(Keep&)>>& calls, const char* what) {
+    Keep keep;
+    call(loomGroupStart(), comm_, "loomGroupStart");
+    try {
+      for (const auto& queueCalls : calls) queueCalls(keep);
+    } catch (...) {
+      loomGroupEnd();
+      throw;
+    }
+    call(loomGroupEnd(), comm_, what);
+    for (const auto& then : keep.after) then();
+  }
+
+  // Checks a loom call's result: an error names the call and loom's message (or says the group was aborted, when
+  // it was: the communicator then tells nothing more).
+  void call(loomResult_t result, loomComm_t comm, const char* what) const {
+    if (result == loomSuccess) return;
+    if (aborted_.load()) fail(std::string(what) + " failed: the group was aborted (abort())");
+    check(result, comm, what);
+  }
+
+  // All-reduces t in place by r (queued in the caller's group).
+  void allReduce(const at::Tensor& t, const Reduction& r, Keep& keep) {
+    if (r.bitwise) {  // every rank's input gathered, folded here
+      const at::Tensor& stacked = keep.hold(at::empty({size_, t.numel()}, t.options()));
+      call(loomAllGather(t.data_ptr(), stacked.data_ptr(), bytesOf(t), loomUint8, comm_, nullptr), comm_,
+           "loomAllGather");
+      keep.after.push_back([t, &stacked, op = r.bitwiseOp] { t.view({-1}).copy_(fold(stacked, op)); });
+      return;
+    }
+    const at::Tensor& in = keep.hold(reducible(scaledInput(t, r)));
+    const at::Tensor out = reducible(t);
+    call(loomAllReduce(in.data_ptr(), out.data_ptr(), out.numel(), reduceTypeOf(t, r, "allreduce"), r.op, comm_,
+                       nullptr),
+         comm_, "loomAllReduce");
+  }
+
+  // Reduces `in` (the world's outputs, rank-major) by r, this rank's part into `out` (queued in the caller's group).
+  void reduceScatter(const at::Tensor& in, const at::Tensor& out, const Reduction& r, Keep& keep) {
+    if (r.bitwise) {  // part p of every rank's input sent to rank p, folded there
+      const at::Tensor& stacked = keep.hold(at::empty({size_, out.numel()}, out.options()));
+      call(loomAllToAll(in.data_ptr(), stacked.data_ptr(), bytesOf(out), loomUint8, comm_, nullptr), comm_,
+           "loomAllToAll");
+      keep.after.push_back([out, &stacked, op = r.bitwiseOp] { out.view({-1}).copy_(fold(stacked, op)); });
+      return;
+    }
+    const at::Tensor& scaled = keep.hold(reducible(scaledInput(in, r)));
+    const at::Tensor result = reducible(out);
+    call(loomReduceScatter(scaled.data_ptr(), result.data_ptr(), result.numel(), reduceTypeOf(out, r, "reduce_scatter"),
+                           r.op, comm_, nullptr),
+         comm_, "loomReduceScatter");
+  }
+
+  // All-gathers `in` into the list `out`, one tensor per rank (queued in the caller's group).
+  void allGatherList(const at::Tensor& in, const std::vector<at::Tensor>& out, Keep& keep) {
+    const at::Tensor& flat = keep.hold(at::empty({in.numel() * size_}, in.options()));
+    call(loomAllGather(in.data_ptr(), flat.data_ptr(), bytesOf(in), loomUint8, comm_, nullptr), comm_,
+         "loomAllGather");
+    keep.after.push_back([out, &flat]() mutable { unflatten(flat, out); });
+  }
+
+  // All-gathers `in` into `out`, which holds size_ of it (queued in the caller's group).
+  void allGatherInto(const at::Tensor& in, const at::Tensor& out) {
+    call(loomAllGather(in.data_ptr(), out.data_ptr(), bytesOf(in), loomUint8, comm_, nullptr), comm_, "loomAllGather");
+  }
+
+  // Sends sendCounts[p] bytes of `in` to each rank p, in rank order, and receives receiveCounts[p] from each into
+  // `out`, in rank order.
+  void allToAll(const at::Tensor& in, const std::vector<size_t>& sendCounts, const at::Tensor& out,
+                const std::vector<size_t>& receiveCounts) {
+    std::vector<size_t> sendDispls(size_), receiveDispls(size_);
+    for (int p = 1; p < size_; ++p) {
+      sendDispls[p] = sendDispls[p - 1] + sendCounts[p - 1];
+      receiveDispls[p] = receiveDispls[p - 1] + receiveCounts[p - 1];
+    }
+    call(loomAllToAllv(in.data_ptr(), sendCounts.data(), sendDispls.data(), out.data_ptr(), receiveCounts.data(),
+                       receiveDispls.data(), loomUint8, comm_, nullptr),
+         comm_, "loomAllToAllv");
+  }
+
+  int checkRoot(int64_t root, const char* what) const {
+    if (root < 0 || root >= size_)
+      fail(std::string(what) + ": root " + std::to_string(root) + " is not a rank of this group of " +
+           std::to_string(size_));
+    return static_cast<int>(root);
+  }
+
+  // A list of size_ tensors, each like `one` (its size and type).
+  void checkGatherList(const std::vector<at::Tensor>& list, const at::Tensor& one, const char* what) const {
+    if (static_cast<int>(list.size()) != size_)
+      fail(std::string(what) + ": a list of " + std::to_string(size_) + " tensors, one per rank (got " +
+           std::to_string(list.size()) + ")");
+    for (const at::Tensor& tensor : list) {
+      checkTensor(tensor, what);
+      if (tensor.numel() != one.numel() || tensor.scalar_type() != one.scalar_type())
+        fail(std::string(what) + ": every tensor of the list must match " + std::to_string(one.numel()) +
+             " elements of " + c10::toString(one.scalar_type()) + " (got " + std::to_string(tensor.numel()) + " of " +
+             c10::toString(tensor.scalar_type()) + ")");
+    }
+  }
+
+  // `whole` holds size_ of `part`, of its type.
+  void checkGatherInto(const at::Tensor& whole, const at::Tensor& part, const char* what) const {
+    checkTensor(whole, what);
+    checkTensor(part, what);
+    if (whole.numel() != part.numel() * size_ || whole.scalar_type() != part.scalar_type())
+      fail(std::string(what) + ": the larger tensor must hold " + std::to_string(size_) + " x " +
+           std::to_string(part.numel()) + " elements of " + c10::toString(part.scalar_type()) + " (got " +
+           std::to_string(whole.numel()) + " of " + c10::toString(whole.scalar_type()) + ")");
+  }
+
+  // Ends the calls in flight on every communicator of the group: they and every later one fail.
+  void revokeAll() {
+    std::lock_guard<std::mutex> lock(linksMutex_);
+    if (comm_ != nullptr) loomCommRevoke(comm_);
+    for (auto& [key, link] : links_)
+      if (link->comm != nullptr) loomCommRevoke(link->comm);
+  }
+
+  // Runs what is queued (failing at once after an abort), stops the workers and frees the communicators.
+  void close() {
+    std::lock_guard<std::mutex> closing(closeMutex_);
+    closed_.store(true);
+    collectives_.reset();  // its queue run, its thread stopped
+    std::map<std::pair<int, int>, std::unique_ptr<Link>> links;
+    {
+      std::lock_guard<std::mutex> lock(linksMutex_);
+      links.swap(links_);
+    }
+    for (auto& [key, link] : links) {
+      link->worker.reset();
+      if (link->comm != nullptr) loomCommDestroy(link->comm);
+    }
+    loomComm_t comm = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(linksMutex_);  // revokeAll uses comm_ under it
+      std::swap(comm, comm_);
+    }
+    if (comm != nullptr) loomCommDestroy(comm);
+  }
+
   // One direction of messages between this rank and a peer: a two-rank communicator and the thread that runs them.
   struct Link {
     loomComm_t comm = nullptr;
@@ -555,6 +865,7 @@ class ProcessGroupLoom : public Base {
     const int from = sending ? rank_ : peer, to = sending ? peer : rank_;
     const std::pair<int, int> key{from, to};
     std::lock_guard<std::mutex> lock(linksMutex_);
+    if (closed_.load()) fail("the group was shut down (shutdown()): no more calls run on it");
     auto found = links_.find(key);
     if (found != links_.end()) return *found->second;
     auto link = std::make_unique<Link>();
@@ -567,27 +878,39 @@ class ProcessGroupLoom : public Base {
     if (sending) id = publishId(*store_, storeKey);
     made.worker->queue(
         [this, &made, storeKey, sending, id] {
-          made.comm =
-              join(sending ? id : readId(*store_, storeKey, timeout_), sending ? 0 : 1, 2, timeout_, "torch p2p");
+          loomComm_t comm = join(sending ? id : readId(*store_, storeKey, timeout_, &aborted_), sending ? 0 : 1, 2,
+                                 timeout_, "torch p2p");
+          std::lock_guard<std::mutex> lock(linksMutex_);  // revokeAll reads it
+          made.comm = comm;
+          if (aborted_.load()) loomCommRevoke(comm);
         },
         c10::intrusive_ptr<LoomWork>());
     return *links_.emplace(key, std::move(link)).first->second;
   }
 
+  // Queues `run` on `worker`; it fails at once if the group is aborted by then.
   c10::intrusive_ptr<c10d::Work> queue(Worker& worker, c10d::OpType type, std::vector<at::Tensor> outputs,
                                        std::function<void()> run) {
     auto work = c10::make_intrusive<LoomWork>(rank_, type, std::move(outputs));
-    worker.queue(std::move(run), work);
+    worker.queue(
+        [this, run = std::move(run)] {
+          if (aborted_.load()) fail("the group was aborted (abort()): no more calls run on it");
+          run();
+        },
+        work);
     return work;
   }
 
   c10::intrusive_ptr<c10d::Work> collective(c10d::OpType type, std::vector<at::Tensor> outputs,
                                             std::function<void()> run) {
+    if (closed_.load()) fail("the group was shut down (shutdown()): no more calls run on it");
     return queue(*collectives_, type, std::move(outputs), std::move(run));
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
+  std::atomic<bool> aborted_{false}, closed_{false};
+  std::mutex closeMutex_;
   loomComm_t comm_ = nullptr;
   std::unique_ptr<Worker> collectives_ = std::make_unique<Worker>();
   std::mutex linksMutex_;

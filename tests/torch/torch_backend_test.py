@@ -18,10 +18,22 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool"]
 REDUCING = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
 OPS = ["SUM", "PRODUCT", "MIN", "MAX"]
+TORCH2 = False  # set in the worker
+
+
+def plugin_dir(build):
+    """Where loom_torch is built for the torch this interpreter imports: 1.13 or 2.x."""
+    try:
+        import torch
+        major = int(torch.__version__.split(".")[0])
+    except ImportError:
+        major = 1
+    return os.path.join(build, "plugins", "torch", *(["torch2"] if major >= 2 else []))
 
 
 def rendezvous_file():
@@ -34,8 +46,10 @@ def rendezvous_file():
 
 def launch(mode, size, timeout=300, extra=()):
     store = rendezvous_file()
+    env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")  # torch 2.x deprecates names the test calls
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", mode, str(r), str(size), store, *extra],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(size)]
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for r in range(size)]
     outputs, codes = [], []
     deadline = time.time() + timeout
     for p in procs:
@@ -55,8 +69,17 @@ def launch(mode, size, timeout=300, extra=()):
 # ---------------------------------------------------------------------------------------------------------------
 # Worker side.
 
+def leave(code):
+    """Ends a worker whose groups are destroyed. Not sys.exit: torch 2.15's interpreter exit after a gloo group
+    sometimes aborts ("terminate called without an active exception"), with or without loom_torch imported."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
 def worker(mode, rank, size, store):
+    global TORCH2
     import torch
+    TORCH2 = int(torch.__version__.split(".")[0]) >= 2
     import torch.distributed as dist
     import loom_torch  # noqa: F401  (registers the backend)
 
@@ -74,7 +97,7 @@ def worker(mode, rank, size, store):
             print("FAIL", f)
         dist.barrier()
         dist.destroy_process_group()
-        sys.exit(1 if failures else 0)
+        leave(1 if failures else 0)
     if mode == "ddp":
         backend = sys.argv[6]
         init(backend)
@@ -93,7 +116,36 @@ def worker(mode, rank, size, store):
             flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
             torch.save(flat, sys.argv[7])
         dist.destroy_process_group()
-        sys.exit(0)
+        leave(0)
+    if mode == "abort":  # torch 2.x: ProcessGroup.abort ends a call its peer never joins
+        init("loom", 60)
+        t = torch.ones(1024)
+        dist.all_reduce(t)
+        if rank == 1:
+            time.sleep(4)  # never joins the second all_reduce
+            leave(0)
+        work = dist.all_reduce(t, async_op=True)
+        time.sleep(0.5)
+        start = time.time()
+        dist.group.WORLD.abort()
+        try:
+            work.wait()
+        except RuntimeError as error:
+            print("raised %.1f s after abort(): %s" % (time.time() - start, str(error).splitlines()[0][:200]))
+            leave(0 if time.time() - start < 5 else 1)
+        print("no exception")
+        leave(1)
+    if mode == "split":  # torch 2.x: split_group makes loom subgroups of the pairs (0, 1) and (2, 3)
+        init("loom")
+        t = torch.ones(16)
+        dist.all_reduce(t)  # the parent joined
+        pair = dist.split_group(split_ranks=[[0, 1], [2, 3]])
+        t = torch.full((16,), float(rank))
+        dist.all_reduce(t, group=pair)
+        want = float(sum(r for r in range(size) if r // 2 == rank // 2))
+        print("rank %d: pair sum %s (want %s)" % (rank, t[0].item(), want))
+        dist.destroy_process_group()
+        leave(0 if torch.equal(t, torch.full((16,), want)) else 1)
     if mode == "kill":
         seconds = int(sys.argv[6])
         init("loom", seconds)
@@ -294,6 +346,109 @@ def run_ops(torch, dist, rank, size, loom, gloo):
                 return out
             check("_reduce_scatter_base " + op, dtype_name, reduce_scatter_base, want_rs)
 
+    # Coalesced all-gathers and reduce-scatters: lists of inputs of different sizes, each list of one type (as
+    # torch requires), in one call.
+    for dtype_name in ("float32", "int64", "bool"):
+        sizes = (5, 3, 4)
+        mixed = [values(torch, dtype_name, rank, k, 6 + j) for j, k in enumerate(sizes)]
+        every_mixed = [[values(torch, dtype_name, r, k, 6 + j) for r in range(size)] for j, k in enumerate(sizes)]
+
+        def all_gather_coalesced(group, mixed=mixed):
+            outs = [[torch.zeros_like(t) for _ in range(size)] for t in mixed]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # deprecated in 2.x, still handed to backends
+                dist.all_gather_coalesced(outs, mixed, group=group)
+            return [t for out in outs for t in out]
+        check("all_gather_coalesced", dtype_name, all_gather_coalesced, [t for e in every_mixed for t in e])
+        if not TORCH2:
+            continue
+
+        def all_gather_into_tensor_coalesced(group, mixed=mixed):
+            outs = [torch.zeros(t.numel() * size, dtype=t.dtype) for t in mixed]
+            group.allgather_into_tensor_coalesced(outs, mixed).wait()
+            return outs
+        check("allgather_into_tensor_coalesced", dtype_name, all_gather_into_tensor_coalesced,
+              [torch.cat(e) for e in every_mixed])
+        if dtype_name == "bool":
+            continue
+        parts = lambda r, k, j: torch.cat([values(torch, dtype_name, r * size + p, k, 9 + j) for p in range(size)])
+
+        def reduce_scatter_tensor_coalesced(group):
+            ins = [parts(rank, k, j) for j, k in enumerate(sizes)]
+            outs = [torch.zeros(k, dtype=getattr(torch, dtype_name)) for k in sizes]
+            group.reduce_scatter_tensor_coalesced(outs, ins).wait()
+            return outs
+        check("reduce_scatter_tensor_coalesced", dtype_name, reduce_scatter_tensor_coalesced,
+              [reduce_all(torch, [parts(r, k, j).narrow(0, rank * k, k) for r in range(size)], "SUM")
+               for j, k in enumerate(sizes)])
+
+    if TORCH2:
+        # uint32 and uint64 (torch 2.3 on): moved, and reduced by loom.
+        for name in ("uint32", "uint64"):
+            dtype = getattr(torch, name)
+            mine_u = values(torch, "uint8", rank, n, 10).to(dtype)
+            every_u = [values(torch, "uint8", r, n, 10).to(torch.int64) for r in range(size)]
+
+            def all_reduce_u(group, dtype=dtype, mine_u=mine_u):
+                t = mine_u.clone()
+                dist.all_reduce(t, group=group)
+                return t.to(torch.int64)
+            check("all_reduce SUM (%s)" % name, "int64", lambda g: all_reduce_u(g), reduce_all(torch, every_u, "SUM"))
+
+    # AVG, PREMUL_SUM, complex through the real view, bool reduced, the bitwise ops.
+    floats = values(torch, "float64", rank, n, 11)
+    every_f = [values(torch, "float64", r, n, 11) for r in range(size)]
+
+    def all_reduce_with(op, t):
+        def run(group):
+            x = t.clone()
+            dist.all_reduce(x, op=op, group=group)
+            return x
+        return run
+    check("all_reduce AVG", "float64", all_reduce_with(dist.ReduceOp.AVG, floats),
+          reduce_all(torch, every_f, "SUM") / size)
+    check("all_reduce PREMUL_SUM", "float64", all_reduce_with(dist._make_nccl_premul_sum(0.5), floats),
+          reduce_all(torch, every_f, "SUM") * 0.5)
+    complexes = torch.complex(floats, values(torch, "float64", rank, n, 12))
+    want_c = reduce_all(torch, [torch.view_as_real(torch.complex(every_f[r], values(torch, "float64", r, n, 12)))
+                                for r in range(size)], "SUM")
+    check("all_reduce SUM (complex128)", "float64",
+          lambda g: torch.view_as_real(all_reduce_with(dist.ReduceOp.SUM, complexes)(g)), want_c)
+    flags = values(torch, "bool", rank, n, 13)
+    every_b = [values(torch, "bool", r, n, 13) for r in range(size)]
+    for op, fn in (("MAX", torch.logical_or), ("MIN", torch.logical_and), ("SUM", torch.logical_or),
+                   ("PRODUCT", torch.logical_and)):
+        want_b = every_b[0]
+        for b in every_b[1:]:
+            want_b = fn(want_b, b)
+        check("all_reduce %s (bool)" % op, "bool", all_reduce_with(getattr(dist.ReduceOp, op), flags), want_b)
+    for dtype_name in ("int32", "uint8", "int64", "bool"):
+        mine_i = values(torch, dtype_name, rank, n, 14)
+        every_i = [values(torch, dtype_name, r, n, 14) for r in range(size)]
+        for op, fn in (("BAND", torch.bitwise_and), ("BOR", torch.bitwise_or), ("BXOR", torch.bitwise_xor)):
+            want_i = every_i[0]
+            for x in every_i[1:]:
+                want_i = fn(want_i, x)
+            red = getattr(dist.ReduceOp, op)
+            check("all_reduce " + op, dtype_name, all_reduce_with(red, mine_i), want_i)
+
+            def reduce_bitwise(group, red=red, mine_i=mine_i):
+                t = mine_i.clone()
+                dist.reduce(t, dst=root, op=red, group=group)
+                return t if rank == root else mine_i
+            check("reduce " + op, dtype_name, reduce_bitwise, want_i if rank == root else mine_i)
+
+            chunks = lambda r: [values(torch, dtype_name, r * size + p, 6, 15) for p in range(size)]
+            want_rs = chunks(0)[rank]
+            for r in range(1, size):
+                want_rs = fn(want_rs, chunks(r)[rank])
+
+            def reduce_scatter_bitwise(group, red=red):
+                out = torch.zeros(6, dtype=getattr(torch, dtype_name))
+                dist.reduce_scatter(out, chunks(rank), op=red, group=group)
+                return out
+            check("reduce_scatter " + op, dtype_name, reduce_scatter_bitwise, want_rs)
+
     def barrier(group):
         dist.barrier(group=group)
         return torch.ones(1)
@@ -309,7 +464,7 @@ def main():
         worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
         return 0
     build = os.path.abspath(sys.argv[1])
-    os.environ["PYTHONPATH"] = os.path.join(build, "plugins", "torch") + os.pathsep + os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = plugin_dir(build) + os.pathsep + os.environ.get("PYTHONPATH", "")
     os.environ["LD_LIBRARY_PATH"] = build + os.pathsep + os.environ.get("LD_LIBRARY_PATH", "")
     probe = subprocess.run([sys.executable, "-c", "import torch, loom_torch"], capture_output=True, text=True)
     if probe.returncode != 0:
@@ -340,6 +495,17 @@ def main():
     print("DDP, 2 ranks, 20 steps: parameters differ by at most %.3g between loom and gloo" % difference)
     if not torch.equal(params["loom"], params["gloo"]):  # two ranks: every sum is a + b, the same bits
         status = 1
+    if int(torch.__version__.split(".")[0]) >= 2:
+        codes, outputs = launch("abort", 2, timeout=120)
+        print("abort(): %s" % outputs[0].strip().splitlines()[-1:])
+        if any(codes) or "raised" not in outputs[0]:
+            status = 1
+            print(outputs[0][-2000:])
+        codes, outputs = launch("split", 4, timeout=120)
+        print("split_group: %s" % "; ".join(o.strip().splitlines()[-1] for o in outputs if o.strip()))
+        if any(codes):
+            status = 1
+            print("\n".join(o[-2000:] for o in outputs))
     seconds = 10
     start = time.time()
     codes, outputs = launch("kill", 2, timeout=4 * seconds, extra=(str(seconds),))
