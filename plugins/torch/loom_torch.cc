@@ -434,21 +434,29 @@ class ProcessGroupLoom : public Base {
     });
   }
 
-  // Each input gathered into its list of outputs, as by allgather, in one loom group.
+  // Each input all-gathered, as by allgather, in one loom group: outputLists[p][i] receives rank p's inputs[i].
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions&) override {
-    if (inputs.empty() || outputLists.size() != inputs.size())
-      fail("allgather_coalesced: one list of outputs per input (" + std::to_string(inputs.size()) + " inputs, " +
+    if (inputs.empty()) fail("allgather_coalesced: no input tensors");
+    if (static_cast<int>(outputLists.size()) != size_)
+      fail("allgather_coalesced: one list of outputs per rank (" + std::to_string(size_) + " ranks, " +
            std::to_string(outputLists.size()) + " lists)");
+    std::vector<std::vector<at::Tensor>> out(inputs.size());  // out[i]: input i's tensor of every rank
     std::vector<at::Tensor> every;
+    for (int p = 0; p < size_; ++p) {
+      if (outputLists[p].size() != inputs.size())
+        fail("allgather_coalesced: the list of rank " + std::to_string(p) + " has " +
+             std::to_string(outputLists[p].size()) + " tensors, one per input (" + std::to_string(inputs.size()) +
+             ") needed");
+      for (size_t i = 0; i < inputs.size(); ++i) out[i].push_back(outputLists[p][i]);
+      every.insert(every.end(), outputLists[p].begin(), outputLists[p].end());
+    }
     for (size_t i = 0; i < inputs.size(); ++i) {
       checkTensor(inputs[i], "allgather_coalesced");
-      checkGatherList(outputLists[i], inputs[i], "allgather_coalesced");
-      every.insert(every.end(), outputLists[i].begin(), outputLists[i].end());
+      checkGatherList(out[i], inputs[i], "allgather_coalesced");
     }
     std::vector<at::Tensor> in = inputs;
-    std::vector<std::vector<at::Tensor>> out = outputLists;
     return collective(c10d::OpType::ALLGATHER_COALESCED, every, [COPY_ALL]() mutable {
       std::vector<std::function<void(Keep&)>> calls;
       for (size_t i = 0; i < in.size(); ++i) calls.push_back([&, i](Keep& keep) { allGatherList(in[i], out[i], keep); });

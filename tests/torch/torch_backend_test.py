@@ -92,7 +92,8 @@ def worker(mode, rank, size, store):
         loom = dist.new_group(list(range(size)), backend="loom")
         gloo = dist.new_group(list(range(size)), backend="gloo")
         failures, checked, gloo_checked = run_ops(torch, dist, rank, size, loom, gloo)
-        print("rank %d: %d results checked, %d of them also against gloo" % (rank, checked, gloo_checked))
+        print("rank %d: %d results checked, %d of them also against gloo (the others: gloo refused them)" % (
+            rank, checked, gloo_checked))
         for f in failures[:20]:
             print("FAIL", f)
         dist.barrier()
@@ -199,6 +200,7 @@ def close(torch, got, want, dtype_name):
 def run_ops(torch, dist, rank, size, loom, gloo):
     failures = []
     counts = [0, 0]
+    refused = set()
 
     def check(name, dtype_name, compute, want):
         """compute(group) returns a tensor (or list); checks loom's against want, and gloo's when gloo has it."""
@@ -214,8 +216,9 @@ def run_ops(torch, dist, rank, size, loom, gloo):
             return
         try:
             reference = compute(gloo)
-        except RuntimeError:
-            return  # gloo has no such operation for this type
+        except (RuntimeError, ValueError) as error:  # gloo has no such operation for this type: listed
+            refused.add("%s %s (%s)" % (name, dtype_name, str(error).splitlines()[0][:80]))
+            return
         refs = reference if isinstance(reference, list) else [reference]
         counts[1] += 1
         if not all(close(torch, g, r.to(torch.float64) if dtype_name != "bool" else r, dtype_name)
@@ -353,13 +356,14 @@ def run_ops(torch, dist, rank, size, loom, gloo):
         mixed = [values(torch, dtype_name, rank, k, 6 + j) for j, k in enumerate(sizes)]
         every_mixed = [[values(torch, dtype_name, r, k, 6 + j) for r in range(size)] for j, k in enumerate(sizes)]
 
-        def all_gather_coalesced(group, mixed=mixed):
-            outs = [[torch.zeros_like(t) for _ in range(size)] for t in mixed]
+        def all_gather_coalesced(group, mixed=mixed):  # outs[r][j]: rank r's input j
+            outs = [[torch.zeros_like(t) for t in mixed] for _ in range(size)]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # deprecated in 2.x, still handed to backends
                 dist.all_gather_coalesced(outs, mixed, group=group)
             return [t for out in outs for t in out]
-        check("all_gather_coalesced", dtype_name, all_gather_coalesced, [t for e in every_mixed for t in e])
+        check("all_gather_coalesced", dtype_name, all_gather_coalesced,
+              [every_mixed[j][r] for r in range(size) for j in range(len(sizes))])
         if not TORCH2:
             continue
 
@@ -453,6 +457,9 @@ def run_ops(torch, dist, rank, size, loom, gloo):
         dist.barrier(group=group)
         return torch.ones(1)
     check("barrier", "float32", barrier, torch.ones(1))
+    if rank == 0:
+        for what in sorted(refused):
+            print("gloo refused:", what)
     return failures, counts[0], counts[1]
 
 

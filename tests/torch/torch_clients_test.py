@@ -14,6 +14,7 @@ and data, and compares the losses and the final (full) parameters:
             and fully_shard on "dp", at 4 ranks;
   dcp       torch.distributed.checkpoint: the fsdp2 model's sharded state saved after 3 steps, loaded into a fresh
             model, 3 more steps: the same as 6 steps straight, at 2 ranks.
+First, torchrun (this interpreter's) launches tests/torch/torchrun_job.py on 4 ranks of loom, as the README does.
 At 2 ranks every sum is a + b in either library, so the results must be bitwise equal; at 4 ranks the two reduce in
 a different order, so they must agree within 1e-6 relative (the test prints which held). Exits 77 (skipped) when
 this interpreter's torch is not 2.x or cannot import loom_torch.
@@ -246,6 +247,16 @@ def main():
     import torch
     print("torch", torch.__version__)
     status = 0
+    # torchrun, as the README writes it (the torch it names is this interpreter's: its bin/torchrun).
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if os.path.exists(torchrun):
+        job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrun_job.py")
+        run = subprocess.run([torchrun, "--nproc-per-node", "4", job], capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        said = [line for line in run.stdout.splitlines() if line.startswith("torchrun job:")]
+        print(said[0] if said else "torchrun: FAILED (exit %d)\n%s" % (run.returncode, run.stderr[-3000:]))
+        if run.returncode != 0 or not said or "on loom" not in said[0]:
+            status = 1
     work = tempfile.mkdtemp(prefix="loom-clients-")
     for client in wanted:
         for size in CLIENTS[client]:
