@@ -17,6 +17,7 @@ each backend, every test that passes on gloo and fails on loom, and the tests th
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -139,9 +140,11 @@ def main():
                                  capture_output=True, text=True, timeout=6 * 3600)
             if not os.path.exists(out):
                 print("%s at %d ranks: the suite did not run:\n%s" % (backend, size, run.stderr[-3000:]))
+                shutil.rmtree(work, ignore_errors=True)
                 return 1
             with open(out) as f:
                 results[backend] = json.load(f)
+            shutil.rmtree(work, ignore_errors=True)
             counts = {k: sum(1 for o in results[backend].values() if o[0] == k)
                       for k in ("passed", "failed", "skipped")}
             print("%d ranks, %s: %d passed, %d failed, %d skipped (%.0f s)" % (
