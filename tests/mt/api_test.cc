@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <cstring>
 #include <set>
@@ -431,13 +432,15 @@ TEST_P(ApiTest, AbortFromAnotherThreadEndsABlockedRecv) {
   }
 }
 
-// Where the peer does share FIFOs with the aborted rank (after a first AllReduce connected them), the abort
-// reaches it at once: rank 1 blocked in an AllReduce that rank 0 never joins returns loomRemoteError long
-// before its 60 s deadline, with a message naming rank 0.
-TEST_P(ApiTest, AbortReachesAPeerThroughSharedConnections) {
-  std::vector<loomComm_t> comms = initComms({configWithTimeout(60000), configWithTimeout(60000)});
-  ASSERT_TRUE(comms[0] && comms[1]);
-  std::vector<std::vector<float>> data(2, std::vector<float>(50000, 1.0f));
+// Two ranks that share FIFOs (a first AllReduce of `data` connected them), each blocked: rank 0 in a Recv from
+// rank 1, which never sends, and rank 1 in an AllReduce that rank 0 never joins. `end(comms[0])` runs 200 ms
+// into the wait; each rank's result, and how long after `end` it returned.
+struct BlockedPair {
+  loomResult_t results[2] = {loomSuccess, loomSuccess};
+  double seconds[2] = {0, 0};
+};
+BlockedPair blockBothThenEnd(const std::vector<loomComm_t>& comms, std::vector<std::vector<float>>& data,
+                             const std::function<loomResult_t(loomComm_t)>& end) {
   std::vector<std::thread> warmUp;
   for (int rank = 0; rank < 2; ++rank)
     warmUp.emplace_back([&, rank] {
@@ -447,32 +450,44 @@ TEST_P(ApiTest, AbortReachesAPeerThroughSharedConnections) {
     });
   for (std::thread& thread : warmUp) thread.join();
   std::atomic<int> entering{0};
-  loomResult_t result0 = loomSuccess, result1 = loomSuccess;
-  double seconds0 = 0, seconds1 = 0;
-  Clock::time_point abortAt, returned0, returned1;
+  BlockedPair pair;
   std::vector<float> recv0(16, kSentinel);
+  Clock::time_point endAt, returned[2];
   std::thread rank0([&] {
     ++entering;
-    result0 = loomRecv(recv0.data(), recv0.size(), loomFloat32, 1, comms[0], nullptr);
-    returned0 = Clock::now();
+    pair.results[0] = loomRecv(recv0.data(), recv0.size(), loomFloat32, 1, comms[0], nullptr);
+    returned[0] = Clock::now();
   });
   std::thread rank1([&] {
     ++entering;
-    result1 = loomAllReduce(data[1].data(), data[1].data(), data[1].size(), loomFloat32, loomSum, comms[1], nullptr);
-    returned1 = Clock::now();
+    pair.results[1] =
+        loomAllReduce(data[1].data(), data[1].data(), data[1].size(), loomFloat32, loomSum, comms[1], nullptr);
+    returned[1] = Clock::now();
   });
   while (entering.load() < 2) std::this_thread::yield();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  abortAt = Clock::now();
-  EXPECT_EQ(loomCommAbort(comms[0]), loomSuccess);
+  endAt = Clock::now();
+  EXPECT_EQ(end(comms[0]), loomSuccess);
   rank0.join();
   rank1.join();
-  seconds0 = std::chrono::duration<double>(returned0 - abortAt).count();
-  seconds1 = std::chrono::duration<double>(returned1 - abortAt).count();
-  EXPECT_EQ(result0, loomRemoteError) << GetParam();
-  EXPECT_LT(seconds0, 5.0) << GetParam();
-  EXPECT_EQ(result1, loomRemoteError) << "rank 1's AllReduce on " << GetParam() << ": " << loomGetLastError(comms[1]);
-  EXPECT_LT(seconds1, 5.0) << "rank 1's AllReduce on " << GetParam() << " returned this long after the abort";
+  for (int rank = 0; rank < 2; ++rank)
+    pair.seconds[rank] = std::chrono::duration<double>(returned[rank] - endAt).count();
+  return pair;
+}
+
+// Where the peer does share FIFOs with the aborted rank (after a first AllReduce connected them), the abort
+// reaches it at once: rank 1 blocked in an AllReduce that rank 0 never joins returns loomRemoteError long
+// before its 60 s deadline, with a message naming rank 0.
+TEST_P(ApiTest, AbortReachesAPeerThroughSharedConnections) {
+  std::vector<loomComm_t> comms = initComms({configWithTimeout(60000), configWithTimeout(60000)});
+  ASSERT_TRUE(comms[0] && comms[1]);
+  std::vector<std::vector<float>> data(2, std::vector<float>(50000, 1.0f));
+  const BlockedPair pair = blockBothThenEnd(comms, data, loomCommAbort);
+  EXPECT_EQ(pair.results[0], loomRemoteError) << GetParam();
+  EXPECT_LT(pair.seconds[0], 5.0) << GetParam();
+  EXPECT_EQ(pair.results[1], loomRemoteError)
+      << "rank 1's AllReduce on " << GetParam() << ": " << loomGetLastError(comms[1]);
+  EXPECT_LT(pair.seconds[1], 5.0) << "rank 1's AllReduce on " << GetParam() << " returned this long after the abort";
   EXPECT_TRUE(contains(loomGetLastError(comms[1]), "rank 0")) << loomGetLastError(comms[1]);
   loomResult_t asyncError = loomSuccess;
   EXPECT_EQ(loomCommGetAsyncError(comms[1], &asyncError), loomSuccess);
@@ -487,38 +502,11 @@ TEST_P(ApiTest, RevokeEndsCallsAndLaterOnesButLeavesTheCommunicator) {
   std::vector<loomComm_t> comms = initComms({configWithTimeout(60000), configWithTimeout(60000)});
   ASSERT_TRUE(comms[0] && comms[1]);
   std::vector<std::vector<float>> data(2, std::vector<float>(50000, 1.0f));
-  std::vector<std::thread> warmUp;
-  for (int rank = 0; rank < 2; ++rank)
-    warmUp.emplace_back([&, rank] {
-      EXPECT_EQ(loomAllReduce(data[rank].data(), data[rank].data(), data[rank].size(), loomFloat32, loomSum,
-                              comms[rank], nullptr),
-                loomSuccess);
-    });
-  for (std::thread& thread : warmUp) thread.join();
-  std::atomic<int> entering{0};
-  loomResult_t result0 = loomSuccess, result1 = loomSuccess;
-  std::vector<float> recv0(16, kSentinel);
-  Clock::time_point revokedAt, returned0, returned1;
-  std::thread rank0([&] {
-    ++entering;
-    result0 = loomRecv(recv0.data(), recv0.size(), loomFloat32, 1, comms[0], nullptr);
-    returned0 = Clock::now();
-  });
-  std::thread rank1([&] {
-    ++entering;
-    result1 = loomAllReduce(data[1].data(), data[1].data(), data[1].size(), loomFloat32, loomSum, comms[1], nullptr);
-    returned1 = Clock::now();
-  });
-  while (entering.load() < 2) std::this_thread::yield();
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  revokedAt = Clock::now();
-  EXPECT_EQ(loomCommRevoke(comms[0]), loomSuccess);
-  rank0.join();
-  rank1.join();
-  EXPECT_EQ(result0, loomRemoteError) << GetParam();
-  EXPECT_LT(std::chrono::duration<double>(returned0 - revokedAt).count(), 5.0) << GetParam();
-  EXPECT_EQ(result1, loomRemoteError) << GetParam() << ": " << loomGetLastError(comms[1]);
-  EXPECT_LT(std::chrono::duration<double>(returned1 - revokedAt).count(), 5.0) << GetParam();
+  const BlockedPair pair = blockBothThenEnd(comms, data, loomCommRevoke);
+  EXPECT_EQ(pair.results[0], loomRemoteError) << GetParam();
+  EXPECT_LT(pair.seconds[0], 5.0) << GetParam();
+  EXPECT_EQ(pair.results[1], loomRemoteError) << GetParam() << ": " << loomGetLastError(comms[1]);
+  EXPECT_LT(pair.seconds[1], 5.0) << GetParam();
   EXPECT_TRUE(contains(loomGetLastError(comms[1]), "rank 0")) << loomGetLastError(comms[1]);
   const auto later = Clock::now();
   EXPECT_EQ(loomAllReduce(data[0].data(), data[0].data(), data[0].size(), loomFloat32, loomSum, comms[0], nullptr),

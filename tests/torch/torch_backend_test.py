@@ -16,9 +16,10 @@ import datetime
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
+
+from ranks import run_ranks
 
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool"]
 REDUCING = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
@@ -36,34 +37,8 @@ def plugin_dir(build):
     return os.path.join(build, "plugins", "torch", *(["torch2"] if major >= 2 else []))
 
 
-def rendezvous_file():
-    """A fresh file for torch's FileStore rendezvous (no port to race other tests for)."""
-    handle, path = tempfile.mkstemp(prefix="loom-torch-")
-    os.close(handle)
-    os.remove(path)
-    return path
-
-
 def launch(mode, size, timeout=300, extra=()):
-    store = rendezvous_file()
-    env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")  # torch 2.x deprecates names the test calls
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", mode, str(r), str(size), store, *extra],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for r in range(size)]
-    outputs, codes = [], []
-    deadline = time.time() + timeout
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=max(1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            out += "\n(killed: over %d s)" % timeout
-        outputs.append(out)
-        codes.append(p.returncode)
-    if os.path.exists(store):
-        os.remove(store)
-    return codes, outputs
+    return run_ranks(__file__, size, lambda r, store: [mode, str(r), str(size), store, *extra], timeout)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -26,32 +26,14 @@ import sys
 import tempfile
 import time
 
+from ranks import run_ranks
+
 CLIENTS = {"ddp": (2, 4), "fsdp2": (2, 4), "tp2d": (4,), "dcp": (2,)}  # client: rank counts
 STEPS = 6
 
 
 def launch(client, backend, size, out, timeout=600):
-    handle, store = tempfile.mkstemp(prefix="loom-clients-")
-    os.close(handle)
-    os.remove(store)
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", client, backend, str(r), str(size), store, out],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for r in range(size)]
-    outputs, codes = [], []
-    deadline = time.time() + timeout
-    for p in procs:
-        try:
-            text, _ = p.communicate(timeout=max(1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            text, _ = p.communicate()
-            text += "\n(killed: over %d s)" % timeout
-        outputs.append(text)
-        codes.append(p.returncode)
-    if os.path.exists(store):
-        os.remove(store)
-    return codes, outputs
+    return run_ranks(__file__, size, lambda r, store: [client, backend, str(r), str(size), store, out], timeout)
 
 
 # ---------------------------------------------------------------------------------------------------------------
