@@ -242,6 +242,9 @@ class LoomWork : public c10d::Work {
         future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  // The rank a receive took its message from (set before it completes).
+  int sourceRank() const override { return source_.load(); }
+  void setSource(int rank) { source_.store(rank); }
   void complete(std::exception_ptr error) {
     finish(error);
     if (error)
@@ -253,6 +256,7 @@ class LoomWork : public c10d::Work {
  private:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<int> source_{-1};
 };
 
 // A thread that runs tasks in the order they are queued.
@@ -326,8 +330,8 @@ loomUniqueId readId(c10d::Store& store, const std::string& key, std::chrono::mil
                     const std::atomic<bool>* aborted = nullptr) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!store.check({key})) {
-    if (aborted != nullptr && aborted->load()) fail("the group was aborted while waiting for " + key);
-    if (std::chrono::steady_clock::now() > deadline)
+    if (aborted != nullptr && aborted->load()) fail("the group was closed or aborted while waiting for " + key);
+    if (timeout.count() > 0 && std::chrono::steady_clock::now() > deadline)
       fail("no loom unique id appeared under " + key + " in the store within the group's timeout");
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
@@ -347,6 +351,39 @@ loomComm_t join(const loomUniqueId& id, int rank, int size, std::chrono::millise
   loomComm_t comm = nullptr;
   check(loomCommInitRankConfig(&comm, size, id, rank, &config), nullptr, "loomCommInitRankConfig");
   return comm;
+}
+
+// A receiving link's communicator waits for a message's header for as long as a receive may want one (about 24
+// days, its own deadline): the group's timeout bounds each receive instead (ProcessGroupLoom::reap).
+constexpr int kListenTimeoutMs = INT32_MAX;
+
+// Joins a receiving link (rank 1 of 2) whose calls wait up to kListenTimeoutMs; the join itself is bounded by
+// `timeout` (its sender joins as it publishes the id) and ends early when `stop` is set.
+loomComm_t joinListening(const loomUniqueId& id, std::chrono::milliseconds timeout, const std::atomic<bool>& stop) {
+  loomConfig_t config = LOOM_CONFIG_INITIALIZER;
+  config.timeoutMs = kListenTimeoutMs;
+  config.blocking = 0;
+  config.commName = "torch p2p";
+  loomComm_t comm = nullptr;
+  const loomResult_t started = loomCommInitRankConfig(&comm, 2, id, 1, &config);
+  if (started != loomInProgress) check(started, nullptr, "loomCommInitRankConfig");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    loomResult_t state = loomSuccess;
+    loomCommGetAsyncError(comm, &state);
+    if (state == loomSuccess) return comm;
+    if (state != loomInProgress) {
+      const std::string why = loomGetLastError(comm);
+      loomCommAbort(comm);
+      fail(std::string("joining a receiving link failed: ") + loomGetErrorString(state) + ": " + why);
+    }
+    if (stop.load() || std::chrono::steady_clock::now() > deadline) {
+      loomCommAbort(comm);
+      fail(stop.load() ? "the group was closed while a receiving link joined"
+                       : "a receiving link's sender did not join within the group's timeout");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 class ProcessGroupLoom : public Base {
@@ -651,23 +688,33 @@ class ProcessGroupLoom : public Base {
     Link& link = linkTo(dstRank, true);
     return queue(*link.worker, c10d::OpType::SEND, {t}, [this, t, &link] {
       link.worker->rethrowFailure();
-      call(loomSend(t.data_ptr(), bytesOf(t), loomUint8, link.peer, link.comm, nullptr), link.comm, "loomSend");
+      const uint64_t bytes = bytesOf(t);  // the message's header: its size, by which the receiver matches it
+      call(loomSend(&bytes, sizeof(bytes), loomUint8, link.peer, link.comm, nullptr), link.comm, "loomSend");
+      call(loomSend(t.data_ptr(), bytes, loomUint8, link.peer, link.comm, nullptr), link.comm, "loomSend");
     });
   }
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int) override {
     checkSingle(tensors, "recv");
     checkPeer(srcRank, "recv");
-    at::Tensor t = tensors[0];
+    auto posted = post(tensors[0], srcRank, c10d::OpType::RECV);
     Link& link = linkTo(srcRank, false);
-    return queue(*link.worker, c10d::OpType::RECV, {t}, [this, t, &link] {
-      link.worker->rethrowFailure();
-      call(loomRecv(t.data_ptr(), bytesOf(t), loomUint8, link.peer, link.comm, nullptr), link.comm, "loomRecv");
-    });
+    link.worker->queue([this, &link, posted] { take(link, srcOf(link), posted); }, c10::intrusive_ptr<LoomWork>());
+    return posted->work;
   }
 
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
-    fail("recv from any source is not supported (name the source rank)");
+  // The next message of any peer: every peer's receiving link listens for a header while the receive is open,
+  // and the first header claims it. A link whose header came too late keeps it for its next receive.
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int) override {
+    checkSingle(tensors, "recvAnysource");
+    if (size_ < 2) fail("recvAnysource: a group of one rank has no one to receive from");
+    auto posted = post(tensors[0], -1, c10d::OpType::RECVANYSOURCE);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      Link& link = linkTo(peer, false);
+      link.worker->queue([this, &link, peer, posted] { take(link, peer, posted); }, c10::intrusive_ptr<LoomWork>());
+    }
+    return posted->work;
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
@@ -679,6 +726,7 @@ class ProcessGroupLoom : public Base {
   // freed when the group is.
   void abort() override {
     aborted_.store(true);
+    stopping_.store(true);
     revokeAll();
   }
   // Runs what was queued, then frees the communicators; later calls fail.
@@ -834,14 +882,27 @@ class ProcessGroupLoom : public Base {
   // Runs what is queued (failing at once after an abort), stops the workers and frees the communicators.
   void close() {
     std::lock_guard<std::mutex> closing(closeMutex_);
-    closed_.store(true);
     collectives_.reset();  // its queue run, its thread stopped
+    {
+      std::lock_guard<std::mutex> lock(postedMutex_);
+      closed_.store(true);
+      stopping_.store(true);
+    }
+    reapWake_.notify_all();
+    if (reaper_.joinable()) reaper_.join();  // every receive still open failed
     std::map<std::pair<int, int>, std::unique_ptr<Link>> links;
     {
       std::lock_guard<std::mutex> lock(linksMutex_);
       links.swap(links_);
     }
     for (auto& [key, link] : links) {
+      // A receiving link may be listening for a header that will never come: revoked, its wait ends.
+      loomComm_t comm = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(linksMutex_);  // its worker may be setting it
+        comm = link->comm;
+      }
+      if (link->from != rank_ && comm != nullptr && !link->revoked.exchange(true)) loomCommRevoke(comm);
       link->worker.reset();
       if (link->comm != nullptr) loomCommDestroy(link->comm);
     }
@@ -854,11 +915,132 @@ class ProcessGroupLoom : public Base {
   }
 
   // One direction of messages between this rank and a peer: a two-rank communicator and the thread that runs them.
+  // A receiving link also holds the header of a message it has received but not yet delivered.
   struct Link {
     loomComm_t comm = nullptr;
     int peer = 0;  // the other rank's rank in comm
+    int from = 0;  // the sending rank, in the group
     std::unique_ptr<Worker> worker;
+    bool hasHeader = false;  // on the worker's thread only
+    uint64_t header = 0;
+    std::atomic<bool> revoked{false};  // by reap, a receive past its deadline in the middle of its message
   };
+
+  // A receive not yet completed: from `source` (-1: any peer), into `tensor`, by `deadline`. The first of a link
+  // (its message arrived) and reap (its deadline passed) to claim it completes it.
+  struct Posted {
+    int source = -1;
+    at::Tensor tensor;
+    c10::intrusive_ptr<LoomWork> work;
+    std::chrono::steady_clock::time_point deadline;
+    std::atomic<bool> claimed{false};
+    std::atomic<Link*> receiving{nullptr};  // the link moving its message, once claimed by one
+    std::atomic<int> failedLinks{0};
+  };
+
+  int srcOf(const Link& link) const { return link.from; }
+
+  // A receive into `tensor` from `source` (-1: any), its Work, and its place among the receives reap watches.
+  std::shared_ptr<Posted> post(const at::Tensor& tensor, int source, c10d::OpType type) {
+    auto posted = std::make_shared<Posted>();
+    posted->source = source;
+    posted->tensor = tensor;
+    posted->work = c10::make_intrusive<LoomWork>(rank_, type, std::vector<at::Tensor>{tensor});
+    posted->deadline = std::chrono::steady_clock::now() + timeout_;
+    std::lock_guard<std::mutex> lock(postedMutex_);
+    if (closed_.load()) fail("the group was shut down (shutdown()): no more calls run on it");
+    posted_.push_back(posted);
+    if (!reaper_.joinable()) reaper_ = std::thread([this] { reap(); });
+    return posted;
+  }
+
+  static void finish(Posted& posted, std::exception_ptr error) {
+    posted.work->complete(error);
+  }
+
+  // On `link`'s worker (messages from `peer`): receives the next message's header unless the link holds one, and
+  // delivers that message into `posted` if no one has claimed it; else the header waits for the link's next
+  // receive.
+  void take(Link& link, int peer, const std::shared_ptr<Posted>& posted) {
+    if (posted->claimed.load()) return;  // taken from another link, or past its deadline: nothing to listen for
+    try {
+      link.worker->rethrowFailure();
+      if (aborted_.load()) fail("the group was aborted (abort()): no more calls run on it");
+      if (!link.hasHeader) {
+        call(loomRecv(&link.header, sizeof(link.header), loomUint8, link.peer, link.comm, nullptr), link.comm,
+             "loomRecv");
+        link.hasHeader = true;
+      }
+    } catch (...) {
+      // A link that cannot receive fails a receive from its peer; a receive from any peer only once every link has.
+      if (posted->source >= 0 || posted->failedLinks.fetch_add(1) + 2 == size_) {
+        if (!posted->claimed.exchange(true)) finish(*posted, std::current_exception());
+      }
+      return;
+    }
+    if (posted->claimed.exchange(true)) return;  // the header stays for the link's next receive
+    posted->receiving.store(&link);
+    link.hasHeader = false;
+    const uint64_t bytes = link.header, wanted = bytesOf(posted->tensor);
+    std::exception_ptr error;
+    try {
+      if (bytes != wanted) {  // the message is taken off the link all the same, then the receive fails
+        std::vector<uint8_t> sink(bytes);
+        call(loomRecv(sink.data(), bytes, loomUint8, link.peer, link.comm, nullptr), link.comm, "loomRecv");
+        fail("recv: rank " + std::to_string(peer) + " sent " + std::to_string(bytes) + " bytes; this receive takes " +
+             std::to_string(wanted) + " (" + std::to_string(posted->tensor.numel()) + " of " +
+             c10::toString(posted->tensor.scalar_type()) + ")");
+      }
+      call(loomRecv(posted->tensor.data_ptr(), bytes, loomUint8, link.peer, link.comm, nullptr), link.comm,
+           "loomRecv");
+      posted->work->setSource(peer);
+    } catch (...) {
+      error = std::current_exception();
+      if (link.revoked.load())
+        error = std::make_exception_ptr(std::runtime_error(
+            "loom: recv from rank " + std::to_string(peer) + ": its message did not arrive within the group's timeout (" +
+            std::to_string(timeout_.count()) + " ms)"));
+    }
+    posted->receiving.store(nullptr);
+    finish(*posted, error);
+  }
+
+  // The receives' deadlines: one not claimed by then fails; one whose message is still arriving then ends its
+  // link (revoked: the peer's later messages fail too, as a timed-out loom call's would). Works are completed
+  // outside the lock: their futures' callbacks may post receives.
+  void reap() {
+    std::unique_lock<std::mutex> lock(postedMutex_);
+    for (;;) {
+      const bool closing = closed_.load();
+      std::vector<std::pair<std::shared_ptr<Posted>, std::string>> failing;
+      const auto now = std::chrono::steady_clock::now();
+      for (auto it = posted_.begin(); it != posted_.end();) {
+        Posted& posted = **it;
+        if (posted.work->isCompleted()) {
+          it = posted_.erase(it);
+          continue;
+        }
+        if (closing || now > posted.deadline) {
+          if (!posted.claimed.exchange(true)) {
+            const std::string from = posted.source < 0 ? "any rank" : "rank " + std::to_string(posted.source);
+            failing.emplace_back(*it, closing ? "loom: recv from " + from + ": the group was shut down or aborted"
+                                              : "loom: recv from " + from + ": no message within the group's timeout (" +
+                                                    std::to_string(timeout_.count()) + " ms)");
+            it = posted_.erase(it);
+            continue;
+          }
+          if (Link* link = posted.receiving.load(); link != nullptr && !link->revoked.exchange(true))
+            loomCommRevoke(link->comm);
+        }
+        ++it;
+      }
+      lock.unlock();
+      for (auto& [posted, message] : failing) finish(*posted, std::make_exception_ptr(std::runtime_error(message)));
+      lock.lock();
+      if (closing) return;
+      reapWake_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+  }
 
   void checkPeer(int peer, const char* what) const {
     if (peer < 0 || peer >= size_ || peer == rank_)
@@ -878,6 +1060,7 @@ class ProcessGroupLoom : public Base {
     if (found != links_.end()) return *found->second;
     auto link = std::make_unique<Link>();
     link->peer = sending ? 1 : 0;
+    link->from = from;
     link->worker = std::make_unique<Worker>();
     Link& made = *link;
     const std::string storeKey = "loom/p2p/" + std::to_string(from) + "-" + std::to_string(to);
@@ -886,11 +1069,14 @@ class ProcessGroupLoom : public Base {
     if (sending) id = publishId(*store_, storeKey);
     made.worker->queue(
         [this, &made, storeKey, sending, id] {
-          loomComm_t comm = join(sending ? id : readId(*store_, storeKey, timeout_, &aborted_), sending ? 0 : 1, 2,
-                                 timeout_, "torch p2p");
-          std::lock_guard<std::mutex> lock(linksMutex_);  // revokeAll reads it
+          // A receiving link waits for its sender without a deadline of its own (the peer may never send; each
+          // receive has the group's), until the group closes.
+          loomComm_t comm = sending ? join(id, 0, 2, timeout_, "torch p2p")
+                                    : joinListening(readId(*store_, storeKey, std::chrono::milliseconds(0), &stopping_),
+                                                    timeout_, stopping_);
+          std::lock_guard<std::mutex> lock(linksMutex_);  // revokeAll and close read it
           made.comm = comm;
-          if (aborted_.load()) loomCommRevoke(comm);
+          if (aborted_.load() || (!sending && stopping_.load() && !made.revoked.exchange(true))) loomCommRevoke(comm);
         },
         c10::intrusive_ptr<LoomWork>());
     return *links_.emplace(key, std::move(link)).first->second;
@@ -918,7 +1104,12 @@ class ProcessGroupLoom : public Base {
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
   std::atomic<bool> aborted_{false}, closed_{false};
+  std::atomic<bool> stopping_{false};  // closed or aborted: what waits without a deadline gives up
   std::mutex closeMutex_;
+  std::mutex postedMutex_;
+  std::condition_variable reapWake_;
+  std::vector<std::shared_ptr<Posted>> posted_;
+  std::thread reaper_;
   loomComm_t comm_ = nullptr;
   std::unique_ptr<Worker> collectives_ = std::make_unique<Worker>();
   std::mutex linksMutex_;

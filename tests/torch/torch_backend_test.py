@@ -428,6 +428,21 @@ def run_ops(torch, dist, rank, size, loom, gloo):
                 return out
             check("reduce_scatter " + op, dtype_name, reduce_scatter_bitwise, want_rs)
 
+    # Receiving from any source: every rank sends a tensor naming itself to every other, then takes size - 1
+    # messages from whoever comes first; the senders and contents must be exactly the others'.
+    def any_source(group):
+        sends = [dist.isend(torch.full((7,), float(rank)), p, group=group) for p in range(size) if p != rank]
+        got = []
+        for _ in range(size - 1):
+            t = torch.zeros(7)
+            source = dist.recv(t, group=group)  # src=None: any source
+            got.append(torch.tensor([float(source), t[0].item(), float(bool(torch.all(t == t[0])))]))
+        for work in sends:
+            work.wait()
+        return sorted(got, key=lambda row: row[0].item())
+    check("recv from any source", "float32", any_source,
+          [torch.tensor([float(p), float(p), 1.0]) for p in range(size) if p != rank])
+
     def barrier(group):
         dist.barrier(group=group)
         return torch.ones(1)

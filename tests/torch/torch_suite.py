@@ -35,12 +35,7 @@ CI_TESTS = [
 
 
 # Tests that fail on loom, pass on gloo, and why: counted as failures and printed, but not failing the run.
-KNOWN = {
-    "test_send_recv_any_source": "recv from any source is not built (docs/TORCH.md)",
-    "test_send_recv_any_source_with_tag": "recv from any source is not built (docs/TORCH.md)",
-    "test_send_recv_any_source_autograd_profiler": "recv from any source is not built (docs/TORCH.md)",
-    "test_send_recv_any_source_torch_profiler": "recv from any source is not built (docs/TORCH.md)",
-}
+KNOWN = {}
 
 
 def run_one(backend, world_size, out, names):
