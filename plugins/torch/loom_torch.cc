@@ -9,8 +9,9 @@
 // forms: one loom group of calls); the Work they return completes, with its future, when the call returns.
 // Point-to-point messages go over a two-rank communicator per peer and direction (made on first use, its id passed
 // through the store), each with a worker thread of its own, so that a send waiting for its receiver never holds up
-// a receive from that peer. Tags are accepted but not used: between two ranks, messages match in the order they
-// were sent.
+// a receive from that peer. A message is its size, then its bytes: a receive checks the size, and a receive from
+// any source listens on every peer's link and takes the first message to come (see take()). Tags are accepted but
+// not used: between two ranks, messages match in the order they were sent.
 //
 // One source for torch 1.13 (the ProcessGroup base) and torch 2.x (the Backend base, by TORCH_VERSION_MAJOR).
 // Tensors on the CPU, dense and contiguous. Operations that move data take every dtype (as bytes); reductions take

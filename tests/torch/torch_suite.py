@@ -35,7 +35,10 @@ CI_TESTS = [
 
 
 # Tests that fail on loom, pass on gloo, and why: counted as failures and printed, but not failing the run.
-KNOWN = {}
+KNOWN = {
+    "test_ddp_logging_data_cpu": "DDP logs the ProcessGroup's backend name, which torch sets to 'custom' for every "
+                                 "plug-in backend, while the test expects dist.get_backend()'s 'loom'",
+}
 
 
 def run_one(backend, world_size, out, names):
