@@ -6,9 +6,11 @@
 Runs, each as processes of one host meeting through a file (torch's FileStore):
   - every operation at 2 and 4 ranks, for every dtype the operation takes on the CPU, on inputs each rank can
     compute for every other: loom's result against the expected one computed here in float64 (exact for integers),
-    and against gloo's on the same inputs where gloo has the operation;
+    and against gloo's on the same inputs where gloo has the operation (what gloo refused is listed); receiving
+    from any source; a message of the wrong size refused, naming both sizes, and the next one taken;
   - torch DDP training a small model for 20 steps with backend "loom" and with "gloo" (same seed, data and order):
     the same parameters;
+  - on torch 2.x, abort() ending an all_reduce the peer never joins, and split_group into pairs;
   - a peer killed before an all_reduce: the survivor's all_reduce raises within the group's timeout.
 Exits 77 (skipped) when torch or loom_torch cannot be imported.
 """
@@ -67,6 +69,22 @@ def worker(mode, rank, size, store):
         loom = dist.new_group(list(range(size)), backend="loom")
         gloo = dist.new_group(list(range(size)), backend="gloo")
         failures, checked, gloo_checked = run_ops(torch, dist, rank, size, loom, gloo)
+        # A message of another size than the receive: the receive fails naming both, and the link goes on.
+        if rank == 0:
+            dist.send(torch.ones(5), 1, group=loom)
+            dist.send(torch.full((7,), 2.0), 1, group=loom)
+        elif rank == 1:
+            try:
+                dist.recv(torch.zeros(7), 0, group=loom)
+                failures.append("a 5-element message went into a 7-element receive without an error")
+            except RuntimeError as error:
+                if "sent 20 bytes; this receive takes 28" not in str(error):
+                    failures.append("the wrong-size receive said: %s" % str(error)[:300])
+            after = torch.zeros(7)
+            dist.recv(after, 0, group=loom)
+            if not torch.equal(after, torch.full((7,), 2.0)):
+                failures.append("the message after a wrong-size one arrived as %s" % after.tolist())
+            checked += 2
         print("rank %d: %d results checked, %d of them also against gloo (the others: gloo refused them)" % (
             rank, checked, gloo_checked))
         for f in failures[:20]:
