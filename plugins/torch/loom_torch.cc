@@ -44,6 +44,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -882,6 +883,10 @@ class ProcessGroupLoom : public Base {
 
   // Runs what is queued (failing at once after an abort), stops the workers and frees the communicators.
   void close() {
+    // Called from Python's deallocation too, with the GIL held: the threads joined here may drop the last
+    // reference to a tensor whose Python object C++ then owns, which takes the GIL to free it.
+    std::optional<py::gil_scoped_release> withoutGil;
+    if (PyGILState_Check()) withoutGil.emplace();
     std::lock_guard<std::mutex> closing(closeMutex_);
     collectives_.reset();  // its queue run, its thread stopped
     {
