@@ -1,9 +1,15 @@
-"""Runs the ranks of a torch test as processes of this host, meeting through a file (torch's FileStore)."""
+"""Shared by the torch tests: where loom_torch is built for a torch, and running a test's ranks as processes of
+this host that meet through a file (torch's FileStore)."""
 import os
 import subprocess
 import sys
 import tempfile
 import time
+
+
+def plugin_dir(build, major):
+    """Where loom_torch is built for torch `major` (1: Debian's 1.13; 2: the torch 2.x of torch2_python)."""
+    return os.path.join(build, "plugins", "torch", *(["torch2"] if major >= 2 else []))
 
 
 def run_ranks(script, size, args, timeout=300):

@@ -21,6 +21,7 @@ import sys
 import time
 import warnings
 
+import ranks
 from ranks import run_ranks
 
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool"]
@@ -36,7 +37,7 @@ def plugin_dir(build):
         major = int(torch.__version__.split(".")[0])
     except ImportError:
         major = 1
-    return os.path.join(build, "plugins", "torch", *(["torch2"] if major >= 2 else []))
+    return ranks.plugin_dir(build, major)
 
 
 def launch(mode, size, timeout=300, extra=()):

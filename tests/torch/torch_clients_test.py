@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from ranks import run_ranks
+from ranks import plugin_dir, run_ranks
 
 CLIENTS = {"ddp": (2, 4), "fsdp2": (2, 4), "tp2d": (4,), "dcp": (2,)}  # client: rank counts
 STEPS = 6
@@ -217,7 +217,7 @@ def main():
         return 0
     build = os.path.abspath(sys.argv[1])
     wanted = sys.argv[2:] or list(CLIENTS)
-    os.environ["PYTHONPATH"] = os.path.join(build, "plugins", "torch", "torch2") + os.pathsep + \
+    os.environ["PYTHONPATH"] = plugin_dir(build, 2) + os.pathsep + \
         os.environ.get("PYTHONPATH", "")
     os.environ["LD_LIBRARY_PATH"] = build + os.pathsep + os.environ.get("LD_LIBRARY_PATH", "")
     probe = subprocess.run([sys.executable, "-c", "import torch, loom_torch; assert torch.__version__ >= '2'"],

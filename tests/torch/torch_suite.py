@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+from ranks import plugin_dir
+
 # One test at least per operation, its async and group forms, and DDP: what CI runs (about 3 minutes a run).
 CI_TESTS = [
     "test_broadcast", "test_all_reduce_sum", "test_all_reduce_coalesced_max", "test_all_reduce_sum_async", "test_reduce_sum", "test_reduce_product", "test_all_gather",
@@ -111,7 +113,7 @@ def main():
     except ImportError:
         print("skipped: this interpreter cannot import torch")
         return 77
-    plugin = os.path.join(build, "plugins", "torch", *(["torch2"] if major >= 2 else []))
+    plugin = plugin_dir(build, major)
     if major < 2:  # Debian's python3 has no expecttest, which the suite imports: tools/install-deps puts it there
         plugin += os.pathsep + os.environ.get("LOOM_EXPECTTEST_DIR", "/opt/loom-torch2/for-python3")
     env = dict(os.environ, PYTHONPATH=plugin + os.pathsep + os.environ.get("PYTHONPATH", ""),
