@@ -73,6 +73,7 @@ void fifoHeaderImage(void* memory, const FifoShape& shape) {
   header->tail.store(0, std::memory_order_relaxed);
   header->senderAttached.store(0, std::memory_order_relaxed);
   header->aborted.store(0, std::memory_order_relaxed);
+  header->origin.store(0, std::memory_order_relaxed);
   for (auto& size : header->sizes) size.store(0, std::memory_order_relaxed);
   header->sleeping.store(0, std::memory_order_relaxed);
   header->doorbell = -1;

@@ -42,6 +42,7 @@ struct alignas(64) FifoHeader {
   alignas(64) std::atomic<uint64_t> tail;  // messages released by the receiver
   alignas(64) std::atomic<uint32_t> senderAttached;
   std::atomic<uint32_t> aborted;  // an AbortCode, set by either side when it gives up on the connection
+  std::atomic<uint64_t> origin;   // the first failure behind the abort (packOrigin; 0: not known), set before it
   alignas(64) std::atomic<uint64_t> sizes[kMaxFifoDepth];  // bytes of each posted Simple message
   // A FIFO that a proxy thread of this process serves (network transports) has a doorbell, an eventfd: while
   // the proxy sleeps (`sleeping` set), post(), release() and abort() ring it. Shared-memory FIFOs have none (-1)
@@ -55,6 +56,14 @@ struct alignas(64) FifoHeader {
 void ringDoorbell(FifoHeader* header);
 inline void ringIfProxied(FifoHeader* header) {
   if (header->doorbell >= 0) ringDoorbell(header);
+}
+
+// Stores `code` (an AbortCode) in `header`, and `origin` before it unless an origin is there already: the first
+// failure known on a connection stays, whichever end marks it later.
+inline void markFifoAborted(FifoHeader* header, uint32_t code, uint64_t origin) {
+  uint64_t none = 0;
+  if (origin != 0) header->origin.compare_exchange_strong(none, origin, std::memory_order_relaxed);
+  header->aborted.store(code, std::memory_order_release);
 }
 
 // Bytes of FIFO memory for `shape` (header plus slots, page aligned).
@@ -109,9 +118,12 @@ class FifoSender {
   // Whether the receiver has released every message posted so far.
   bool drained() const { return memory_.header->tail.load(std::memory_order_acquire) >= posted_; }
   bool aborted() const { return memory_.header->aborted.load(std::memory_order_relaxed) != 0; }
-  uint32_t abortCode() const { return memory_.header->aborted.load(std::memory_order_relaxed); }
-  void abort() {
-    memory_.header->aborted.store(kAbortedByPeer, std::memory_order_relaxed);
+  uint32_t abortCode() const { return memory_.header->aborted.load(std::memory_order_acquire); }
+  // The failure behind the abort mark, once abortCode() has seen it (0: not known).
+  uint64_t abortOrigin() const { return memory_.header->origin.load(std::memory_order_relaxed); }
+  // Marks the FIFO given up, with the failure behind it (packOrigin; 0: not known).
+  void abort(uint64_t origin = 0) {
+    markFifoAborted(memory_.header, kAbortedByPeer, origin);
     ringIfProxied(memory_.header);
   }
 
@@ -136,9 +148,12 @@ class FifoReceiver {
   // Gives the slot of the message poll() returned back to the sender.
   void release();
   bool aborted() const { return memory_.header->aborted.load(std::memory_order_relaxed) != 0; }
-  uint32_t abortCode() const { return memory_.header->aborted.load(std::memory_order_relaxed); }
-  void abort() {
-    memory_.header->aborted.store(kAbortedByPeer, std::memory_order_relaxed);
+  uint32_t abortCode() const { return memory_.header->aborted.load(std::memory_order_acquire); }
+  // The failure behind the abort mark, once abortCode() has seen it (0: not known).
+  uint64_t abortOrigin() const { return memory_.header->origin.load(std::memory_order_relaxed); }
+  // Marks the FIFO given up, with the failure behind it (packOrigin; 0: not known).
+  void abort(uint64_t origin = 0) {
+    markFifoAborted(memory_.header, kAbortedByPeer, origin);
     ringIfProxied(memory_.header);
   }
   // Whether every message posted so far has been consumed: an aborted FIFO may still hold messages that were

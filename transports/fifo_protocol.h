@@ -20,6 +20,45 @@ enum AbortCode : uint32_t {
   kConnectionLost = 2,  // a network transport lost the connection: the peer died or the network failed
 };
 
+// The first failure behind an abort, as abort marks carry it from rank to rank (a FIFO's header, the network
+// transports' abort notices), so that a chain of ranks that gave up ends at the cause on every survivor.
+enum class FailureCause : uint8_t {
+  kUnknown = 0,         // a rank gave up and did not say why (a device kernel's mark, an older peer)
+  kExited = 1,          // the process ended; detail: its exit status where known
+  kKilled = 2,          // the process was killed; detail: the signal
+  kStopped = 3,         // the process is stopped (SIGSTOP, a debugger) and does not move
+  kConnectionLost = 4,  // a network connection to the rank failed: it died, or the network did
+  kDeadline = 5,        // the rank waited past its deadline with every peer in the call
+  kUserAbort = 6,       // the rank's communicator was aborted (loomCommAbort, loomCommRevoke)
+  kLate = 7,            // the rank had not entered the collective the others waited in when their deadline passed
+  kNoAnswer = 8,        // past a deadline, the rank did not answer a status query (stopped, hung, or unreachable)
+  kError = 9,           // the rank failed of an error of its own (out of memory, a malformed message, ...)
+  kGone = 10,           // the process ended, and how is not known (its parent reaped it already)
+};
+
+// Who failed first and how. Packed into 64 bits (0: none known): the rank plus one in bits 0-23 (ranks past 2^24
+// - 2 read as unknown), the cause in 24-31, its detail in 32-39. Only the low 48 bits travel on every wire.
+struct FailureOrigin {
+  int rank = -1;
+  FailureCause cause = FailureCause::kUnknown;
+  uint8_t detail = 0;
+};
+
+constexpr uint32_t kMaxOriginRank = (1u << 24) - 2;
+inline uint64_t packOrigin(const FailureOrigin& origin) {
+  uint64_t rank = origin.rank < 0 || static_cast<uint32_t>(origin.rank) > kMaxOriginRank
+                      ? 0
+                      : static_cast<uint64_t>(origin.rank) + 1;
+  return rank | static_cast<uint64_t>(origin.cause) << 24 | static_cast<uint64_t>(origin.detail) << 32;
+}
+inline FailureOrigin unpackOrigin(uint64_t packed) {
+  FailureOrigin origin;
+  origin.rank = static_cast<int>(packed & 0xffffff) - 1;
+  origin.cause = static_cast<FailureCause>((packed >> 24) & 0xff);
+  origin.detail = static_cast<uint8_t>((packed >> 32) & 0xff);
+  return origin;
+}
+
 // Where a FIFO's words lie from its start, in fifo.h's layout (fifoWords() in fifo.cc measures them on the host),
 // for code that reaches them without FifoHeader's std::atomic members: a device's.
 struct FifoWords {

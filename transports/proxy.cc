@@ -152,8 +152,8 @@ void ProxyComm::stopProxy() {
             transport_, static_cast<unsigned long long>(proxyPasses_), static_cast<unsigned long long>(callerPasses_));
 }
 
-void ProxyComm::shut(ProxyConn& conn, uint32_t code) {
-  if (code != 0) conn.markAborted(code);
+void ProxyComm::shut(ProxyConn& conn, uint32_t code, uint64_t origin) {
+  if (code != 0) conn.markAborted(code, origin);
   if (!conn.closed) shutNetwork(conn, false);
   conn.closed = true;
 }
@@ -194,9 +194,9 @@ void ProxyComm::peerClosed(ProxyConn& conn) {
   shut(conn, kConnectionLost);
 }
 
-void ProxyComm::peerGaveUp(ProxyConn& conn) {
+void ProxyComm::peerGaveUp(ProxyConn& conn, uint64_t origin) {
   LOOM_INFO(NET, "%s: connection %s: the peer gave up on it", transport_, conn.name().c_str());
-  shut(conn, kAbortedByPeer);
+  shut(conn, kAbortedByPeer, origin);
 }
 
 // Takes the connections other threads handed over.

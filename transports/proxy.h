@@ -93,7 +93,9 @@ struct ProxyConn {
   size_t payloadBytes = 0;
 
   std::string name() const;  // "to rank 3 on channel 0"
-  void markAborted(uint32_t code) { fifo.view().header->aborted.store(code, std::memory_order_relaxed); }
+  void markAborted(uint32_t code, uint64_t origin = 0) { markFifoAborted(fifo.view().header, code, origin); }
+  // The failure behind this rank's own abort mark, for the notice to the peer (packOrigin; 0: not known).
+  uint64_t localOrigin() const { return fifo.view().header->origin.load(std::memory_order_relaxed); }
 };
 
 // How a network transport cuts a Simple message of kStripeMinBytes or more over `parts` sockets or queue pairs
@@ -113,6 +115,11 @@ inline uint32_t getU32(const uint8_t* in) {
   for (int i = 0; i < 4; ++i) value |= static_cast<uint32_t>(in[i]) << (8 * i);
   return value;
 }
+inline void putU64(uint8_t* out, uint64_t value) {
+  putU32(out, static_cast<uint32_t>(value));
+  putU32(out + 4, static_cast<uint32_t>(value >> 32));
+}
+inline uint64_t getU64(const uint8_t* in) { return getU32(in) | static_cast<uint64_t>(getU32(in + 4)) << 32; }
 // Whether a non-blocking socket call failed only for now.
 inline bool wouldBlock(int error) { return error == EAGAIN || error == EWOULDBLOCK || error == EINTR; }
 
@@ -159,7 +166,8 @@ class ProxyComm : public TransportComm {
   virtual bool progress() { return false; }
   // Moves what can move on a connected, open connection; whether anything moved.
   virtual bool pump(ProxyConn& conn) = 0;
-  // The executor gave up on the connection: tell the peer if the network allows (best effort).
+  // The executor gave up on the connection: tell the peer if the network allows (best effort), with the failure
+  // behind it (conn.localOrigin()).
   virtual void notifyGaveUp(ProxyConn& conn) { (void)conn; }
   // Closes the connection's network side; `graceful`: its messages are all out, let the peer see an orderly end.
   virtual void shutNetwork(ProxyConn& conn, bool graceful) = 0;
@@ -168,11 +176,12 @@ class ProxyComm : public TransportComm {
 
   void drainDoorbell();
   // Ends the connection: marks its FIFO (`code`, when not 0) and shuts its network side.
-  void shut(ProxyConn& conn, uint32_t code);
+  void shut(ProxyConn& conn, uint32_t code, uint64_t origin = 0);
   // A connection failed: WARNs with the transport, the connection and `what` (and errno's text for `error`).
   void fail(ProxyConn& conn, const std::string& what, int error = 0);
   void peerClosed(ProxyConn& conn);
-  void peerGaveUp(ProxyConn& conn);
+  // The peer gave up on the connection; `origin`: the failure its notice carried (packOrigin; 0: none).
+  void peerGaveUp(ProxyConn& conn, uint64_t origin);
 
   std::vector<std::shared_ptr<ProxyConn>> conns_;  // under passMutex_
   uint64_t sent_ = 0;                              // messages, for the log line at the end

@@ -12,7 +12,11 @@
 namespace loom {
 namespace {
 thread_local std::string tLastError;
+thread_local bool tQuiet = false;
 }
+
+QuietFailures::QuietFailures() : saved_(tQuiet) { tQuiet = true; }
+QuietFailures::~QuietFailures() { tQuiet = saved_; }
 
 loomResult_t fail(loomResult_t code, Subsys subsys, const char* fmt, ...) {
   const int cause = errno;  // what "%m" in fmt names
@@ -33,12 +37,14 @@ loomResult_t fail(loomResult_t code, Subsys subsys, const char* fmt, ...) {
                                   : "; the system's limit on open files (fs.file-max) is reached";
   }
   // Invalid arguments are the caller's business: they are returned with a message, and logged at INFO only.
-  LogLevel level = (code == loomInvalidArgument || code == loomInvalidUsage) ? LogLevel::kInfo : LogLevel::kWarn;
+  LogLevel level =
+      (code == loomInvalidArgument || code == loomInvalidUsage || tQuiet) ? LogLevel::kInfo : LogLevel::kWarn;
   if (logEnabled(level, subsys)) logMessage(level, subsys, "%s (%s)", tLastError.c_str(), loomGetErrorString(code));
   return code;
 }
 
 const std::string& threadLastError() { return tLastError; }
 void clearThreadLastError() { tLastError.clear(); }
+void setThreadLastError(const std::string& message) { tLastError = message; }
 
 }  // namespace loom

@@ -15,6 +15,20 @@ loomResult_t fail(loomResult_t code, Subsys subsys, const char* fmt, ...) __attr
 // This thread's last error message ("" when none).
 const std::string& threadLastError();
 void clearThreadLastError();
+// Within its scope fail() logs on this thread at INFO, not WARN: for what may fail on the side, its failure
+// reported otherwise (a status query to a peer that may be gone). The last error is still recorded.
+class QuietFailures {
+ public:
+  QuietFailures();
+  ~QuietFailures();
+  QuietFailures(const QuietFailures&) = delete;
+  QuietFailures& operator=(const QuietFailures&) = delete;
+
+ private:
+  bool saved_;
+};
+// Puts back a message saved from threadLastError() (after something that may fail on the side); logs nothing.
+void setThreadLastError(const std::string& message);
 
 }  // namespace loom
 

@@ -12,12 +12,14 @@
 #include <vector>
 
 #include "src/core/check.h"
+#include "src/core/failure.h"
 #include "src/core/params.h"
 #include "src/topology/discover.h"
 #include "src/topology/fuse.h"
 #include "src/topology/xml.h"
 
 loomComm::~loomComm() {
+  loom::stopStatusService(this);  // first: the listener thread reads the communicator's state to answer
   for (auto& [object, detach] : dependents) detach();
 }
 
@@ -70,6 +72,7 @@ struct RankSetup {
   char cudaPath[16];        // must share (LOOM_CUDA_PATH, LOOM_CUDA_ONESHOT_BYTES, LOOM_CUDA_TWOSHOT_BYTES)
   uint64_t oneShotBytes, twoShotBytes;
   int checkCalls;  // LOOM_CHECK_COLL: a rank checking waits for the others to check too
+  char host[64];   // the host name, for error messages that name a rank
 };
 
 // The transport that connects this rank to `peer`: the first in priority order that can (null: none can).
@@ -278,6 +281,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   Deadline deadline(comm->timeoutMs);
   LOOM_CHECK(Bootstrap::create(id, rank, nranks, deadline, &comm->abortFlag, &comm->bootstrap));
   comm->bootstrapUp.store(comm->bootstrap.get());
+  startStatusService(comm);
   comm->commHash = comm->bootstrap->commHash();
   comm->fifoShape = {static_cast<int>(clampParam(params::fifoDepth(), 2, kMaxFifoDepth)),
                      simpleSlotBytes(params::simpleSlotBytes()),
@@ -306,6 +310,8 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   mine.transportsHash = std::hash<std::string>{}(transports);
   mine.probeAddress = reinterpret_cast<uint64_t>(&kProbeWord);
   mine.checkCalls = comm->checkCalls ? 1 : 0;
+  if (gethostname(mine.host, sizeof(mine.host)) != 0) snprintf(mine.host, sizeof(mine.host), "unknown");
+  mine.host[sizeof(mine.host) - 1] = '\0';
   if (comm->cuda) {
     mine.cuda = 1;
     snprintf(mine.cudaPath, sizeof(mine.cudaPath), "%s", params::cudaPath().c_str());
@@ -362,9 +368,11 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
                        (unsigned long long)mine.oneShotBytes, (unsigned long long)mine.twoShotBytes);
     comm->everyRankCuda = comm->everyRankCuda && setup.cuda;
     comm->peers.push_back(setup.info);
+    comm->hostNames.emplace_back(setup.host, strnlen(setup.host, sizeof(setup.host)));
     if (setup.info.machineHash == mine.info.machineHash && setup.info.rank != rank)
       comm->peerWatch.add(setup.info.rank, setup.info.pid);
   }
+  comm->connections.watchPeersWith(&comm->peerWatch, [comm](int peer) { return askFailure(comm, peer); });
   // Hosts numbered in the order of their first rank.
   std::vector<uint64_t> hosts, hostHashes;
   for (const RankSetup& setup : setups) {
@@ -530,23 +538,75 @@ CachedPlan* PlanCache::insert(PlanKey key, RankPlan plan) {
 }
 
 void Connections::abortAll() {
-  for (auto& [key, link] : senders_) link.end->abort();
-  for (auto& [key, link] : receivers_) link.end->abort();
+  const uint64_t origin = failure();
+  for (auto& [key, link] : senders_) link.end->abort(origin);
+  for (auto& [key, link] : receivers_) link.end->abort(origin);
 }
 
-int Connections::firstGaveUp() const {
-  for (const auto& [key, link] : senders_)
-    if (link.end->abortCode() == kAbortedByPeer) return key.first;
-  for (const auto& [key, link] : receivers_)
-    if (link.end->abortCode() == kAbortedByPeer) return key.first;
+int Connections::firstGaveUp(uint64_t* origin) const {
+  for (const auto& [key, link] : senders_) {
+    if (link.end->abortCode() == kAbortedByPeer) {
+      *origin = link.end->abortOrigin();
+      return key.first;
+    }
+  }
+  for (const auto& [key, link] : receivers_) {
+    if (link.end->abortCode() == kAbortedByPeer) {
+      *origin = link.end->abortOrigin();
+      return key.first;
+    }
+  }
   return -1;
 }
 
-CommWatch::CommWatch(loomComm* comm, const char* what) : comm_(comm), what_(what), deadline_(-1) {}
+uint64_t Connections::noteFailure(uint64_t packed) {
+  FailureOrigin origin = unpackOrigin(packed);
+  // Only what another rank saw from afar is refined: a rank's own account (its deadline, its error, its abort)
+  // stays, even if its process has ended since.
+  const bool seenFromAfar = origin.cause == FailureCause::kUnknown || origin.cause == FailureCause::kConnectionLost ||
+                            origin.cause == FailureCause::kNoAnswer || origin.cause == FailureCause::kLate ||
+                            origin.cause == FailureCause::kGone;
+  if (peerWatch_ != nullptr && origin.rank >= 0 && seenFromAfar) {
+    int detail = 0;
+    switch (peerWatch_->state(origin.rank, &detail)) {
+      case PeerWatch::State::kRunning:
+        // A peer that gave up without its notice getting through (a tcp sender in the middle of a message) looks
+        // like a lost connection: it says why itself while it is still there.
+        if ((origin.cause == FailureCause::kConnectionLost || origin.cause == FailureCause::kUnknown) && askPeer_) {
+          const uint64_t told = askPeer_(origin.rank);
+          if (told != 0) return Links::noteFailure(told);
+        }
+        break;
+      case PeerWatch::State::kStopped:
+        origin.cause = FailureCause::kStopped;
+        origin.detail = 0;
+        break;
+      case PeerWatch::State::kExited:
+        origin.cause = FailureCause::kExited;
+        origin.detail = static_cast<uint8_t>(detail);
+        break;
+      case PeerWatch::State::kKilled:
+        origin.cause = FailureCause::kKilled;
+        origin.detail = static_cast<uint8_t>(detail);
+        break;
+      case PeerWatch::State::kGone:
+        // Said more precisely by whoever saw it end, if anyone did.
+        if (origin.cause != FailureCause::kExited && origin.cause != FailureCause::kKilled)
+          origin.cause = FailureCause::kGone;
+        break;
+    }
+  }
+  return Links::noteFailure(packOrigin(origin));
+}
+
+CommWatch::CommWatch(loomComm* comm, const char* what, uint64_t sequence)
+    : comm_(comm), what_(what), sequence_(sequence), deadline_(-1) {}
 
 loomResult_t CommWatch::operator()(bool progressed, const std::function<bool(int)>& needsPeer) {
-  if (comm_->abortFlag.load(std::memory_order_relaxed))
-    return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: communicator aborted", what_, comm_->rank);
+  if (comm_->abortFlag.load(std::memory_order_relaxed)) {
+    comm_->connections.noteFailure(packOrigin({comm_->rank, FailureCause::kUserAbort, 0}));
+    return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: communicator aborted", label().c_str(), comm_->rank);
+  }
   if (progressed) {
     waiting_ = false;
     return loomSuccess;
@@ -559,27 +619,42 @@ loomResult_t CommWatch::operator()(bool progressed, const std::function<bool(int
   if (now >= comm_->nextPeerCheck) {
     comm_->nextPeerCheck = now + std::chrono::milliseconds(comm_->peerCheckMs);
     int dead = comm_->peerWatch.firstDead(needsPeer);
-    if (dead >= 0)
-      return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: rank %d (pid %d) has exited", what_, comm_->rank, dead,
+    if (dead >= 0) {
+      comm_->connections.noteFailure(packOrigin({dead, FailureCause::kGone, 0}));
+      return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: rank %d (pid %d) has ended", label().c_str(), comm_->rank, dead,
                        comm_->peers[dead].pid);
+    }
     // A peer that gave up, even one this wait does not involve: the failure spreads to every rank it is connected
     // with within a peer check, instead of each waiting out its own deadline behind the others. (Not once this
     // rank has failed itself: the marks are then its own.)
     if (comm_->asyncError.load(std::memory_order_relaxed) == loomSuccess) {
-      int gaveUp = comm_->connections.firstGaveUp();
-      if (gaveUp >= 0)
+      uint64_t origin = 0;
+      int gaveUp = comm_->connections.firstGaveUp(&origin);
+      if (gaveUp >= 0) {
+        comm_->connections.noteFailure(origin != 0 ? origin : packOrigin({gaveUp, FailureCause::kUnknown, 0}));
         return LOOM_FAIL(loomRemoteError, COLL,
                          "%s on rank %d: rank %d gave up on an operation of this communicator (it failed or was "
                          "aborted)",
-                         what_, comm_->rank, gaveUp);
+                         label().c_str(), comm_->rank, gaveUp);
+      }
     }
   }
-  if (deadline_.expired())
+  if (deadline_.expired()) {
+    // Which peers are not in the call, and why: named by their place in the sequence of collectives.
+    const DeadlineFinding finding = findLateRanks(comm_, what_, sequence_);
+    comm_->connections.noteFailure(packOrigin(finding.origin));
     return LOOM_FAIL(loomTimeout, COLL,
-                     "%s on rank %d made no progress for %lld ms (LOOM_TIMEOUT_MS or config timeoutMs); a peer "
-                     "may be stuck or may not have made the matching call",
-                     what_, comm_->rank, (long long)deadline_.timeoutMs());
+                     "%s on rank %d made no progress for %lld ms (LOOM_TIMEOUT_MS or config timeoutMs)%s%s",
+                     label().c_str(), comm_->rank, (long long)deadline_.timeoutMs(), finding.text.empty() ? "" : "; ",
+                     finding.text.empty() ? "; every peer is in the call: one may be stuck, or may not have made the "
+                                            "matching call"
+                                          : finding.text.c_str());
+  }
   return loomSuccess;
+}
+
+std::string CommWatch::label() const {
+  return sequence_ > 0 ? std::string(what_) + " #" + std::to_string(sequence_) : std::string(what_);
 }
 
 }  // namespace loom

@@ -68,11 +68,21 @@ class Connections : public Links {
   // before attaching any sender, so that no rank waits for a receiver that only it could create.
   loomResult_t createReceivers(loomComm* comm, const RankPlan& plan);
   loomResult_t attachSenders(loomComm* comm, const RankPlan& plan, const WaitCheck& check);
-  // Marks every FIFO aborted, so that peers waiting on this rank stop at once.
+  // Marks every FIFO aborted, with the failure noted (failure()), so that peers waiting on this rank stop at once
+  // and learn why.
   void abortAll();
   // A peer that marked one of its connections with this rank aborted (it gave up: its call failed, or it aborted
-  // its communicator), or -1. Whatever this rank waits for, the communicator cannot complete a collective then.
-  int firstGaveUp() const;
+  // its communicator), or -1; *origin: the failure its mark carried (0: not known). Whatever this rank waits for,
+  // the communicator cannot complete a collective then.
+  int firstGaveUp(uint64_t* origin) const;
+  // Refines a failure of a peer before noting it: with what `watch` sees of its process (ended, killed,
+  // stopped), else, for a peer that closed its connections without saying why, with the failure `ask(peer)`
+  // gets from the peer itself (its status query; 0: no answer).
+  void watchPeersWith(const PeerWatch* watch, std::function<uint64_t(int peer)> ask) {
+    peerWatch_ = watch;
+    askPeer_ = std::move(ask);
+  }
+  uint64_t noteFailure(uint64_t origin) override;
 
  private:
   template <typename End>
@@ -96,6 +106,8 @@ class Connections : public Links {
   std::function<std::string(int)> whyLost_;
   std::vector<TransportComm*> callerProgress_;
   PeerMappings peerMappings_;
+  const PeerWatch* peerWatch_ = nullptr;
+  std::function<uint64_t(int)> askPeer_;
 };
 
 // The key of a cached plan.
@@ -141,6 +153,7 @@ struct loomComm {
   // The same, for threads other than the one initializing: set once the bootstrap is up (setLastError reads it).
   std::atomic<loom::Bootstrap*> bootstrapUp{nullptr};
   std::vector<loom::PeerInfo> peers;
+  std::vector<std::string> hostNames;  // by rank: gethostname() of each, for error messages
   loom::PeerWatch peerWatch;
   loom::FifoShape fifoShape{};
   // Read once at init (and checked equal on every rank where both ends of a message must agree).
@@ -208,16 +221,23 @@ void waitForIdle(loomComm* comm);
 // What a waiting rank checks each time it finds nothing to do: abort flag, deadline, dead peers.
 class CommWatch {
  public:
-  CommWatch(loomComm* comm, const char* what);
+  // `sequence`: the number of the run's first collective on `comm` (CommStatus::enterCollectives; 0: none), by
+  // which a deadline names the ranks that have not entered it.
+  CommWatch(loomComm* comm, const char* what, uint64_t sequence = 0);
   // After progress only the abort flag is checked, and the deadline restarts: it bounds a wait, not a call.
   // The clock starts at the first check that finds nothing moved, so a call that never waits never reads it.
   // A peer that has exited is an error only when `needsPeer` says the operation still waits on it (none: every
   // peer counts, as while connecting); one that left after its part in the operation was done is not.
   loomResult_t operator()(bool progressed, const std::function<bool(int)>& needsPeer = nullptr);
+  const char* what() const { return what_; }
+  uint64_t sequence() const { return sequence_; }
 
  private:
+  std::string label() const;  // "AllReduce #12", for messages (built only when one is)
+
   loomComm* comm_;
   const char* what_;
+  uint64_t sequence_;
   Deadline deadline_;
   bool waiting_ = false;  // deadline_ runs from the first idle check after the last progress
 };

@@ -11,6 +11,7 @@
 #include "src/core/comm.h"
 #include "src/core/cuda_calls.h"
 #include "src/core/dtype.h"
+#include "src/core/failure.h"
 #include "src/core/mem.h"
 #include "src/core/stream.h"
 
@@ -106,6 +107,7 @@ ExecTask taskFor(const Call& call, const RankPlan* plan, const TuneEstimate& cho
   task.datatype = call.datatype;
   task.op = call.op;
   task.nranks = comm->nranks;
+  task.rank = comm->rank;
   task.forcedProtocol = comm->forcedProtocol;
   task.llThresholdBytes = choice.slicing.llThresholdBytes;
   task.simpleSliceBytes =
@@ -134,15 +136,30 @@ ExecTask taskFor(const Call& call, const RankPlan* plan, const TuneEstimate& cho
 
 // Records a failed run on every communicator it involved: the message for loomGetLastError, and the error as
 // the communicator's async error when the communicator can no longer be trusted (peers gone, FIFOs mid-way).
-void recordFailure(std::vector<loomComm*>& comms, loomResult_t result) {
-  for (loomComm* comm : comms) {
-    comm->setLastError(threadLastError());
-    if (result == loomRemoteError || result == loomTimeout || result == loomSystemError ||
-        result == loomInternalError) {
-      int expected = loomSuccess;
-      comm->asyncError.compare_exchange_strong(expected, result);
-      comm->connections.abortAll();
+// A failure that ends the communicator leads with the first failure noted on it (failure.h), when that is another
+// rank's, and is logged so; its FIFOs are marked with it, so that it reaches every peer.
+// `watches`: the run's, by communicator (what each runs, and the number of its first collective).
+void recordFailure(std::vector<loomComm*>& comms, const std::vector<CommWatch>& watches, loomResult_t result) {
+  const bool fatal = result == loomRemoteError || result == loomTimeout || result == loomSystemError ||
+                     result == loomInternalError;
+  for (size_t q = 0; q < comms.size(); ++q) {
+    loomComm* comm = comms[q];
+    if (!fatal) {
+      comm->setLastError(threadLastError());
+      continue;
     }
+    comm->connections.noteFailure(packOrigin({comm->rank, FailureCause::kError, 0}));
+    std::string message = threadLastError();
+    const std::string prefix = failurePrefix(comm, watches[q].what(), watches[q].sequence(), message);
+    if (!prefix.empty() && message.rfind(prefix, 0) != 0) {
+      message = prefix + message;
+      LOOM_WARN(COLL, "rank %d: %s", comm->rank, message.c_str());
+      setThreadLastError(message);  // what the entry point copies to the communicator
+    }
+    comm->setLastError(message);
+    int expected = loomSuccess;
+    comm->asyncError.compare_exchange_strong(expected, result);
+    comm->connections.abortAll();
   }
 }
 
@@ -191,6 +208,7 @@ struct RunWorkspace {
   bool busy = false;
   std::vector<loomComm*> comms, lockOrder;
   std::vector<CommWatch> watches;
+  std::vector<uint64_t> sequences;  // per communicator: the number of the run's first collective (0: none)
   std::vector<RankPlan> uncached;  // plans not cached (kept, with their capacity, until overwritten)
   std::vector<const RankPlan*> plans;
   std::vector<CachedPlan*> cached;
@@ -264,9 +282,16 @@ loomResult_t runCalls(std::span<Call> calls) {
     if (comm->planCache.size() > kMaxCachedPlans) comm->planCache.clear();
 
   // Each communicator's status shows the run's first call of it until the run ends, however it ends.
+  // Each numbers the collectives it enters (a deadline names the ranks that have not entered one).
+  std::vector<uint64_t>& sequences = ws.sequences;
+  sequences.clear();
   for (loomComm* comm : comms) {
     const Call& first = *std::find_if(calls.begin(), calls.end(), [&](const Call& call) { return call.comm == comm; });
     comm->status.begin(static_cast<uint8_t>(first.collective), first.count, first.datatype, first.op, first.root);
+    uint64_t collectives = 0;
+    for (const Call& call : calls)
+      if (call.comm == comm && call.collective != Collective::kSendRecv) ++collectives;
+    sequences.push_back(collectives > 0 ? comm->status.enterCollectives(collectives) : 0);
   }
   struct StatusEnd {
     std::vector<loomComm*>& comms;
@@ -276,9 +301,13 @@ loomResult_t runCalls(std::span<Call> calls) {
   } statusEnd{comms};
   // One watch per communicator for the whole run, connection setup included.
   std::vector<CommWatch>& watches = ws.watches;
-  for (loomComm* comm : comms) {
-    auto first = std::find_if(calls.begin(), calls.end(), [&](const Call& call) { return call.comm == comm; });
-    watches.emplace_back(comm, collectiveName(first->collective));
+  for (size_t q = 0; q < comms.size(); ++q) {
+    loomComm* comm = comms[q];
+    // Named by its first collective, where it has one.
+    auto first = std::find_if(calls.begin(), calls.end(), [&](const Call& call) {
+      return call.comm == comm && (sequences[q] == 0 || call.collective != Collective::kSendRecv);
+    });
+    watches.emplace_back(comm, collectiveName(first->collective), sequences[q]);
   }
   std::vector<RankPlan>& uncached = ws.uncached;
   if (uncached.size() < calls.size()) uncached.resize(calls.size());
@@ -293,7 +322,7 @@ loomResult_t runCalls(std::span<Call> calls) {
   std::vector<std::vector<ExecTask>>& queues = ws.queues;
   auto queueOf = [&](const Call& call) { return std::find(comms.begin(), comms.end(), call.comm) - comms.begin(); };
   auto fail = [&](loomResult_t result) {
-    recordFailure(comms, result);
+    recordFailure(comms, watches, result);
     return result;
   };
   // A connection that cannot be made fails the call that needed it: say which (the transport names the peer).

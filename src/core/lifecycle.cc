@@ -59,6 +59,7 @@ void abortCallsInFlight(loomComm* comm, bool reopenBootstrap) {
   waitForIdle(comm);
   {
     std::lock_guard<std::mutex> lock(comm->runMutex);
+    comm->connections.noteFailure(packOrigin({comm->rank, FailureCause::kUserAbort, 0}));
     comm->connections.abortAll();
   }
   if (reopenBootstrap) comm->abortFlag.store(false);

@@ -4,10 +4,13 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 namespace loom {
 namespace {
@@ -21,16 +24,38 @@ int openPidfd(int pid) {
 #endif
 }
 
-bool processGone(int pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+// A process's state letter from /proc/<pid>/stat ('R', 'S', 'T', 'Z', ...; 0 when it is not there), and for a
+// zombie its exit status as waitpid reports it (field 52, Linux 3.5 on; -1 when not read).
+char procState(int pid, int* exitCode) {
+  *exitCode = -1;
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
   FILE* file = std::fopen(path, "r");
-  if (file == nullptr) return true;
-  char state = '?';
-  int scanned = std::fscanf(file, "%*d %*s %c", &state);
+  if (file == nullptr) return 0;
+  char text[1024];
+  size_t got = std::fread(text, 1, sizeof(text) - 1, file);
   std::fclose(file);
-  return scanned == 1 && (state == 'Z' || state == 'X');
+  text[got] = '\0';
+  // The command name (field 2) may hold spaces and parentheses: the fields after it start past the last ')'.
+  const char* end = std::strrchr(text, ')');
+  if (end == nullptr || end[1] == '\0' || end[2] == '\0') return 0;
+  const char state = end[2];
+  if (state == 'Z') {
+    const char* field = end + 2;  // field 3
+    for (int index = 3; index < 52 && field != nullptr; ++index) {
+      field = std::strchr(field, ' ');
+      if (field != nullptr) ++field;
+    }
+    if (field != nullptr) *exitCode = std::atoi(field);
+  }
+  return state;
+}
+
+bool processGone(int pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  int exitCode = -1;
+  char state = procState(pid, &exitCode);
+  return state == 0 || state == 'Z' || state == 'X';
 }
 
 }  // namespace
@@ -56,6 +81,25 @@ int PeerWatch::firstDead(const std::function<bool(int)>& among) const {
     }
   }
   return -1;
+}
+
+PeerWatch::State PeerWatch::state(int rank, int* detail) const {
+  *detail = 0;
+  for (const Watched& w : watched_) {
+    if (w.rank != rank) continue;
+    int exitCode = -1;
+    char letter = procState(w.pid, &exitCode);
+    if (letter == 'T' || letter == 't') return State::kStopped;
+    if (letter != 0 && letter != 'Z' && letter != 'X') return State::kRunning;
+    if (exitCode < 0) return State::kGone;
+    if (WIFSIGNALED(exitCode)) {
+      *detail = WTERMSIG(exitCode);
+      return State::kKilled;
+    }
+    *detail = WEXITSTATUS(exitCode);
+    return State::kExited;
+  }
+  return State::kRunning;
 }
 
 }  // namespace loom

@@ -20,6 +20,12 @@ class PeerWatch {
   // which it returns true are looked at.
   int firstDead(const std::function<bool(int)>& among = nullptr) const;
 
+  // What this process can see of a watched rank's process (kRunning as well for ranks it does not watch).
+  enum class State { kRunning, kStopped, kExited, kKilled, kGone };
+  // *detail: the exit status (kExited) or the signal (kKilled), read while the process is a zombie its parent
+  // has not reaped; kGone once it has been (how it ended is then not known).
+  State state(int rank, int* detail) const;
+
  private:
   struct Watched {
     int rank;

@@ -22,13 +22,20 @@ class CommStatus {
   // A call (or a group's share) of the communicator starts running; `collective` is a loom::Collective.
   void begin(uint8_t collective, size_t count, loomDataType_t datatype, loomRedOp_t op, int root);
   void end() { finished_.fetch_add(1, std::memory_order_relaxed); }
+  // The run enters `n` more collective calls (Send and Recv are not counted): every rank numbers the collectives
+  // of a communicator alike, so a peer's count tells whether it has entered the call this rank waits in.
+  // Returns the number of the first of them.
+  uint64_t enterCollectives(uint64_t n) { return collectives_.fetch_add(n, std::memory_order_relaxed) + 1; }
+  uint64_t collectives() const { return collectives_.load(std::memory_order_relaxed); }
+  uint64_t started() const { return started_.load(std::memory_order_relaxed); }
+  uint64_t finished() const { return finished_.load(std::memory_order_relaxed); }
   // The running call has been waiting for `what` since `since`.
   void waiting(const std::string& what, Clock::time_point since);
   // "12 calls started, 11 finished; running AllReduce of 1048576 float (sum), waiting 3.2 s for ..."
   std::string describe() const;
 
  private:
-  std::atomic<uint64_t> started_{0}, finished_{0};
+  std::atomic<uint64_t> started_{0}, finished_{0}, collectives_{0};
   std::atomic<uint8_t> collective_{0}, datatype_{0}, op_{0};
   std::atomic<int32_t> root_{0};
   std::atomic<uint64_t> count_{0};

@@ -110,22 +110,26 @@ class TaskRun {
       divideInPlace(pointer(reduced, 0), reduced.count, task_->datatype, task_->nranks);
   }
 
-  // Marks every connection this task uses as aborted, so that peers stop waiting on it.
+  // Marks every connection this task uses as aborted, so that peers stop waiting on it, with the failure its
+  // links have noted (this rank's own error when none is).
   void abortLinks() {
+    const uint64_t origin =
+        task_->links->noteFailure(packOrigin({task_->rank, FailureCause::kError, 0}));
     for (const LaneRun& lane : lanes_) {
       for (const Step& step : lane.lane->steps) {
         if (actionReceives(step.action))
-          if (FifoReceiver* in = task_->links->receiver(step.recvPeer, lane.lane->channel)) in->abort();
+          if (FifoReceiver* in = task_->links->receiver(step.recvPeer, lane.lane->channel)) in->abort(origin);
         if (actionSends(step.action))
-          if (FifoSender* out = task_->links->sender(step.sendPeer, lane.lane->channel)) out->abort();
+          if (FifoSender* out = task_->links->sender(step.sendPeer, lane.lane->channel)) out->abort(origin);
       }
     }
   }
 
-  // Why a connection of a lane that is waiting was marked aborted (an AbortCode; 0: none was), and whose. A
-  // receiving FIFO counts only once it is empty: what the peer posted before it closed its end is still good (a
-  // lane may be waiting on its send while the message it received sits there).
-  uint32_t peerAborted(int* peer) {
+  // Why a connection of a lane that is waiting was marked aborted (an AbortCode; 0: none was), whose, and the
+  // failure the mark carried (*origin; 0: not known). A receiving FIFO counts only once it is empty: what the
+  // peer posted before it closed its end is still good (a lane may be waiting on its send while the message it
+  // received sits there).
+  uint32_t peerAborted(int* peer, uint64_t* origin) {
     for (const LaneRun& lane : lanes_) {
       if (lane.done()) continue;
       const Step& step = lane.step();
@@ -133,12 +137,15 @@ class TaskRun {
         const FifoReceiver* in = task_->links->receiver(step.recvPeer, lane.lane->channel);
         if (uint32_t code = in->abortCode(); code != 0 && in->empty()) {
           *peer = step.recvPeer;
+          *origin = in->abortOrigin();
           return code;
         }
       }
       if (actionSends(step.action)) {
-        if (uint32_t code = task_->links->sender(step.sendPeer, lane.lane->channel)->abortCode()) {
+        const FifoSender* out = task_->links->sender(step.sendPeer, lane.lane->channel);
+        if (uint32_t code = out->abortCode()) {
           *peer = step.sendPeer;
+          *origin = out->abortOrigin();
           return code;
         }
       }
@@ -146,6 +153,7 @@ class TaskRun {
     for (const auto& [sender, rank] : directSenders_) {
       if (!sender->drained() && sender->aborted()) {
         *peer = rank;
+        *origin = sender->abortOrigin();
         return sender->abortCode();
       }
     }
@@ -409,7 +417,13 @@ loomResult_t HostExecutor::runQueues(std::vector<std::vector<ExecTask>>& queues,
     }
     for (auto& run : current) {
       int peer = -1;
-      uint32_t code = run->active() ? run->peerAborted(&peer) : 0;
+      uint64_t origin = 0;
+      uint32_t code = run->active() ? run->peerAborted(&peer, &origin) : 0;
+      if (code != 0) {
+        // What the mark carried, else what this rank saw of the peer (noteFailure may tell more).
+        FailureCause seen = code == kConnectionLost ? FailureCause::kConnectionLost : FailureCause::kUnknown;
+        run->task().links->noteFailure(origin != 0 ? origin : packOrigin({peer, seen, 0}));
+      }
       if (code == kConnectionLost) {
         // What the transport saw of it; else, a connection of this rank that failed before (it names its peer).
         std::string why = run->task().links->whyLost(peer);

@@ -8,6 +8,7 @@
 // It knows nothing of communicators or of how connections were made.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <span>
@@ -45,6 +46,20 @@ class Links {
   virtual bool beginNetworkProgress() { return false; }
   virtual bool progressNetwork() { return false; }  // whether anything moved
   virtual void endNetworkProgress() {}
+
+  // The first failure this rank knows of on these connections (packOrigin; 0: none yet). Whoever finds one notes
+  // it; the first note stands, and every abort mark the executor makes carries it, so that it reaches every rank.
+  uint64_t failure() const { return failure_.load(std::memory_order_acquire); }
+  // Notes `origin` unless a failure is noted already; returns the one that stands. An implementation may first
+  // refine what it is told with what it can see itself (a peer process it watches).
+  virtual uint64_t noteFailure(uint64_t origin) {
+    uint64_t none = 0;
+    failure_.compare_exchange_strong(none, origin, std::memory_order_acq_rel);
+    return failure();
+  }
+
+ private:
+  std::atomic<uint64_t> failure_{0};
 };
 
 // A buffer of a task that peers may read in place, and the shared file it lies in, if any.
@@ -62,6 +77,7 @@ struct ExecTask {
   loomDataType_t datatype = loomFloat32;
   loomRedOp_t op = loomSum;
   int nranks = 1;  // the divisor of loomAvg
+  int rank = -1;   // this rank, as the failure it notes when it fails of its own error names it
   // The protocol of a message depends only on its size, which sender and receiver agree on, so both ends of
   // every connection always use the same protocol and the same slicing.
   int forcedProtocol = -1;      // -1: by size; else a Protocol

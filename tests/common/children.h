@@ -302,6 +302,31 @@ inline bool receiveId(int fromParent, loomUniqueId* id, double seconds = 30) {
   return true;
 }
 
+// Removes every launcher variable loomCommInitFromEnv reads, so only what a test sets counts.
+inline void clearLauncherEnv() {
+  for (const char* name : {"LOOM_RANK",
+                           "LOOM_NRANKS",
+                           "LOOM_ROOT_ADDR",
+                           "LOOM_SECRET",
+                           "LOOM_PORT_OFFSET",
+                           "RANK",
+                           "WORLD_SIZE",
+                           "MASTER_ADDR",
+                           "MASTER_PORT",
+                           "OMPI_COMM_WORLD_RANK",
+                           "OMPI_COMM_WORLD_SIZE",
+                           "OMPI_COMM_WORLD_LOCAL_SIZE",
+                           "PMIX_NAMESPACE",
+                           "PMI_RANK",
+                           "PMI_SIZE",
+                           "SLURM_PROCID",
+                           "SLURM_NTASKS",
+                           "SLURM_STEP_NODELIST",
+                           "SLURM_JOB_ID",
+                           "SLURM_STEP_ID"})
+    unsetenv(name);
+}
+
 // A TCP port on the loopback interface that nothing listens on at the moment (-1 when none could be had).
 inline int freePort() {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

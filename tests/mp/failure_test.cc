@@ -491,32 +491,6 @@ TEST(FailureTest, RankExitsRightAfterInitEverySurvivorSeesRemoteError) { exitRig
 
 // ---- loomCommInitFromEnv ----
 
-// A TCP port that was free a moment ago on 127.0.0.1.
-
-// Removes every launcher variable loomCommInitFromEnv reads, so only what a test sets counts.
-void clearLauncherEnv() {
-  for (const char* name : {"LOOM_RANK",
-                           "LOOM_NRANKS",
-                           "LOOM_ROOT_ADDR",
-                           "LOOM_SECRET",
-                           "LOOM_PORT_OFFSET",
-                           "RANK",
-                           "WORLD_SIZE",
-                           "MASTER_ADDR",
-                           "MASTER_PORT",
-                           "OMPI_COMM_WORLD_RANK",
-                           "OMPI_COMM_WORLD_SIZE",
-                           "OMPI_COMM_WORLD_LOCAL_SIZE",
-                           "PMIX_NAMESPACE",
-                           "PMI_RANK",
-                           "PMI_SIZE",
-                           "SLURM_PROCID",
-                           "SLURM_NTASKS",
-                           "SLURM_STEP_NODELIST",
-                           "SLURM_JOB_ID",
-                           "SLURM_STEP_ID"})
-    unsetenv(name);
-}
 
 // A child of the init-from-env tests: joins the world its environment describes, checks its size and rank, and
 // checks an AllReduce. 0 when all is well.

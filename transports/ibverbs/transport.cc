@@ -72,11 +72,6 @@ struct CtsEntry {
   uint64_t unused;
 };
 
-void putU64(uint8_t* out, uint64_t value) {
-  putU32(out, static_cast<uint32_t>(value));
-  putU32(out + 4, static_cast<uint32_t>(value >> 32));
-}
-uint64_t getU64(const uint8_t* in) { return getU32(in) | static_cast<uint64_t>(getU32(in + 4)) << 32; }
 
 // One end's queue pairs as the other needs them: on the control socket, kInfoBytes.
 struct QpInfo {
@@ -801,7 +796,8 @@ bool IbComm::pumpIn(IbConn& conn) {
 bool IbComm::readControl(IbConn& conn) {
   bool any = false;
   while (!conn.closed && conn.control.valid()) {
-    size_t want = conn.controlDone > 0 && conn.controlIn[0] == kBye ? 9 : 1;
+    const bool long9 = conn.controlDone > 0 && (conn.controlIn[0] == kBye || conn.controlIn[0] == kAbort);
+    size_t want = long9 ? 9 : 1;
     ssize_t n = recv(conn.control.get(), conn.controlIn + conn.controlDone, want - conn.controlDone, MSG_DONTWAIT);
     if (n == 0) {
       // Closed first: controlClosed runs pumpIn, which reads the control socket again while no "ready" has come,
@@ -817,14 +813,14 @@ bool IbComm::readControl(IbConn& conn) {
     }
     any = true;
     conn.controlDone += static_cast<size_t>(n);
-    if (conn.controlIn[0] == kBye && conn.controlDone < 9) continue;
+    if ((conn.controlIn[0] == kBye || conn.controlIn[0] == kAbort) && conn.controlDone < 9) continue;
     conn.controlDone = 0;
     switch (conn.controlIn[0]) {
       case kReady:
         conn.ready = true;
         break;
       case kAbort:
-        peerGaveUp(conn);
+        peerGaveUp(conn, getU64(conn.controlIn + 1));
         return true;
       case kBye:
         conn.byeCount = getU64(conn.controlIn + 1);
@@ -876,7 +872,9 @@ bool IbComm::watchControls(int timeoutMs) {
 
 void IbComm::notifyGaveUp(ProxyConn& base) {
   auto& conn = static_cast<IbConn&>(base);
-  if (conn.control.valid() && send(conn.control.get(), &kAbort, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+  uint8_t notice[9] = {kAbort};
+  putU64(notice + 1, conn.localOrigin());
+  if (conn.control.valid() && send(conn.control.get(), notice, sizeof(notice), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
     // The peer learns of it from the socket closing instead.
   }
 }

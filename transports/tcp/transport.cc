@@ -18,7 +18,7 @@
 // call ends only once the proxy has released it.
 //
 // Failure: an executor that gives up has the proxy send an abort notice (a frame header with protocol
-// kAbortNotice, in either direction, on socket 0) before it shuts the sockets, so the peer tells a rank that gave
+// kAbortNotice and the failure behind it, in either direction, on socket 0) before it shuts the sockets, so the peer tells a rank that gave
 // up from one that vanished (its sockets closed or reset). A finished sender shuts its sockets for writing: the
 // receiver reads the end between frames.
 #include "transports/proxy.h"
@@ -45,6 +45,17 @@ namespace {
 constexpr uint32_t kHelloMagic = 0x6c746370;  // opens the hello of a tcp data connection
 constexpr size_t kFrameHeaderBytes = 8;
 constexpr uint32_t kAbortNotice = 0xab0f;  // in a frame header's protocol field: the sender's executor gave up
+
+// An abort notice carries the failure behind it (the low 48 bits of packOrigin) in the header's size field and
+// the protocol field's top half.
+void putAbortNotice(uint8_t* header, uint64_t origin) {
+  putU32(header, static_cast<uint32_t>(origin));
+  putU32(header + 4, kAbortNotice | static_cast<uint32_t>((origin >> 32) & 0xffff) << 16);
+}
+bool isAbortNotice(uint32_t protocol) { return (protocol & 0xffff) == kAbortNotice; }
+uint64_t abortNoticeOrigin(const uint8_t* header) {
+  return getU32(header) | static_cast<uint64_t>(getU32(header + 4) >> 16) << 32;
+}
 constexpr int kMaxSockets = 16;
 
 // One socket of a connection, and its share of the message in flight.
@@ -219,7 +230,16 @@ bool TcpComm::pumpOut(TcpConn& conn) {
             sock.wantWrite = true;
             break;
           }
-          fail(conn, "could not send", errno);
+          const int error = errno;
+          // A receiver that gave up sent its notice back before it shut the socket: that, if it came, says why.
+          uint8_t notice[kFrameHeaderBytes];
+          if (j == 0 && recv(sock.fd.get(), notice, sizeof(notice), MSG_DONTWAIT | MSG_PEEK) ==
+                            static_cast<ssize_t>(sizeof(notice)) &&
+              isAbortNotice(getU32(notice + 4))) {
+            peerGaveUp(conn, abortNoticeOrigin(notice));
+            return true;
+          }
+          fail(conn, "could not send", error);
           return true;
         }
         sock.wantWrite = false;
@@ -264,8 +284,8 @@ bool TcpComm::pumpIn(TcpConn& conn) {
       conn.frameDone += static_cast<size_t>(n);
       if (conn.frameDone < kFrameHeaderBytes) continue;
       uint32_t bytes = getU32(conn.frame), protocol = getU32(conn.frame + 4);
-      if (protocol == kAbortNotice) {
-        peerGaveUp(conn);
+      if (isAbortNotice(protocol)) {
+        peerGaveUp(conn, abortNoticeOrigin(conn.frame));
         return true;
       }
       if (protocol > static_cast<uint32_t>(Protocol::kLL) ||
@@ -319,8 +339,7 @@ void TcpComm::notifyGaveUp(ProxyConn& conn) {
   // lost instead.
   if (tcp.socks.empty() || !tcp.socks[0].fd.valid() || (tcp.sends && tcp.inFrame)) return;
   uint8_t notice[kFrameHeaderBytes];
-  putU32(notice, 0);
-  putU32(notice + 4, kAbortNotice);
+  putAbortNotice(notice, conn.localOrigin());
   if (send(tcp.socks[0].fd.get(), notice, sizeof(notice), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
     // The peer learns of it from the socket closing instead.
   }
@@ -368,7 +387,8 @@ void TcpComm::sleep(int64_t micros) {
     } else if (n < 0 && !wouldBlock(errno)) {
       fail(conn, "broke", errno);
     } else if (n > 0) {
-      peerGaveUp(conn);
+      bool whole = n == static_cast<ssize_t>(sizeof(notice)) && isAbortNotice(getU32(notice + 4));
+      peerGaveUp(conn, whole ? abortNoticeOrigin(notice) : 0);
     }
   }
 }

@@ -52,6 +52,7 @@ namespace loom {
 namespace {
 
 constexpr uint64_t kKindSimple = 0, kKindLL = 1, kKindAbort = 2, kKindPut = 3, kKindCts = 4;
+constexpr size_t kNoticeBytes = 8;      // an abort notice's payload: the failure behind it (packOrigin)
 constexpr size_t kBackBytes = 4096;      // a sending connection's buffer for what comes back (a CTS with keys)
 constexpr size_t kCtsBytes = 24;         // a CTS without keys: slot address, size address, sequence
 constexpr uint64_t kBackward = uint64_t{1} << 59;
@@ -194,6 +195,7 @@ struct UcxConn : ProxyConn {
   bool backDone = false;
   ucs_status_t backStatus = UCS_OK;
   ucp_tag_recv_info_t backInfo{};
+  uint8_t notice[kNoticeBytes] = {};  // the abort notice this end sends, while it is on its way
   std::vector<uint8_t> backBuffer;
   ucp_rkey_h rkey = nullptr;  // the receiver's FIFO
   struct Cts {
@@ -472,7 +474,7 @@ bool UcxComm::pumpOut(UcxConn& conn) {
       return true;
     }
     if (conn.backInfo.sender_tag >> 60 == kKindAbort) {
-      peerGaveUp(conn);
+      peerGaveUp(conn, conn.backInfo.length == kNoticeBytes ? getU64(conn.backBuffer.data()) : 0);
       return true;
     }
     if (!takeCts(conn)) return true;
@@ -683,7 +685,7 @@ bool UcxComm::pumpIn(UcxConn& conn) {
     uint64_t kind = conn.info.sender_tag >> 60;
     size_t bytes = conn.info.length;
     if (kind == kKindAbort) {
-      peerGaveUp(conn);
+      peerGaveUp(conn, bytes == kNoticeBytes ? getU64(reinterpret_cast<const uint8_t*>(conn.payload)) : 0);
       return true;
     }
     if (kind == kKindPut) {
@@ -717,11 +719,13 @@ void UcxComm::notifyGaveUp(ProxyConn& conn) {
   // Forward on a sending connection; back to the sender on a receiving one.
   // A forward notice takes the next message's place, so the receiver's exact match finds it.
   // (A message whose puts are still being flushed never gets its notice: the abort takes its place.)
-  const auto& ucxConn = static_cast<UcxConn&>(conn);
+  auto& ucxConn = static_cast<UcxConn&>(conn);
   uint64_t sequence = !conn.sends ? 0 : ucxConn.putting && !ucxConn.flushed ? ucxConn.putSequence : ucxConn.sequence;
-  void* request =
-      ucx().tagSendNbx(ep, nullptr, 0, tagOf(kKindAbort, !conn.sends, sequence, conn.channel, context().rank), &param);
-  if (request != nullptr && !UCS_PTR_IS_ERR(request)) orphans_.push_back({request, nullptr});
+  // The notice carries the failure behind it; the connection, held by the request, keeps its bytes.
+  putU64(ucxConn.notice, conn.localOrigin());
+  void* request = ucx().tagSendNbx(ep, ucxConn.notice, kNoticeBytes,
+                                   tagOf(kKindAbort, !conn.sends, sequence, conn.channel, context().rank), &param);
+  if (request != nullptr && !UCS_PTR_IS_ERR(request)) orphans_.push_back({request, held(conn)});
 }
 
 // The requests of a closed connection go on by themselves: receives are cancelled, and both are freed once they
