@@ -488,6 +488,11 @@ loomResult_t Connections::attachSenders(loomComm* comm, const RankPlan& plan, co
           transport->attachSender(transportCommOf(comm, transport), key, comm->fifoShape, check, &link.endpoint);
       if (result != loomSuccess) {
         std::string why = threadLastError();
+        // The peer never set up its end: it has not entered the call, or it is stopped or gone (noteFailure
+        // refines that), or its connection failed.
+        if (result == loomTimeout || result == loomRemoteError || result == loomSystemError)
+          noteFailure(packOrigin(
+              {step.sendPeer, result == loomTimeout ? FailureCause::kLate : FailureCause::kConnectionLost, 0}));
         return LOOM_FAIL(result, INIT, "%s; waiting for rank %d to set up its end of channel %d (%s)", why.c_str(),
                          step.sendPeer, lane.channel, transport->name());
       }

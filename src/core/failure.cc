@@ -179,7 +179,9 @@ DeadlineFinding findLateRanks(loomComm* comm, const char* what, uint64_t sequenc
     }
     PeerStatus status;
     if (!queryStatus(comm, peer, &status)) {
-      silent.push_back(peer);
+      // It may have ended meanwhile (a peer that failed first and left).
+      const PeerWatch::State now = comm->peerWatch.state(peer, &detail);
+      (now == PeerWatch::State::kRunning || now == PeerWatch::State::kStopped ? silent : ended).push_back(peer);
       continue;
     }
     if (sequence > 0 && status.collectives < sequence) {

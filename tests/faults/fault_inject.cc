@@ -1,8 +1,10 @@
 // Fault injection: ranks as processes run random collectives until one rank is killed (SIGKILL) or stopped
 // (SIGSTOP, a stuck peer) at a random moment. Every survivor must end its call with loomRemoteError or loomTimeout
-// within the deadline plus 2 s, never hang or crash, and then abort or destroy its communicator at once; after a
-// stop, some survivor's loomTimeout must name the operation and the rank it waited for (how often that is the
-// stopped rank itself is counted); nothing may be left in the shared-memory directory.
+// within the deadline plus 2 s, never hang or crash, and then abort or destroy its communicator at once; every
+// survivor's error must name the victim as loom names a rank ("rank 3 (pid 4242 on host node1)": the first
+// failure, whichever neighbour it waited for); after a stop, some survivor's loomTimeout must name the operation
+// and the rank it waited for (how often that is the stopped rank itself is counted); nothing may be left in the
+// shared-memory directory.
 //
 // A stopped rank then meets one of three ends, in turn from one stop trial to the next: it is killed once the
 // survivors are done; it is resumed (SIGCONT) once they are done, and must then end by itself, as they did, within
@@ -146,7 +148,7 @@ int rankMain(const ChildPipes& pipes, const Trial& trial, int rank, const std::s
 
 struct Totals {
   int trials = 0, failedTrials = 0, hangs = 0, crashes = 0, wrongCodes = 0, late = 0, slowClose = 0;
-  int unnamedStops = 0, leftovers = 0, setupFailures = 0;
+  int unnamedStops = 0, unnamedVictims = 0, leftovers = 0, setupFailures = 0;
   int resumed = 0, resumedEnded = 0;  // stopped ranks resumed after the survivors ended, and those that then ended
   int pauses = 0, failedInPause = 0;  // stops shorter than the deadline, and ranks that failed of one
   int stopTrials = 0, stoppedRankNamed = 0;  // stop trials, and those where a loomTimeout named the stopped rank
@@ -299,6 +301,14 @@ bool runTrial(const Trial& trial, const Options& options, Totals* totals) {
                            std::to_string(static_cast<int>(closeMs)) + " ms");
         ++totals->slowClose;
       }
+      // Every survivor leads with the first failure: the victim, as loom names a rank.
+      const std::string victimName =
+          "rank " + std::to_string(trial.victim) + " (pid " + std::to_string(children[trial.victim].pid) + " on host ";
+      if (message.find(victimName) == std::string::npos) {
+        problems.push_back(who + " does not name the " + (signal == SIGKILL ? "killed" : "stopped") + " rank (\"" +
+                           victimName + "...\"): " + message);
+        ++totals->unnamedVictims;
+      }
       const bool namesOperation =
           message.find("AllReduce") != std::string::npos || message.find("AllGather") != std::string::npos ||
           message.find("Broadcast") != std::string::npos || message.find("ReduceScatter") != std::string::npos ||
@@ -438,9 +448,9 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "): %d failed; hangs %d, crashes %d, wrong results %d, late %d, slow abort/destroy %d, timeouts naming no peer "
-      "%d, shared memory left %d, setup failures %d\n",
+      "%d, survivors not naming the victim %d, shared memory left %d, setup failures %d\n",
       totals.failedTrials, totals.hangs, totals.crashes, totals.wrongCodes, totals.late, totals.slowClose,
-      totals.unnamedStops, totals.leftovers, totals.setupFailures);
+      totals.unnamedStops, totals.unnamedVictims, totals.leftovers, totals.setupFailures);
   std::printf(
       "# the stopped rank itself was named by a survivor's loomTimeout in %d of %d stop trials (elsewhere the first "
       "to time out named the neighbour it waited for)\n",

@@ -1,6 +1,6 @@
 // The FIFO and its two protocols, between two threads of one process over plain memory: every message arrives
 // whole and in order under both protocols (and when they alternate), flow control stops a sender at `depth`
-// unreleased messages, and the abort flag is seen by both ends.
+// unreleased messages, and the abort flag, with the first failure behind it, is seen by both ends.
 #include "transports/fifo.h"
 
 #include <gtest/gtest.h>
@@ -128,6 +128,40 @@ TEST(Fifo, AbortIsSeenByBothEnds) {
   in.abort();
   EXPECT_TRUE(out.aborted());
   EXPECT_TRUE(in.aborted());
+}
+
+// The abort mark carries the first failure behind it; a later mark from either end keeps that one.
+TEST(Fifo, AbortCarriesTheFirstFailure) {
+  Fifo fifo({2, 4096, 512});
+  FifoSender out(fifoView(fifo.memory));
+  FifoReceiver in(fifoView(fifo.memory));
+  EXPECT_EQ(out.abortOrigin(), 0u);
+  const uint64_t killed = packOrigin({3, FailureCause::kKilled, 9});
+  in.abort(killed);
+  EXPECT_EQ(out.abortCode(), kAbortedByPeer);
+  EXPECT_EQ(out.abortOrigin(), killed);
+  out.abort(packOrigin({1, FailureCause::kDeadline, 0}));
+  EXPECT_EQ(in.abortOrigin(), killed);
+  out.abort();  // an end that knows nothing more changes nothing either
+  EXPECT_EQ(in.abortOrigin(), killed);
+}
+
+TEST(FifoProtocol, FailureOriginsRoundTrip) {
+  for (const FailureOrigin& origin :
+       {FailureOrigin{0, FailureCause::kKilled, 9}, FailureOrigin{4095, FailureCause::kStopped, 0},
+        FailureOrigin{static_cast<int>(kMaxOriginRank), FailureCause::kExited, 255},
+        FailureOrigin{7, FailureCause::kLate, 0}}) {
+    const uint64_t packed = packOrigin(origin);
+    EXPECT_NE(packed, 0u);
+    EXPECT_LT(packed, uint64_t{1} << 48) << "must fit the 48 bits every wire carries";
+    const FailureOrigin back = unpackOrigin(packed);
+    EXPECT_EQ(back.rank, origin.rank);
+    EXPECT_EQ(back.cause, origin.cause);
+    EXPECT_EQ(back.detail, origin.detail);
+  }
+  // A rank past what the word holds, or none, reads back as not known.
+  EXPECT_EQ(unpackOrigin(packOrigin({static_cast<int>(kMaxOriginRank) + 1, FailureCause::kKilled, 9})).rank, -1);
+  EXPECT_EQ(unpackOrigin(packOrigin({-1, FailureCause::kGone, 0})).rank, -1);
 }
 
 // A proxy forwards whatever was posted: pollAny tells LL from Simple by the slot's flag, over many rounds of
