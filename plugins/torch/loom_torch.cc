@@ -14,7 +14,9 @@
 // not used: between two ranks, messages match in the order they were sent.
 //
 // One source for torch 1.13 (the ProcessGroup base) and torch 2.x (the Backend base, by TORCH_VERSION_MAJOR).
-// Tensors on the CPU, dense and contiguous. Operations that move data take every dtype (as bytes); reductions take
+// Tensors dense and contiguous, on the CPU or a CUDA device: a CUDA tensor goes through host memory (Staging: copied
+// to the host when the call is made, after what its stream has queued so far; its result copied back, and the copy
+// waited for, before the Work completes). Operations that move data take every dtype (as bytes); reductions take
 // the types loom reduces (float, double, half, bfloat16, int8, uint8, int32, int64, and uint32 and uint64 on 2.x),
 // complex tensors through their real view (SUM, AVG, PREMUL_SUM), bool as bytes (MIN and PRODUCT are AND, MAX and
 // SUM are OR). PREMUL_SUM scales the input by its factor, then sums. The bitwise ops (BAND, BOR, BXOR, on integer
@@ -32,11 +34,14 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #endif
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -208,9 +213,11 @@ at::Tensor fold(const at::Tensor& stacked, c10d::ReduceOp::RedOpType op) {
 // A tensor's bytes, for the operations that move data without reducing it (any dtype).
 size_t bytesOf(const at::Tensor& tensor) { return static_cast<size_t>(tensor.numel()) * tensor.element_size(); }
 
-// Checks a tensor loom can use in place: on the CPU, dense and contiguous.
+// Checks a tensor loom can use, in place or through host memory: on the CPU or a CUDA device, dense and contiguous.
 void checkTensor(const at::Tensor& tensor, const char* what) {
-  if (!tensor.device().is_cpu()) fail(std::string(what) + ": tensors must be on the CPU");
+  if (!tensor.device().is_cpu() && !tensor.device().is_cuda())
+    fail(std::string(what) + ": tensors must be on the CPU or a CUDA device (this one is on " +
+         tensor.device().str() + ")");
   if (tensor.is_sparse() || !tensor.is_contiguous()) fail(std::string(what) + ": tensors must be dense and contiguous");
 }
 
@@ -233,6 +240,68 @@ void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
     at += tensor.numel();
   }
 }
+
+// LOOM_TORCH_STAGE=1 stages CPU tensors too (copies on the CPU): how the tests run the CUDA tensors' path on a
+// machine without a GPU.
+bool stageEverything() {
+  static const bool all = [] {
+    const char* value = std::getenv("LOOM_TORCH_STAGE");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  return all;
+}
+
+// The host copies a call works on in place of its CUDA tensors. Each tensor the call reads is copied to the host
+// when the call is made (on the caller's thread: the copy waits for what the tensor's stream has queued); each it
+// writes gets a host tensor, copied back by finish() once the call has run (on the worker), which then waits for
+// those copies, so that the tensors hold the results when the Work completes. A tensor staged twice (a list that
+// names it twice) gets the same host copy.
+class Staging {
+ public:
+  // `t` as the call reads it.
+  at::Tensor in(const at::Tensor& t) { return stage(t, true, false); }
+  // `t` as the call writes it (out) or reads and writes it (inout).
+  at::Tensor out(const at::Tensor& t) { return stage(t, false, true); }
+  at::Tensor inout(const at::Tensor& t) { return stage(t, true, true); }
+  std::vector<at::Tensor> in(const std::vector<at::Tensor>& ts) { return each(ts, true, false); }
+  std::vector<at::Tensor> out(const std::vector<at::Tensor>& ts) { return each(ts, false, true); }
+  std::vector<at::Tensor> inout(const std::vector<at::Tensor>& ts) { return each(ts, true, true); }
+
+  // Copies the results back into the tensors the call writes, and waits for the copies.
+  void finish() const {
+    for (const Staged& staged : staged_)
+      if (staged.written) staged.original.copy_(staged.host);
+    for (const Staged& staged : staged_) {
+      if (!staged.written || !staged.original.device().is_cuda()) continue;
+      c10::impl::VirtualGuardImpl guard(staged.original.device().type());
+      guard.getStream(staged.original.device()).synchronize();
+    }
+  }
+
+ private:
+  struct Staged {
+    at::Tensor original, host;
+    bool written;
+  };
+  at::Tensor stage(const at::Tensor& t, bool read, bool written) {
+    if (!t.defined() || (t.device().is_cpu() && !stageEverything())) return t;
+    for (Staged& staged : staged_) {
+      if (staged.original.unsafeGetTensorImpl() != t.unsafeGetTensorImpl()) continue;
+      staged.written = staged.written || written;
+      return staged.host;
+    }
+    at::Tensor host = read ? t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)
+                           : at::empty(t.sizes(), t.options().device(at::kCPU));
+    staged_.push_back({t, host, written});
+    return host;
+  }
+  std::vector<at::Tensor> each(const std::vector<at::Tensor>& ts, bool read, bool written) {
+    std::vector<at::Tensor> hosts;
+    for (const at::Tensor& t : ts) hosts.push_back(stage(t, read, written));
+    return hosts;
+  }
+  std::vector<Staged> staged_;
+};
 
 // A collective or message in flight: completes (with its future, whose value is its output tensors) when the loom
 // call returns, or fails with its error.
@@ -402,21 +471,28 @@ class ProcessGroupLoom : public Base {
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
     checkSingle(tensors, "broadcast");
-    at::Tensor t = tensors[0];
+    Staging stage;
+    at::Tensor t = stage.inout(tensors[0]);
     const int root = checkRoot(opts.rootRank, "broadcast");
-    return collective(c10d::OpType::BROADCAST, {t}, [COPY_ALL] {
-      call(loomBroadcast(t.data_ptr(), t.data_ptr(), bytesOf(t), loomUint8, root, comm_, nullptr), comm_,
-           "loomBroadcast");
-    });
+    return collective(
+        c10d::OpType::BROADCAST, tensors,
+        [COPY_ALL] {
+          call(loomBroadcast(t.data_ptr(), t.data_ptr(), bytesOf(t), loomUint8, root, comm_, nullptr), comm_,
+               "loomBroadcast");
+        },
+        std::move(stage));
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
     checkSingle(tensors, "allreduce");
-    at::Tensor t = tensors[0];
-    const Reduction r = reductionOf(opts.reduceOp, t, "allreduce");
-    reduceTypeOf(t, r, "allreduce");
-    return collective(c10d::OpType::ALLREDUCE, {t}, [COPY_ALL] { grouped({[&](Keep& keep) { allReduce(t, r, keep); }}, "allreduce"); });
+    const Reduction r = reductionOf(opts.reduceOp, tensors[0], "allreduce");
+    reduceTypeOf(tensors[0], r, "allreduce");
+    Staging stage;
+    at::Tensor t = stage.inout(tensors[0]);
+    return collective(
+        c10d::OpType::ALLREDUCE, tensors,
+        [COPY_ALL] { grouped({[&](Keep& keep) { allReduce(t, r, keep); }}, "allreduce"); }, std::move(stage));
   }
 
   // Each tensor reduced as by allreduce (their types may differ), in one loom group.
@@ -429,22 +505,27 @@ class ProcessGroupLoom : public Base {
       reductions.push_back(reductionOf(opts.reduceOp, tensor, "allreduce_coalesced"));
       reduceTypeOf(tensor, reductions.back(), "allreduce_coalesced");
     }
-    std::vector<at::Tensor> outputs = tensors;
-    return collective(c10d::OpType::ALLREDUCE_COALESCED, outputs, [COPY_ALL] {
-      std::vector<std::function<void(Keep&)>> calls;
-      for (size_t i = 0; i < outputs.size(); ++i)
-        calls.push_back([&, i](Keep& keep) { allReduce(outputs[i], reductions[i], keep); });
-      grouped(calls, "allreduce_coalesced");
-    });
+    Staging stage;
+    std::vector<at::Tensor> outputs = stage.inout(tensors);
+    return collective(
+        c10d::OpType::ALLREDUCE_COALESCED, tensors,
+        [COPY_ALL] {
+          std::vector<std::function<void(Keep&)>> calls;
+          for (size_t i = 0; i < outputs.size(); ++i)
+            calls.push_back([&, i](Keep& keep) { allReduce(outputs[i], reductions[i], keep); });
+          grouped(calls, "allreduce_coalesced");
+        },
+        std::move(stage));
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
     checkSingle(tensors, "reduce");
-    at::Tensor t = tensors[0];
-    const Reduction r = reductionOf(opts.reduceOp, t, "reduce");
-    reduceTypeOf(t, r, "reduce");
+    const Reduction r = reductionOf(opts.reduceOp, tensors[0], "reduce");
+    reduceTypeOf(tensors[0], r, "reduce");
     const int root = checkRoot(opts.rootRank, "reduce");
-    return collective(c10d::OpType::REDUCE, {t}, [COPY_ALL] {
+    Staging stage;
+    at::Tensor t = rank_ == root ? stage.inout(tensors[0]) : stage.in(tensors[0]);
+    return collective(c10d::OpType::REDUCE, tensors, [COPY_ALL] {
       if (r.bitwise) {  // gathered at the root, folded there
         at::Tensor stacked = at::empty({rank_ == root ? size_ : 0, t.numel()}, t.options());
         call(loomGather(t.data_ptr(), rank_ == root ? stacked.data_ptr() : nullptr, bytesOf(t), loomUint8, root, comm_,
@@ -458,7 +539,7 @@ class ProcessGroupLoom : public Base {
       call(loomReduce(in.data_ptr(), out.data_ptr(), in.numel(), reduceTypeOf(t, r, "reduce"), r.op, root, comm_,
                       nullptr),
            comm_, "loomReduce");
-    });
+    }, std::move(stage));
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -466,11 +547,13 @@ class ProcessGroupLoom : public Base {
     checkSingle(inputs, "allgather");
     if (outputs.size() != 1) fail("allgather: one list of " + std::to_string(size_) + " output tensors");
     checkGatherList(outputs[0], inputs[0], "allgather");
-    at::Tensor in = inputs[0];
-    std::vector<at::Tensor> out = outputs[0];
-    return collective(c10d::OpType::ALLGATHER, out, [COPY_ALL]() mutable {
-      grouped({[&](Keep& keep) { allGatherList(in, out, keep); }}, "allgather");
-    });
+    Staging stage;
+    at::Tensor in = stage.in(inputs[0]);
+    std::vector<at::Tensor> out = stage.out(outputs[0]);
+    return collective(
+        c10d::OpType::ALLGATHER, outputs[0],
+        [COPY_ALL]() mutable { grouped({[&](Keep& keep) { allGatherList(in, out, keep); }}, "allgather"); },
+        std::move(stage));
   }
 
   // Each input all-gathered, as by allgather, in one loom group: outputLists[p][i] receives rank p's inputs[i].
@@ -495,21 +578,28 @@ class ProcessGroupLoom : public Base {
       checkTensor(inputs[i], "allgather_coalesced");
       checkGatherList(out[i], inputs[i], "allgather_coalesced");
     }
-    std::vector<at::Tensor> in = inputs;
-    return collective(c10d::OpType::ALLGATHER_COALESCED, every, [COPY_ALL]() mutable {
-      std::vector<std::function<void(Keep&)>> calls;
-      for (size_t i = 0; i < in.size(); ++i) calls.push_back([&, i](Keep& keep) { allGatherList(in[i], out[i], keep); });
-      grouped(calls, "allgather_coalesced");
-    });
+    Staging stage;
+    std::vector<at::Tensor> in = stage.in(inputs);
+    for (auto& list : out) list = stage.out(list);
+    return collective(
+        c10d::OpType::ALLGATHER_COALESCED, every,
+        [COPY_ALL]() mutable {
+          std::vector<std::function<void(Keep&)>> calls;
+          for (size_t i = 0; i < in.size(); ++i)
+            calls.push_back([&, i](Keep& keep) { allGatherList(in[i], out[i], keep); });
+          grouped(calls, "allgather_coalesced");
+        },
+        std::move(stage));
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions&) override {
     checkGatherInto(output, input, "_allgather_base");
-    at::Tensor in = input, out = output;
-    return collective(c10d::OpType::_ALLGATHER_BASE, {out}, [COPY_ALL] {
-      grouped({[&](Keep&) { allGatherInto(in, out); }}, "_allgather_base");
-    });
+    Staging stage;
+    at::Tensor in = stage.in(input), out = stage.out(output);
+    return collective(
+        c10d::OpType::_ALLGATHER_BASE, {output},
+        [COPY_ALL] { grouped({[&](Keep&) { allGatherInto(in, out); }}, "_allgather_base"); }, std::move(stage));
   }
 
 #if TORCH_VERSION_MAJOR >= 2
@@ -521,12 +611,16 @@ class ProcessGroupLoom : public Base {
       fail("allgather_into_tensor_coalesced: one output per input (" + std::to_string(inputs.size()) + " inputs, " +
            std::to_string(outputs.size()) + " outputs)");
     for (size_t i = 0; i < inputs.size(); ++i) checkGatherInto(outputs[i], inputs[i], "allgather_into_tensor_coalesced");
-    std::vector<at::Tensor> in = inputs, out = outputs;
-    return collective(c10d::OpType::COALESCED, out, [COPY_ALL] {
-      std::vector<std::function<void(Keep&)>> calls;
-      for (size_t i = 0; i < in.size(); ++i) calls.push_back([&, i](Keep&) { allGatherInto(in[i], out[i]); });
-      grouped(calls, "allgather_into_tensor_coalesced");
-    });
+    Staging stage;
+    std::vector<at::Tensor> in = stage.in(inputs), out = stage.out(outputs);
+    return collective(
+        c10d::OpType::COALESCED, outputs,
+        [COPY_ALL] {
+          std::vector<std::function<void(Keep&)>> calls;
+          for (size_t i = 0; i < in.size(); ++i) calls.push_back([&, i](Keep&) { allGatherInto(in[i], out[i]); });
+          grouped(calls, "allgather_into_tensor_coalesced");
+        },
+        std::move(stage));
   }
 #endif
 
@@ -534,43 +628,47 @@ class ProcessGroupLoom : public Base {
                                         const c10d::GatherOptions& opts) override {
     checkSingle(inputs, "gather");
     const int root = checkRoot(opts.rootRank, "gather");
-    at::Tensor in = inputs[0];
-    std::vector<at::Tensor> out;
+    std::vector<at::Tensor> mine;
     if (rank_ == root) {
       if (outputs.size() != 1) fail("gather: the root needs one list of " + std::to_string(size_) + " output tensors");
-      checkGatherList(outputs[0], in, "gather");
-      out = outputs[0];
+      checkGatherList(outputs[0], inputs[0], "gather");
+      mine = outputs[0];
     } else if (!outputs.empty() && !outputs[0].empty()) {
       fail("gather: only the root passes output tensors");
     }
-    return collective(c10d::OpType::GATHER, out, [COPY_ALL]() mutable {
+    Staging stage;
+    at::Tensor in = stage.in(inputs[0]);
+    std::vector<at::Tensor> out = stage.out(mine);
+    return collective(c10d::OpType::GATHER, mine, [COPY_ALL]() mutable {
       at::Tensor flat = at::empty({rank_ == root ? in.numel() * size_ : 0}, in.options());
       call(loomGather(in.data_ptr(), rank_ == root ? flat.data_ptr() : nullptr, bytesOf(in), loomUint8, root, comm_,
                       nullptr),
            comm_, "loomGather");
       if (rank_ == root) unflatten(flat, out);
-    });
+    }, std::move(stage));
   }
 
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override {
     checkSingle(outputs, "scatter");
     const int root = checkRoot(opts.rootRank, "scatter");
-    at::Tensor out = outputs[0];
-    std::vector<at::Tensor> in;
+    std::vector<at::Tensor> theirs;
     if (rank_ == root) {
       if (inputs.size() != 1) fail("scatter: the root needs one list of " + std::to_string(size_) + " input tensors");
-      checkGatherList(inputs[0], out, "scatter");
-      in = inputs[0];
+      checkGatherList(inputs[0], outputs[0], "scatter");
+      theirs = inputs[0];
     } else if (!inputs.empty() && !inputs[0].empty()) {
       fail("scatter: only the root passes input tensors");
     }
-    return collective(c10d::OpType::SCATTER, {out}, [COPY_ALL] {
+    Staging stage;
+    at::Tensor out = stage.out(outputs[0]);
+    std::vector<at::Tensor> in = stage.in(theirs);
+    return collective(c10d::OpType::SCATTER, outputs, [COPY_ALL] {
       at::Tensor flat = rank_ == root ? flatten(in) : at::empty({0}, out.options());
       call(loomScatter(rank_ == root ? flat.data_ptr() : nullptr, out.data_ptr(), bytesOf(out), loomUint8, root, comm_,
                        nullptr),
            comm_, "loomScatter");
-    });
+    }, std::move(stage));
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -578,25 +676,31 @@ class ProcessGroupLoom : public Base {
                                                 const c10d::ReduceScatterOptions& opts) override {
     checkSingle(outputs, "reduce_scatter");
     if (inputs.size() != 1) fail("reduce_scatter: one list of " + std::to_string(size_) + " input tensors");
-    at::Tensor out = outputs[0];
-    checkGatherList(inputs[0], out, "reduce_scatter");
-    std::vector<at::Tensor> in = inputs[0];
-    const Reduction r = reductionOf(opts.reduceOp, out, "reduce_scatter");
-    reduceTypeOf(out, r, "reduce_scatter");
-    return collective(c10d::OpType::REDUCE_SCATTER, {out}, [COPY_ALL] {
-      grouped({[&](Keep& keep) { reduceScatter(keep.hold(flatten(in)), out, r, keep); }}, "reduce_scatter");
-    });
+    checkGatherList(inputs[0], outputs[0], "reduce_scatter");
+    const Reduction r = reductionOf(opts.reduceOp, outputs[0], "reduce_scatter");
+    reduceTypeOf(outputs[0], r, "reduce_scatter");
+    Staging stage;
+    at::Tensor out = stage.out(outputs[0]);
+    std::vector<at::Tensor> in = stage.in(inputs[0]);
+    return collective(
+        c10d::OpType::REDUCE_SCATTER, outputs,
+        [COPY_ALL] {
+          grouped({[&](Keep& keep) { reduceScatter(keep.hold(flatten(in)), out, r, keep); }}, "reduce_scatter");
+        },
+        std::move(stage));
   }
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
     checkGatherInto(input, output, "_reduce_scatter_base");
-    at::Tensor in = input, out = output;
-    const Reduction r = reductionOf(opts.reduceOp, out, "_reduce_scatter_base");
-    reduceTypeOf(out, r, "_reduce_scatter_base");
-    return collective(c10d::OpType::_REDUCE_SCATTER_BASE, {out}, [COPY_ALL] {
-      grouped({[&](Keep& keep) { reduceScatter(in, out, r, keep); }}, "_reduce_scatter_base");
-    });
+    const Reduction r = reductionOf(opts.reduceOp, output, "_reduce_scatter_base");
+    reduceTypeOf(output, r, "_reduce_scatter_base");
+    Staging stage;
+    at::Tensor in = stage.in(input), out = stage.out(output);
+    return collective(
+        c10d::OpType::_REDUCE_SCATTER_BASE, {output},
+        [COPY_ALL] { grouped({[&](Keep& keep) { reduceScatter(in, out, r, keep); }}, "_reduce_scatter_base"); },
+        std::move(stage));
   }
 
 #if TORCH_VERSION_MAJOR >= 2
@@ -613,13 +717,17 @@ class ProcessGroupLoom : public Base {
       reductions.push_back(reductionOf(opts.reduceOp, outputs[i], "reduce_scatter_tensor_coalesced"));
       reduceTypeOf(outputs[i], reductions.back(), "reduce_scatter_tensor_coalesced");
     }
-    std::vector<at::Tensor> in = inputs, out = outputs;
-    return collective(c10d::OpType::COALESCED, out, [COPY_ALL] {
-      std::vector<std::function<void(Keep&)>> calls;
-      for (size_t i = 0; i < in.size(); ++i)
-        calls.push_back([&, i](Keep& keep) { reduceScatter(in[i], out[i], reductions[i], keep); });
-      grouped(calls, "reduce_scatter_tensor_coalesced");
-    });
+    Staging stage;
+    std::vector<at::Tensor> in = stage.in(inputs), out = stage.out(outputs);
+    return collective(
+        c10d::OpType::COALESCED, outputs,
+        [COPY_ALL] {
+          std::vector<std::function<void(Keep&)>> calls;
+          for (size_t i = 0; i < in.size(); ++i)
+            calls.push_back([&, i](Keep& keep) { reduceScatter(in[i], out[i], reductions[i], keep); });
+          grouped(calls, "reduce_scatter_tensor_coalesced");
+        },
+        std::move(stage));
   }
 #endif
 
@@ -652,8 +760,11 @@ class ProcessGroupLoom : public Base {
     };
     const std::vector<size_t> sendCounts = counts(inputSplits, input, "input"),
                               receiveCounts = counts(outputSplits, output, "output");
-    at::Tensor in = input, out = output;
-    return collective(c10d::OpType::ALLTOALL_BASE, {out}, [COPY_ALL] { allToAll(in, sendCounts, out, receiveCounts); });
+    Staging stage;
+    at::Tensor in = stage.in(input), out = stage.out(output);
+    return collective(
+        c10d::OpType::ALLTOALL_BASE, {output}, [COPY_ALL] { allToAll(in, sendCounts, out, receiveCounts); },
+        std::move(stage));
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
@@ -669,8 +780,9 @@ class ProcessGroupLoom : public Base {
       sendCounts[p] = bytesOf(inputs[p]);
       receiveCounts[p] = bytesOf(outputs[p]);
     }
-    std::vector<at::Tensor> in = inputs, out = outputs;
-    return collective(c10d::OpType::ALLTOALL, out, [COPY_ALL]() mutable {
+    Staging stage;
+    std::vector<at::Tensor> in = stage.in(inputs), out = stage.out(outputs);
+    return collective(c10d::OpType::ALLTOALL, outputs, [COPY_ALL]() mutable {
       at::Tensor flatOut = at::empty({static_cast<int64_t>(
                                          std::accumulate(receiveCounts.begin(), receiveCounts.end(), size_t{0}))},
                                      in[0].options().dtype(at::kByte));
@@ -680,15 +792,16 @@ class ProcessGroupLoom : public Base {
         out[p].view({-1}).view(at::kByte).copy_(flatOut.narrow(0, at, static_cast<int64_t>(receiveCounts[p])));
         at += static_cast<int64_t>(receiveCounts[p]);
       }
-    });
+    }, std::move(stage));
   }
 
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int) override {
     checkSingle(tensors, "send");
     checkPeer(dstRank, "send");
-    at::Tensor t = tensors[0];
+    Staging stage;
+    at::Tensor t = stage.in(tensors[0]);
     Link& link = linkTo(dstRank, true);
-    return queue(*link.worker, c10d::OpType::SEND, {t}, [this, t, &link] {
+    return queue(*link.worker, c10d::OpType::SEND, tensors, [this, t, &link] {
       link.worker->rethrowFailure();
       const uint64_t bytes = bytesOf(t);  // the message's header: its size, by which the receiver matches it
       call(loomSend(&bytes, sizeof(bytes), loomUint8, link.peer, link.comm, nullptr), link.comm, "loomSend");
@@ -936,7 +1049,8 @@ class ProcessGroupLoom : public Base {
   // (its message arrived) and reap (its deadline passed) to claim it completes it.
   struct Posted {
     int source = -1;
-    at::Tensor tensor;
+    Staging staging;
+    at::Tensor tensor;  // the caller's, or its host copy (staging)
     c10::intrusive_ptr<LoomWork> work;
     std::chrono::steady_clock::time_point deadline;
     std::atomic<bool> claimed{false};
@@ -950,7 +1064,7 @@ class ProcessGroupLoom : public Base {
   std::shared_ptr<Posted> post(const at::Tensor& tensor, int source, c10d::OpType type) {
     auto posted = std::make_shared<Posted>();
     posted->source = source;
-    posted->tensor = tensor;
+    posted->tensor = posted->staging.out(tensor);
     posted->work = c10::make_intrusive<LoomWork>(rank_, type, std::vector<at::Tensor>{tensor});
     posted->deadline = std::chrono::steady_clock::now() + timeout_;
     std::lock_guard<std::mutex> lock(postedMutex_);
@@ -999,6 +1113,7 @@ class ProcessGroupLoom : public Base {
       }
       call(loomRecv(posted->tensor.data_ptr(), bytes, loomUint8, link.peer, link.comm, nullptr), link.comm,
            "loomRecv");
+      posted->staging.finish();
       posted->work->setSource(peer);
     } catch (...) {
       error = std::current_exception();
@@ -1088,23 +1203,25 @@ class ProcessGroupLoom : public Base {
     return *links_.emplace(key, std::move(link)).first->second;
   }
 
-  // Queues `run` on `worker`; it fails at once if the group is aborted by then.
+  // Queues `run` on `worker`, then the copies back of what `staging` staged; it fails at once if the group is
+  // aborted by then. `outputs`: the caller's tensors, the Work's result.
   c10::intrusive_ptr<c10d::Work> queue(Worker& worker, c10d::OpType type, std::vector<at::Tensor> outputs,
-                                       std::function<void()> run) {
+                                       std::function<void()> run, Staging staging = {}) {
     auto work = c10::make_intrusive<LoomWork>(rank_, type, std::move(outputs));
     worker.queue(
-        [this, run = std::move(run)] {
+        [this, run = std::move(run), staging = std::move(staging)] {
           if (aborted_.load()) fail("the group was aborted (abort()): no more calls run on it");
           run();
+          staging.finish();
         },
         work);
     return work;
   }
 
   c10::intrusive_ptr<c10d::Work> collective(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                            std::function<void()> run) {
+                                            std::function<void()> run, Staging staging = {}) {
     if (closed_.load()) fail("the group was shut down (shutdown()): no more calls run on it");
-    return queue(*collectives_, type, std::move(outputs), std::move(run));
+    return queue(*collectives_, type, std::move(outputs), std::move(run), std::move(staging));
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -1146,7 +1263,7 @@ PYBIND11_MODULE(loom_torch, module) {
   py::object backend = py::module_::import("torch.distributed").attr("Backend");
 #if TORCH_VERSION_MAJOR >= 2
   backend.attr("register_backend")("loom", module.attr("_create"),
-                                   py::arg("devices") = std::vector<std::string>{"cpu"});
+                                   py::arg("devices") = std::vector<std::string>{"cpu", "cuda"});
 #else
   backend.attr("register_backend")("loom", module.attr("_create"));
 #endif

@@ -2,6 +2,7 @@
 #include "src/core/comm.h"
 
 #include <sched.h>
+#include <signal.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -490,9 +491,15 @@ loomResult_t Connections::attachSenders(loomComm* comm, const RankPlan& plan, co
         std::string why = threadLastError();
         // The peer never set up its end: it has not entered the call, or it is stopped or gone (noteFailure
         // refines that), or its connection failed.
-        if (result == loomTimeout || result == loomRemoteError || result == loomSystemError)
-          noteFailure(packOrigin(
-              {step.sendPeer, result == loomTimeout ? FailureCause::kLate : FailureCause::kConnectionLost, 0}));
+        if (result == loomTimeout || result == loomRemoteError || result == loomSystemError) {
+          bool mayCome = false;
+          const uint64_t marked = marksAfterLoss(step.sendPeer, &mayCome);
+          noteFailure(marked != 0 ? marked
+                                  : packOrigin({step.sendPeer,
+                                                result == loomTimeout ? FailureCause::kLate
+                                                                      : FailureCause::kConnectionLost,
+                                                0}));
+        }
         return LOOM_FAIL(result, INIT, "%s; waiting for rank %d to set up its end of channel %d (%s)", why.c_str(),
                          step.sendPeer, lane.channel, transport->name());
       }
@@ -564,6 +571,16 @@ int Connections::firstGaveUp(uint64_t* origin) const {
   return -1;
 }
 
+uint64_t Connections::marksAfterLoss(int peer, bool* mayCome) {
+  uint64_t origin = 0;
+  firstGaveUp(&origin);
+  // No failing process sends itself SIGKILL: a peer that ended so failed first, and no mark of its is coming.
+  int detail = 0;
+  *mayCome = !(peerWatch_ != nullptr && peerWatch_->state(peer, &detail) == PeerWatch::State::kKilled &&
+               detail == SIGKILL);
+  return origin;
+}
+
 uint64_t Connections::noteFailure(uint64_t packed) {
   FailureOrigin origin = unpackOrigin(packed);
   // Only what another rank saw from afar is refined: a rank's own account (its deadline, its error, its abort)
@@ -625,7 +642,19 @@ loomResult_t CommWatch::operator()(bool progressed, const std::function<bool(int
     comm_->nextPeerCheck = now + std::chrono::milliseconds(comm_->peerCheckMs);
     int dead = comm_->peerWatch.firstDead(needsPeer);
     if (dead >= 0) {
-      comm_->connections.noteFailure(packOrigin({dead, FailureCause::kGone, 0}));
+      // A peer that ended may have failed first of something else, and its marks say so: look at them first. A
+      // network notice lands a little after the process that sent it ends, so one that ended other than by
+      // SIGKILL (which no failing process sends itself) gets a moment for its marks to arrive.
+      bool mayCome = false;
+      const uint64_t origin = comm_->connections.marksAfterLoss(dead, &mayCome);
+      if (origin == 0 && mayCome) {
+        if (!deadSeen_) {
+          deadSeen_ = true;
+          deadSeenAt_ = now;
+        }
+        if (now - deadSeenAt_ < std::chrono::milliseconds(kMarkGraceMs)) return loomSuccess;
+      }
+      comm_->connections.noteFailure(origin != 0 ? origin : packOrigin({dead, FailureCause::kGone, 0}));
       return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: rank %d (pid %d) has ended", label().c_str(), comm_->rank, dead,
                        comm_->peers[dead].pid);
     }

@@ -83,6 +83,7 @@ class Connections : public Links {
     askPeer_ = std::move(ask);
   }
   uint64_t noteFailure(uint64_t origin) override;
+  uint64_t marksAfterLoss(int peer, bool* mayCome) override;
 
  private:
   template <typename End>
@@ -240,6 +241,10 @@ class CommWatch {
   uint64_t sequence_;
   Deadline deadline_;
   bool waiting_ = false;  // deadline_ runs from the first idle check after the last progress
+  // A peer seen ended, waiting for its marks (what it failed of first) to arrive: since when.
+  static constexpr int kMarkGraceMs = 200;
+  bool deadSeen_ = false;
+  Clock::time_point deadSeenAt_;
 };
 
 }  // namespace loom

@@ -167,7 +167,7 @@ DeadlineFinding findLateRanks(loomComm* comm, const char* what, uint64_t sequenc
       continue;
     }
     if (state != PeerWatch::State::kRunning) {
-      if (ended.empty()) {
+      if (ended.empty() || (state == PeerWatch::State::kKilled && endedOrigin.cause != FailureCause::kKilled)) {
         endedOrigin.rank = peer;
         endedOrigin.cause = state == PeerWatch::State::kKilled   ? FailureCause::kKilled
                             : state == PeerWatch::State::kExited ? FailureCause::kExited
@@ -207,12 +207,16 @@ DeadlineFinding findLateRanks(loomComm* comm, const char* what, uint64_t sequenc
     parts.push_back(joinRanks(silent) + (silent.size() == 1 ? " does" : " do") +
                     " not answer a status query (stopped, hung, or unreachable)");
   for (const std::string& part : parts) finding.text += (finding.text.empty() ? "" : "; ") + part;
-  if (!ended.empty()) {
+  // A rank that was killed is the likeliest cause, then a stopped one, then one that has not entered the call; one
+  // that exited by itself may have failed of the others (its own deadline) and left.
+  if (!ended.empty() && endedOrigin.cause == FailureCause::kKilled) {
     finding.origin = endedOrigin;
   } else if (!stopped.empty()) {
     finding.origin = {stopped.front(), FailureCause::kStopped, 0};
   } else if (!late.empty()) {
     finding.origin = {late.front(), FailureCause::kLate, 0};
+  } else if (!ended.empty()) {
+    finding.origin = endedOrigin;
   } else if (!silent.empty()) {
     finding.origin = {silent.front(), FailureCause::kNoAnswer, 0};
   } else {

@@ -39,8 +39,8 @@ void stopStatusService(loomComm* comm);
 // Past a deadline in collective #`sequence` of `comm` (0: the run holds no collective): what this rank finds of
 // its peers. `text` lists the ranks that have not entered the call, the stopped or ended ones on this machine and
 // the ones that did not answer ("AllReduce #12: rank 5 has not entered it (last seen in #11)"; empty when every
-// peer is in the call); `origin` points at the likeliest cause (an ended or stopped rank, then a late one, then
-// one that did not answer; else this rank's own deadline).
+// peer is in the call); `origin` points at the likeliest cause (a killed rank, a stopped one, a late one, one that
+// exited, one that did not answer; else this rank's own deadline).
 struct DeadlineFinding {
   std::string text;
   FailureOrigin origin;

@@ -344,6 +344,9 @@ class TaskRun {
                                                             // messages, each once
 };
 
+// How long a rank that lost a connection without a word looks for a mark that says why (see marksAfterLoss).
+constexpr auto kMarkGrace = std::chrono::milliseconds(200);
+
 HostExecutor::HostExecutor() = default;
 HostExecutor::~HostExecutor() = default;
 
@@ -379,6 +382,9 @@ loomResult_t HostExecutor::runQueues(std::vector<std::vector<ExecTask>>& queues,
   WaitingForFn waitingFor = [&](size_t queue) {
     return queue < current.size() && current[queue]->active() ? current[queue]->waitingFor() : std::string();
   };
+  // A connection lost without a word, since when (waiting a moment for a mark that says why).
+  bool lossSeen = false;
+  Clock::time_point lossSeenAt;
   auto stopAll = [&](loomResult_t result) {
     for (auto& run : current) {
       if (run->active()) run->abortLinks();
@@ -420,6 +426,19 @@ loomResult_t HostExecutor::runQueues(std::vector<std::vector<ExecTask>>& queues,
       uint64_t origin = 0;
       uint32_t code = run->active() ? run->peerAborted(&peer, &origin) : 0;
       if (code != 0) {
+        if (origin == 0) {
+          // Another mark may say why, or soon will (kMarkGrace).
+          bool mayCome = false;
+          origin = run->task().links->marksAfterLoss(peer, &mayCome);
+          if (origin == 0 && mayCome) {
+            const Clock::time_point now = Clock::now();
+            if (!lossSeen) {
+              lossSeen = true;
+              lossSeenAt = now;
+            }
+            if (now - lossSeenAt < kMarkGrace) continue;
+          }
+        }
         // What the mark carried, else what this rank saw of the peer (noteFailure may tell more).
         FailureCause seen = code == kConnectionLost ? FailureCause::kConnectionLost : FailureCause::kUnknown;
         run->task().links->noteFailure(origin != 0 ? origin : packOrigin({peer, seen, 0}));

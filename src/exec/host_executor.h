@@ -52,6 +52,15 @@ class Links {
   uint64_t failure() const { return failure_.load(std::memory_order_acquire); }
   // Notes `origin` unless a failure is noted already; returns the one that stands. An implementation may first
   // refine what it is told with what it can see itself (a peer process it watches).
+  // After a connection with `peer` was marked lost or given up on without saying why: the failure another of
+  // these connections' marks carries (packOrigin; 0: none yet), and in *mayCome whether one may still be on its
+  // way (the peer could have failed first of something else and ended: its notice lands a little after), in
+  // which case the caller looks again for a moment before it settles for what it saw.
+  virtual uint64_t marksAfterLoss(int peer, bool* mayCome) {
+    (void)peer;
+    *mayCome = false;
+    return 0;
+  }
   virtual uint64_t noteFailure(uint64_t origin) {
     uint64_t none = 0;
     failure_.compare_exchange_strong(none, origin, std::memory_order_acq_rel);

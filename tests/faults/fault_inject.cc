@@ -165,6 +165,7 @@ bool runTrial(const Trial& trial, const Options& options, Totals* totals) {
     return false;
   }
   std::vector<std::string> problems;
+  std::vector<std::string> messages;  // every survivor's error, "rank 3: ..."
   std::string end;  // what became of a stopped rank, for the trial's line
   double worstMs = 0, worstCloseMs = 0;
   {
@@ -282,6 +283,7 @@ bool runTrial(const Trial& trial, const Options& options, Totals* totals) {
         continue;
       }
       std::string message = child.said.substr(child.said.find('|', at) + 1);
+      messages.push_back(who + ": " + message);
       double detectMs = (failedAt - signalledAt) / 1e6, closeMs = closeNs / 1e6;
       // A wait that timed out began options.timeoutMs before it failed: before the kill (100 ms of slack), it was
       // a wait through the pause.
@@ -341,6 +343,8 @@ bool runTrial(const Trial& trial, const Options& options, Totals* totals) {
               trial.destroy ? "destroy" : "abort  ", worstMs, trial.destroy ? "destroy" : "abort", worstCloseMs,
               ok ? "ok" : "FAILED");
   for (const std::string& problem : problems) std::printf("    %s\n", problem.c_str());
+  if (!ok && !options.verbose)  // what every survivor said, to tell the first failure from what followed
+    for (const std::string& message : messages) std::printf("      said by %s\n", message.c_str());
   std::fflush(stdout);
   ++totals->trials;
   ++totals->perTransport[trial.transport];

@@ -18,7 +18,7 @@
 #    ranks (ZeRO-3), for tokens/s and the memory header;
 # 7. runs loom's libnccl.so.2 on CUDA communicators: the NCCL API test (tests/nccl) on device buffers, then
 #    PyTorch's ProcessGroupNCCL with the library preloaded, at 2 and 4 ranks sharing the GPU (tests/gpu/torch_nccl.py;
-#    skipped where python3 has no torch 2.x with CUDA);
+#    skipped where python3 has no torch 2.x with CUDA); and loom_torch on CUDA tensors (the same checks, 2 ranks);
 # 8. prints a short summary table last.
 # Warnings are errors in CI, which compiles the same code; here a newer compiler's new warning must not cost the
 # run. Sized to finish within 10 minutes on one H200. Writes its logs to BUILD_DIR/gpu-run/.
@@ -106,6 +106,13 @@ step "NCCL API on CUDA communicators" meson test -C "$build" --print-errorlogs n
 step "torch ProcessGroupNCCL on loom's libnccl" timeout 560 python3 tests/gpu/torch_nccl.py \
   "$build/plugins/nccl/libnccl.so.2" >"$logs/torch_nccl.txt" 2>&1
 cat "$logs/torch_nccl.txt"
+# loom_torch itself on CUDA tensors (staged through host memory), on the torch 2.x it was built for.
+torch2_python=/opt/loom-torch2/bin/python
+[ -x "$torch2_python" ] || torch2_python=python3
+PYTHONPATH="$build/plugins/torch/torch2${PYTHONPATH:+:$PYTHONPATH}" LD_LIBRARY_PATH="$build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  step "loom_torch on CUDA tensors" timeout 300 "$torch2_python" tests/gpu/torch_nccl.py --loom-cuda --ranks 2 \
+  "$build/plugins/nccl/libnccl.so.2" >"$logs/torch_loom_cuda.txt" 2>&1
+cat "$logs/torch_loom_cuda.txt"
 echo "## summary"
 printf '%s\n' "${summary[@]}"
 grep -E "^# |^  " "$logs/cuda_kernels_perf.txt" 2>/dev/null

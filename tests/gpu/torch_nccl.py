@@ -10,7 +10,9 @@ of a small model. Every result is checked against the same computation on the CP
 NCCL symbols torch calls resolve to the preloaded library, and loom's log must show its communicators.
 
 Needs torch 2.x with CUDA and a GPU; exits 77 (skipped) without them. With --cpu, the same checks run on the CPU
-through loom's own torch backend (loom_torch on PYTHONPATH), which tests this script where there is no GPU.
+through loom's own torch backend (loom_torch on PYTHONPATH), which tests this script where there is no GPU. With
+--loom-cuda, they run on CUDA tensors through loom_torch (backend "loom", each tensor staged through host memory),
+with no library preloaded.
 """
 import argparse
 import ctypes
@@ -35,19 +37,23 @@ def check_preloaded(library):
     assert resolved == os.path.realpath(library), f"ncclAllReduce resolves to {resolved}, not {library}"
 
 
-def worker(rank, world, store_path, library, cpu):
+def worker(rank, world, store_path, library, mode):
+    """mode: "nccl" (torch's NCCL backend on the preloaded library), "cpu" or "loom-cuda" (loom_torch)."""
     import torch
     import torch.distributed as dist
     import torch.nn as nn
 
-    if cpu:
+    cpu = mode == "cpu"
+    if mode != "nccl":
         import loom_torch  # noqa: F401  registers "loom"
+    if cpu:
         device = torch.device("cpu")
     else:
         torch.cuda.set_device(0)
         device = torch.device("cuda", 0)
+    if mode == "nccl":
         check_preloaded(library)
-    dist.init_process_group("loom" if cpu else "nccl", init_method="file://" + store_path, rank=rank,
+    dist.init_process_group("nccl" if mode == "nccl" else "loom", init_method="file://" + store_path, rank=rank,
                             world_size=world)
 
     def data(r, shape, dtype, salt=0):
@@ -145,7 +151,8 @@ def worker(rank, world, store_path, library, cpu):
     print(f"rank {rank}: {len(checks)} checks passed", flush=True)
 
 
-def run(world, library, timeout, cpu):
+def run(world, library, timeout, mode):
+    cpu = mode != "nccl"  # loom_torch's own: no library preloaded, loom's lines seen without "over loom"
     with tempfile.TemporaryDirectory(prefix="loom-torch-nccl-") as tmp:
         store = os.path.join(tmp, "store")
         env = dict(os.environ, LOOM_DEBUG="INFO", LOOM_DEBUG_SUBSYS="INIT",
@@ -157,8 +164,8 @@ def run(world, library, timeout, cpu):
             log = open(os.path.join(tmp, f"rank{rank}.log"), "w+")
             logs.append(log)
             procs.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), library, "--worker", str(rank), str(world), store]
-                + (["--cpu"] if cpu else []),
+                [sys.executable, os.path.abspath(__file__), library, "--worker", str(rank), str(world), store,
+                 "--mode", mode],
                 env=env, stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + timeout
         codes = []
@@ -188,10 +195,12 @@ def main():
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--timeout", type=float, default=240)
     parser.add_argument("--cpu", action="store_true", help="run the checks on the CPU through loom_torch")
+    parser.add_argument("--loom-cuda", action="store_true", help="run them on CUDA tensors through loom_torch")
     parser.add_argument("--worker", nargs=3, metavar=("RANK", "WORLD", "STORE"))
+    parser.add_argument("--mode", default="nccl")
     args = parser.parse_args()
     if args.worker:
-        worker(int(args.worker[0]), int(args.worker[1]), args.worker[2], args.library, args.cpu)
+        worker(int(args.worker[0]), int(args.worker[1]), args.worker[2], args.library, args.mode)
         return 0
     try:
         import torch
@@ -199,19 +208,24 @@ def main():
         print("torch_nccl: python3 cannot import torch: skipped")
         return 77
     if args.cpu:
-        ok = all([run(world, args.library, args.timeout, True) for world in args.ranks])
+        ok = all([run(world, args.library, args.timeout, "cpu") for world in args.ranks])
         print("torch_nccl --cpu: " + ("all checks passed" if ok else "FAILED"))
         return 0 if ok else 1
     if not torch.cuda.is_available() or int(torch.__version__.split(".")[0]) < 2:
         print(f"torch_nccl: needs torch 2.x with CUDA and a GPU (torch {torch.__version__}, "
               f"CUDA available: {torch.cuda.is_available()}): skipped")
         return 77
+    if args.loom_cuda:
+        print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}: CUDA tensors through loom_torch")
+        ok = all([run(world, args.library, args.timeout, "loom-cuda") for world in args.ranks])
+        print("torch_nccl --loom-cuda: " + ("all checks passed" if ok else "FAILED"))
+        return 0 if ok else 1
     if not os.path.exists(args.library):
         print(f"torch_nccl: {args.library} not found")
         return 1
     print(f"torch {torch.__version__} (built with NCCL {torch.cuda.nccl.version()}), "
           f"{torch.cuda.get_device_name(0)}, loom's {os.path.realpath(args.library)} preloaded")
-    ok = all([run(world, args.library, args.timeout, False) for world in args.ranks])
+    ok = all([run(world, args.library, args.timeout, "nccl") for world in args.ranks])
     print("torch_nccl: " + ("all checks passed" if ok else "FAILED"))
     return 0 if ok else 1
 

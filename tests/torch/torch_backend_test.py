@@ -4,7 +4,8 @@
   tests/torch/torch_backend_test.py BUILD_DIR
 
 Runs, each as processes of one host meeting through a file (torch's FileStore):
-  - every operation at 2 and 4 ranks, for every dtype the operation takes on the CPU, on inputs each rank can
+  - every operation at 2 and 4 ranks (and at 2 with every tensor staged through host copies, the path of CUDA
+    tensors: LOOM_TORCH_STAGE=1), for every dtype the operation takes on the CPU, on inputs each rank can
     compute for every other: loom's result against the expected one computed here in float64 (exact for integers),
     and against gloo's on the same inputs where gloo has the operation (what gloo refused is listed); receiving
     from any source; a message of the wrong size refused, naming both sizes, and the next one taken;
@@ -487,10 +488,15 @@ def main():
         print("skipped: cannot import torch and loom_torch:", probe.stderr.strip().splitlines()[-1:])
         return 77
     status = 0
-    for size in (2, 4):
+    # The last run: every tensor through host copies, as CUDA tensors go (LOOM_TORCH_STAGE=1 stages CPU ones too).
+    for size, staged in ((2, False), (4, False), (2, True)):
+        if staged:
+            os.environ["LOOM_TORCH_STAGE"] = "1"
         codes, outputs = launch("ops", size)
+        os.environ.pop("LOOM_TORCH_STAGE", None)
         ok = all(c == 0 for c in codes)
-        print("ops at %d ranks: %s; %s" % (size, "ok" if ok else "FAILED", outputs[0].strip().splitlines()[-1:]))
+        print("ops at %d ranks%s: %s; %s" % (size, ", every tensor staged" if staged else "", "ok" if ok else "FAILED",
+                                            outputs[0].strip().splitlines()[-1:]))
         if not ok:
             status = 1
             for out in outputs:
