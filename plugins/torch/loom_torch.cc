@@ -607,20 +607,10 @@ class ProcessGroupLoom : public Base {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::AllgatherOptions&) override {
-    if (inputs.empty() || outputs.size() != inputs.size())
-      fail("allgather_into_tensor_coalesced: one output per input (" + std::to_string(inputs.size()) + " inputs, " +
-           std::to_string(outputs.size()) + " outputs)");
+    checkPairs(outputs, inputs, "allgather_into_tensor_coalesced");
     for (size_t i = 0; i < inputs.size(); ++i) checkGatherInto(outputs[i], inputs[i], "allgather_into_tensor_coalesced");
-    Staging stage;
-    std::vector<at::Tensor> in = stage.in(inputs), out = stage.out(outputs);
-    return collective(
-        c10d::OpType::COALESCED, outputs,
-        [COPY_ALL] {
-          std::vector<std::function<void(Keep&)>> calls;
-          for (size_t i = 0; i < in.size(); ++i) calls.push_back([&, i](Keep&) { allGatherInto(in[i], out[i]); });
-          grouped(calls, "allgather_into_tensor_coalesced");
-        },
-        std::move(stage));
+    return pairwise(outputs, inputs, "allgather_into_tensor_coalesced",
+                    [this](const at::Tensor& in, const at::Tensor& out, size_t, Keep&) { allGatherInto(in, out); });
   }
 #endif
 
@@ -708,26 +698,17 @@ class ProcessGroupLoom : public Base {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) override {
-    if (inputs.empty() || outputs.size() != inputs.size())
-      fail("reduce_scatter_tensor_coalesced: one output per input (" + std::to_string(inputs.size()) + " inputs, " +
-           std::to_string(outputs.size()) + " outputs)");
+    checkPairs(outputs, inputs, "reduce_scatter_tensor_coalesced");
     std::vector<Reduction> reductions;
     for (size_t i = 0; i < inputs.size(); ++i) {
       checkGatherInto(inputs[i], outputs[i], "reduce_scatter_tensor_coalesced");
       reductions.push_back(reductionOf(opts.reduceOp, outputs[i], "reduce_scatter_tensor_coalesced"));
       reduceTypeOf(outputs[i], reductions.back(), "reduce_scatter_tensor_coalesced");
     }
-    Staging stage;
-    std::vector<at::Tensor> in = stage.in(inputs), out = stage.out(outputs);
-    return collective(
-        c10d::OpType::COALESCED, outputs,
-        [COPY_ALL] {
-          std::vector<std::function<void(Keep&)>> calls;
-          for (size_t i = 0; i < in.size(); ++i)
-            calls.push_back([&, i](Keep& keep) { reduceScatter(in[i], out[i], reductions[i], keep); });
-          grouped(calls, "reduce_scatter_tensor_coalesced");
-        },
-        std::move(stage));
+    return pairwise(outputs, inputs, "reduce_scatter_tensor_coalesced",
+                    [this, reductions](const at::Tensor& in, const at::Tensor& out, size_t i, Keep& keep) {
+                      reduceScatter(in, out, reductions[i], keep);
+                    });
   }
 #endif
 
@@ -872,6 +853,31 @@ class ProcessGroupLoom : public Base {
     std::deque<at::Tensor> held;  // a deque: hold's references stay valid
     std::vector<std::function<void()>> after;
   };
+
+#if TORCH_VERSION_MAJOR >= 2
+  void checkPairs(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs, const char* what) {
+    if (inputs.empty() || outputs.size() != inputs.size())
+      fail(std::string(what) + ": one output per input (" + std::to_string(inputs.size()) + " inputs, " +
+           std::to_string(outputs.size()) + " outputs)");
+  }
+
+  // The coalesced forms over (input, output) pairs: `each(in, out, i, keep)` queues pair i's calls, all of them
+  // in one loom group.
+  using PairFn = std::function<void(const at::Tensor&, const at::Tensor&, size_t, Keep&)>;
+  c10::intrusive_ptr<c10d::Work> pairwise(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const char* what, PairFn each) {
+    Staging stage;
+    std::vector<at::Tensor> in = stage.in(inputs), out = stage.out(outputs);
+    return collective(
+        c10d::OpType::COALESCED, outputs,
+        [COPY_ALL] {
+          std::vector<std::function<void(Keep&)>> calls;
+          for (size_t i = 0; i < in.size(); ++i) calls.push_back([&, i](Keep& keep) { each(in[i], out[i], i, keep); });
+          grouped(calls, what);
+        },
+        std::move(stage));
+  }
+#endif
 
   // Runs `calls` (each queues loom calls on comm_) as one loom group, then what they left for after its end. An
   // error names `what`, the operation.
