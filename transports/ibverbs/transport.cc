@@ -18,9 +18,10 @@
 //
 // The control socket is the bootstrap handoff connection (authenticated with the communicator's secret) that
 // carried the queue pairs' addresses. It stays open for what RDMA cannot say: the sender's "ready" (its queue
-// pairs are up and can take CTS writes), an abort notice from an executor that gave up, and "bye" with the count
-// of messages a finished sender sent. A socket that closes without "bye" means the peer exited: its connections are
-// lost at once, without waiting for the queue pairs' retries (LOOM_IB_TIMEOUT, LOOM_IB_RETRY_CNT) to run out.
+// pairs are up and can take CTS writes), an abort notice from an executor that gave up (with the failure behind
+// it), and "bye" with the count of messages a finished sender sent. A socket that closes without "bye" means the
+// peer exited: its connections are lost at once, without waiting for the queue pairs' retries (LOOM_IB_TIMEOUT,
+// LOOM_IB_RETRY_CNT) to run out.
 // A completion with an error shuts the connection with the verbs status in the message.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -71,7 +72,6 @@ struct CtsEntry {
   uint64_t sequence;  // the message it is for, plus one
   uint64_t unused;
 };
-
 
 // One end's queue pairs as the other needs them: on the control socket, kInfoBytes.
 struct QpInfo {
@@ -796,8 +796,9 @@ bool IbComm::pumpIn(IbConn& conn) {
 bool IbComm::readControl(IbConn& conn) {
   bool any = false;
   while (!conn.closed && conn.control.valid()) {
-    const bool long9 = conn.controlDone > 0 && (conn.controlIn[0] == kBye || conn.controlIn[0] == kAbort);
-    size_t want = long9 ? 9 : 1;
+    // "Bye" and an abort notice carry 8 bytes after their kind (the message count; the failure behind the abort).
+    const bool withWord = conn.controlDone > 0 && (conn.controlIn[0] == kBye || conn.controlIn[0] == kAbort);
+    size_t want = withWord ? 9 : 1;
     ssize_t n = recv(conn.control.get(), conn.controlIn + conn.controlDone, want - conn.controlDone, MSG_DONTWAIT);
     if (n == 0) {
       // Closed first: controlClosed runs pumpIn, which reads the control socket again while no "ready" has come,

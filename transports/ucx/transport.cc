@@ -26,8 +26,8 @@
 // 39-24 the channel, bits 23-0 the rank that sent the tagged message. A receiving connection matches its next
 // message exactly, whatever its kind, so each message lands in the slot posted for it. A sending connection
 // listens for anything back (CTS, abort notice), in order. An executor that gives up has the proxy send an abort
-// notice to the peer (kAbortedByPeer there); an endpoint error marks every connection with that peer
-// kConnectionLost.
+// notice to the peer (kAbortedByPeer there, with the failure behind it as its 8 bytes); an endpoint error marks
+// every connection with that peer kConnectionLost.
 #include "transports/proxy.h"
 
 #include <dlfcn.h>
