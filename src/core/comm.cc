@@ -556,19 +556,16 @@ void Connections::abortAll() {
 }
 
 int Connections::firstGaveUp(uint64_t* origin) const {
-  for (const auto& [key, link] : senders_) {
-    if (link.end->abortCode() == kAbortedByPeer) {
+  auto firstIn = [origin](const auto& links) {
+    for (const auto& [key, link] : links) {
+      if (link.end->abortCode() != kAbortedByPeer) continue;
       *origin = link.end->abortOrigin();
       return key.first;
     }
-  }
-  for (const auto& [key, link] : receivers_) {
-    if (link.end->abortCode() == kAbortedByPeer) {
-      *origin = link.end->abortOrigin();
-      return key.first;
-    }
-  }
-  return -1;
+    return -1;
+  };
+  const int sender = firstIn(senders_);
+  return sender >= 0 ? sender : firstIn(receivers_);
 }
 
 uint64_t Connections::marksAfterLoss(int peer, bool* mayCome) {
@@ -652,7 +649,7 @@ loomResult_t CommWatch::operator()(bool progressed, const std::function<bool(int
           deadSeen_ = true;
           deadSeenAt_ = now;
         }
-        if (now - deadSeenAt_ < std::chrono::milliseconds(kMarkGraceMs)) return loomSuccess;
+        if (now - deadSeenAt_ < std::chrono::milliseconds(Links::kMarkGraceMs)) return loomSuccess;
       }
       comm_->connections.noteFailure(origin != 0 ? origin : packOrigin({dead, FailureCause::kGone, 0}));
       return LOOM_FAIL(loomRemoteError, COLL, "%s on rank %d: rank %d (pid %d) has ended", label().c_str(), comm_->rank, dead,

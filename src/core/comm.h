@@ -242,7 +242,6 @@ class CommWatch {
   Deadline deadline_;
   bool waiting_ = false;  // deadline_ runs from the first idle check after the last progress
   // A peer seen ended, waiting for its marks (what it failed of first) to arrive: since when.
-  static constexpr int kMarkGraceMs = 200;
   bool deadSeen_ = false;
   Clock::time_point deadSeenAt_;
 };

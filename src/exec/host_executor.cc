@@ -344,9 +344,6 @@ class TaskRun {
                                                             // messages, each once
 };
 
-// How long a rank that lost a connection without a word looks for a mark that says why (see marksAfterLoss).
-constexpr auto kMarkGrace = std::chrono::milliseconds(200);
-
 HostExecutor::HostExecutor() = default;
 HostExecutor::~HostExecutor() = default;
 
@@ -427,7 +424,7 @@ loomResult_t HostExecutor::runQueues(std::vector<std::vector<ExecTask>>& queues,
       uint32_t code = run->active() ? run->peerAborted(&peer, &origin) : 0;
       if (code != 0) {
         if (origin == 0) {
-          // Another mark may say why, or soon will (kMarkGrace).
+          // Another mark may say why, or soon will (Links::kMarkGraceMs).
           bool mayCome = false;
           origin = run->task().links->marksAfterLoss(peer, &mayCome);
           if (origin == 0 && mayCome) {
@@ -436,7 +433,7 @@ loomResult_t HostExecutor::runQueues(std::vector<std::vector<ExecTask>>& queues,
               lossSeen = true;
               lossSeenAt = now;
             }
-            if (now - lossSeenAt < kMarkGrace) continue;
+            if (now - lossSeenAt < std::chrono::milliseconds(Links::kMarkGraceMs)) continue;
           }
         }
         // What the mark carried, else what this rank saw of the peer (noteFailure may tell more).

@@ -56,6 +56,7 @@ class Links {
   // these connections' marks carries (packOrigin; 0: none yet), and in *mayCome whether one may still be on its
   // way (the peer could have failed first of something else and ended: its notice lands a little after), in
   // which case the caller looks again for a moment before it settles for what it saw.
+  static constexpr int kMarkGraceMs = 200;  // how long "a moment" is
   virtual uint64_t marksAfterLoss(int peer, bool* mayCome) {
     (void)peer;
     *mayCome = false;
