@@ -492,8 +492,15 @@ loomResult_t Connections::attachSenders(loomComm* comm, const RankPlan& plan, co
         // The peer never set up its end: it has not entered the call, or it is stopped or gone (noteFailure
         // refines that), or its connection failed.
         if (result == loomTimeout || result == loomRemoteError || result == loomSystemError) {
+          // A peer that closed on us mid-setup may have failed first of something else: its marks (or those of
+          // the ranks that failed with it) get their moment to arrive, as in a run (no run moves them here).
           bool mayCome = false;
-          const uint64_t marked = marksAfterLoss(step.sendPeer, &mayCome);
+          uint64_t marked = marksAfterLoss(step.sendPeer, &mayCome);
+          const Clock::time_point until = Clock::now() + std::chrono::milliseconds(kMarkGraceMs);
+          while (marked == 0 && mayCome && Clock::now() < until) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            marked = marksAfterLoss(step.sendPeer, &mayCome);
+          }
           noteFailure(marked != 0 ? marked
                                   : packOrigin({step.sendPeer,
                                                 result == loomTimeout ? FailureCause::kLate
