@@ -69,6 +69,15 @@ struct FifoWords {
 
 namespace loom::fifo {
 
+// The protocol rule, the one every executor, the tuner and the simulator follow: a step of at most
+// llThresholdBytes goes as LL messages, a larger one as Simple; forcedProtocol >= 0 (LOOM_PROTO) overrides both.
+// It depends on the step's size alone, which both ends of a connection agree on, so they always agree on the
+// protocol and on how the step is cut (lane_walker.h's SliceRule).
+LOOM_HOST_DEVICE inline Protocol protocolFor(size_t stepBytes, size_t llThresholdBytes, int forcedProtocol) {
+  if (forcedProtocol >= 0) return static_cast<Protocol>(forcedProtocol);
+  return stepBytes <= llThresholdBytes ? Protocol::kLL : Protocol::kSimple;
+}
+
 // A Simple message's size word: its bytes, and the top bit when the slot holds a DirectDescriptor.
 constexpr uint64_t kDirectBit = uint64_t{1} << 63;
 LOOM_HOST_DEVICE inline uint64_t simpleSizeWord(uint64_t bytes, bool direct) {

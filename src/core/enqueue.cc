@@ -123,7 +123,7 @@ ExecTask taskFor(const Call& call, const RankPlan* plan, const TuneEstimate& cho
     largest = std::max(largest, bytes);
     outputBytes += bytes;
   }
-  if (task.forcedProtocol == static_cast<int>(Protocol::kSimple) || largest > task.llThresholdBytes)
+  if (fifo::protocolFor(largest, task.llThresholdBytes, task.forcedProtocol) == Protocol::kSimple)
     markDirectBuffers(call, plan, &task);
   task.streamOutputs = comm->streamingBytes > 0 && outputBytes >= comm->streamingBytes;
   // Below LOOM_DIRECT_FORWARD_BYTES of output a step that forwards what it just wrote (a ring's reduce and pass

@@ -14,6 +14,7 @@
 #include "src/core/dtype.h"
 #include "src/core/wait.h"
 #include "src/exec/copy.h"
+#include "src/exec/lane_walker.h"
 #include "src/exec/reduce.h"
 
 namespace loom {
@@ -49,11 +50,37 @@ loomResult_t readDirect(const DirectDescriptor& from, void* to, const char* what
 
 }  // namespace
 
+// The ends of a lane's channel on the host, as LaneWalker reaches them: the FifoReceiver and FifoSender of each
+// peer, which move messages through shared memory or a transport's proxy.
+struct HostEnds {
+  using In = FifoReceiver;
+  using Out = FifoSender;
+  Links* links;
+  int channel;
+
+  FifoReceiver* receiver(int peer) const { return links->receiver(peer, channel); }
+  FifoSender* sender(int peer) const { return links->sender(peer, channel); }
+  LaneStatus receive(FifoReceiver* in, Protocol protocol, size_t bytes, Arrival* arrival) const {
+    (void)bytes;  // the receiver reads the size from the message itself
+    arrival->data = in->poll(protocol, &arrival->bytes, &arrival->direct);
+    return arrival->data != nullptr ? LaneStatus::kRan : LaneStatus::kWaiting;
+  }
+  LaneStatus reserve(FifoSender* out, Protocol protocol, void** slot) const {
+    *slot = out->reserve(protocol);
+    return *slot != nullptr ? LaneStatus::kRan : LaneStatus::kWaiting;
+  }
+  void post(FifoSender* out, Protocol protocol, size_t bytes, bool direct) const { out->post(protocol, bytes, direct); }
+  void release(FifoReceiver* in) const { in->release(); }
+};
+
+using HostWalker = LaneWalker<Lane, HostEnds>;
+
 struct LaneRun {
   const Lane* lane;
-  LaneCursor cursor;
-  bool done() const { return cursor.done(); }
-  const Step& step() const { return lane->steps[cursor.step()]; }
+  HostEnds ends;
+  HostWalker walker;
+  bool done() const { return walker.done(); }
+  const Step& step() const { return walker.step(); }
 };
 
 // One task in progress. A queue keeps its TaskRun from task to task and from run to run, so that its containers
@@ -66,14 +93,14 @@ class TaskRun {
     task_ = &task;
     elementBytes_ = dtypeSize(task.datatype);
     // Slices in whole elements, worked out once per task: the divisions cost more than a small step's copy.
-    llSliceElems_ = std::max<size_t>(1, task.llSliceBytes / elementBytes_);
-    simpleSliceElems_ = std::max<size_t>(1, task.simpleSliceBytes / elementBytes_);
+    const SliceRule rule = SliceRule::of(elementBytes_, task.llThresholdBytes, task.llSliceBytes,
+                                         task.simpleSliceBytes, task.forcedProtocol);
     reduce_ = reduceFunction(task.datatype, task.op);
     lanes_.clear();
     directSenders_.clear();
     for (const Lane& lane : task.plan->lanes) {
-      lanes_.push_back({&lane, {}});
-      lanes_.back().cursor.start(lane, SlicesOf{this});
+      lanes_.push_back({&lane, HostEnds{task.links, lane.channel}, {}});
+      lanes_.back().walker.start(lane, rule);
     }
   }
 
@@ -93,12 +120,11 @@ class TaskRun {
   // would otherwise run to its end while the peers wait for this rank to take their messages.
   loomResult_t advance(bool* progress) {
     for (LaneRun& lane : lanes_) {
-      for (size_t round = lane.cursor.round(); !lane.done() && lane.cursor.round() == round;) {
+      for (size_t round = lane.walker.round(); !lane.done() && lane.walker.round() == round;) {
         bool ran = false;
-        LOOM_CHECK(tryUnit(lane, &ran));
+        LOOM_CHECK(runSlice(lane, &ran));
         if (!ran) break;
         *progress = true;
-        lane.cursor.next(SlicesOf{this});
       }
     }
     return loomSuccess;
@@ -199,53 +225,32 @@ class TaskRun {
   // Whether writes into `region` should bypass the cache: large call outputs only (see copy.h).
   bool streamTo(const Region& region) const { return task_->streamOutputs && region.buffer == Buffer::kOutput; }
 
-  Protocol protocolFor(const Step& step) const {
-    if (task_->forcedProtocol >= 0) return static_cast<Protocol>(task_->forcedProtocol);
-    return step.count() * elementBytes_ <= task_->llThresholdBytes ? Protocol::kLL : Protocol::kSimple;
+  // Runs the lane's next slice if it can (*ran), moving its data with this host's copies and reductions.
+  loomResult_t runSlice(LaneRun& run, bool* ran) {
+    HostWalker::Slice slice;
+    const LaneStatus status = run.walker.prepare(run.ends, &slice);
+    *ran = status == LaneStatus::kRan;
+    if (status == LaneStatus::kBadMessage)
+      return LOOM_FAIL(loomRemoteError, COLL,
+                       "%s: rank %d sent a message of %zu bytes on channel %d where %zu were expected; do the "
+                       "ranks' calls (counts, types, order) match?",
+                       task_->what, slice.step->recvPeer, slice.arrival.bytes, run.lane->channel, slice.bytes);
+    if (!*ran) return loomSuccess;  // waiting (aborts are looked at when nothing moves)
+    bool direct = false;
+    if (slice.count() > 0) LOOM_CHECK(move(slice, &direct));
+    run.walker.finish(run.ends, slice, direct);
+    return loomSuccess;
   }
 
-  size_t sliceElems(Protocol protocol) const { return protocol == Protocol::kLL ? llSliceElems_ : simpleSliceElems_; }
-
-  // How many slices a step has: what LaneCursor walks.
-  struct SlicesOf {
-    const TaskRun* run;
-    size_t operator()(const Step& step) const {
-      return sliceCount(step.count(), run->sliceElems(run->protocolFor(step)));
-    }
-  };
-
-  loomResult_t tryUnit(LaneRun& run, bool* ran) {
-    const Step& step = run.step();
-    size_t count = step.count();
-    Protocol protocol = protocolFor(step);
-    size_t lo = 0, hi = 0;
-    sliceBounds(count, sliceElems(protocol), run.cursor.round(), &lo, &hi);
-    *ran = true;
-    if (lo == hi) return loomSuccess;
-    size_t bytes = (hi - lo) * elementBytes_;
-    int channel = run.lane->channel;
-    FifoReceiver* in = nullptr;
-    FifoSender* out = nullptr;
-    const void* incoming = nullptr;
-    void* slot = nullptr;
-    bool incomingDirect = false;
-    if (actionReceives(step.action)) {
-      in = task_->links->receiver(step.recvPeer, channel);
-      size_t arrived = 0;
-      incoming = in->poll(protocol, &arrived, &incomingDirect);
-      if (incoming == nullptr) return *ran = false, loomSuccess;
-      if (arrived != bytes)
-        return LOOM_FAIL(loomRemoteError, COLL,
-                         "%s: rank %d sent a message of %zu bytes on channel %d where %zu were expected; do the "
-                         "ranks' calls (counts, types, order) match?",
-                         task_->what, step.recvPeer, arrived, channel, bytes);
-    }
-    if (actionSends(step.action)) {
-      out = task_->links->sender(step.sendPeer, channel);
-      slot = out->reserve(protocol);
-      if (slot == nullptr) return *ran = false, loomSuccess;
-    }
-    const DirectDescriptor* message = incomingDirect ? static_cast<const DirectDescriptor*>(incoming) : nullptr;
+  // The data of a slice that runs: copies, reductions, and the direct (zero-copy) messages it takes or sends
+  // (*direct: the message it sends is a DirectDescriptor).
+  loomResult_t move(const HostWalker::Slice& slice, bool* direct) {
+    const Step& step = *slice.step;
+    const size_t lo = slice.lo, bytes = slice.bytes, n = slice.count();
+    FifoSender* out = slice.out;
+    const void* incoming = slice.arrival.data;
+    void* slot = slice.slot;
+    const DirectDescriptor* message = slice.arrival.direct ? static_cast<const DirectDescriptor*>(incoming) : nullptr;
     if (message) incoming = task_->links->mapDirect(*message);  // the payload where it lies, when mapped here
     if (message && incoming == nullptr) {
       // Not mapped: pull the payload now with CMA, straight into the destination when the step only stores it.
@@ -256,8 +261,8 @@ class TaskRun {
       incoming = target;
     }
     const DirectBuffer* directBuffer = nullptr;
-    const Region* directSource = out ? directSourceOf(step, protocol, &directBuffer) : nullptr;
-    size_t n = hi - lo;
+    const Region* directSource = out ? directSourceOf(step, slice.protocol, &directBuffer) : nullptr;
+    *direct = directSource != nullptr;
     switch (step.action) {
       case Action::kSend:
         if (!directSource) std::memcpy(slot, pointer(step.src, lo), bytes);
@@ -304,8 +309,6 @@ class TaskRun {
         directSenders_.emplace_back(out, step.sendPeer);
       if (task_->directMessages) ++*task_->directMessages;
     }
-    if (out) out->post(protocol, bytes, directSource != nullptr);
-    if (in) in->release();
     return loomSuccess;
   }
 
@@ -335,8 +338,6 @@ class TaskRun {
 
   ExecTask* task_ = nullptr;
   size_t elementBytes_ = 1;
-  size_t llSliceElems_ = 1;  // elements in one slot, per protocol
-  size_t simpleSliceElems_ = 1;
   ReduceFn reduce_ = nullptr;
   std::vector<LaneRun> lanes_;
   std::vector<std::byte> staging_;                          // a direct payload on its way into a reduction

@@ -1,9 +1,10 @@
 // One lane of a flat plan run over FIFOs, written once for the host and for a CUDA device (LOOM_HOST_DEVICE): the
 // GPU executor's core, which runs a lane per CTA, and which the host runs in CI (unit/lane_runner_test.cc, ranks
-// as threads) against the collectives' reference results. It walks the lane as the host executor does
-// (BasicLaneCursor, sliceBounds), moves messages with the FIFO's own arithmetic (fifo_protocol.h) in fifo.h's
-// layout, so either end of a connection may be a host FifoSender or FifoReceiver, and combines elements with the
-// CUDA kernels' arithmetic (element_ops.h).
+// as threads) against the collectives' reference results. It walks the lane with the host executor's own walker
+// (LaneWalker, lane_walker.h: the steps, the slicing, the protocol rule), moves messages with the FIFO's own
+// arithmetic (fifo_protocol.h) in fifo.h's layout, so either end of a connection may be a host FifoSender or
+// FifoReceiver, and combines elements with the CUDA kernels' arithmetic (element_ops.h). What is the device's
+// alone: its memory primitives (MemoryAccess, PortableEnds) and the workers' share of the data (apply).
 //
 // The loads and stores that order memory between ranks are MemoryAccess's: GCC's atomic builtins on the host,
 // volatile accesses with system-scope fences on a device (a peer may be another GPU or the host). What it leaves
@@ -21,6 +22,7 @@
 #include "algorithms/flat_plan.h"
 #include "src/core/host_device.h"
 #include "src/exec/cuda/element_ops.h"
+#include "src/exec/lane_walker.h"
 #include "transports/fifo_protocol.h"
 
 namespace loom {
@@ -43,8 +45,6 @@ struct LaneCall {
   size_t llThresholdBytes;
   int forcedProtocol;  // -1: by size, else a Protocol
 };
-
-enum class LaneStatus : uint8_t { kRan, kWaiting, kDone, kPeerAborted, kBadMessage };
 
 // Why a lane stopped before its end, as a kernel reports it (0: it did not).
 enum LaneFailure : uint32_t {
@@ -121,11 +121,98 @@ struct MemoryAccess {
   }
 };
 
+// The ends of a lane's channel as a device reaches them (LaneWalker's Ports): each end's FIFO through
+// fifo_protocol.h's arithmetic and MemoryAccess's loads and stores. An LL message is decoded into, and encoded
+// from, the staging buffer. Direct (zero-copy) messages are refused.
+struct PortableEnds {
+  using In = PortableEnd;
+  using Out = PortableEnd;
+  FifoWords words;
+  PortableEnd* recvFrom;  // by peer
+  PortableEnd* sendTo;
+  uint32_t* staging;  // llSlotBytes / 8 words
+
+  LOOM_HOST_DEVICE PortableEnd* receiver(int peer) const { return &recvFrom[peer]; }
+  LOOM_HOST_DEVICE PortableEnd* sender(int peer) const { return &sendTo[peer]; }
+
+  LOOM_HOST_DEVICE LaneStatus receive(PortableEnd* in, Protocol protocol, size_t bytes, Arrival* arrival) const {
+    using Access = MemoryAccess;
+    if (protocol == Protocol::kSimple) {
+      if (Access::loadAcquire(word(in, words.head)) <= in->count)
+        return aborted(in) ? LaneStatus::kPeerAborted : LaneStatus::kWaiting;
+      const uint64_t size = Access::loadRelaxed(word(in, words.sizes) + in->slot);
+      if (fifo::simpleSizeDirect(size)) return LaneStatus::kBadMessage;
+      *arrival = Arrival{slots(in) + fifo::simpleSlotOffset(in->slot, in->slotBytes), fifo::simpleSizeBytes(size), false};
+      return LaneStatus::kRan;
+    }
+    const uint32_t flag = fifo::llFlag(in->count);
+    const uint64_t* lines = reinterpret_cast<const uint64_t*>(
+        slots(in) + fifo::llSlotOffset(in->slot, in->depth, in->slotBytes, in->llSlotBytes));
+    const uint64_t first = Access::loadRelaxed(lines);
+    if (fifo::llWordFlag(first) != flag) return aborted(in) ? LaneStatus::kPeerAborted : LaneStatus::kWaiting;
+    *arrival = Arrival{staging, fifo::llWordData(first), false};
+    if (arrival->bytes != bytes) return LaneStatus::kRan;  // the walker refuses it; its data stays unread
+    for (size_t i = 0; i < fifo::llDataWords(bytes); ++i) {
+      const uint64_t line = Access::loadRelaxed(lines + 1 + i);
+      if (fifo::llWordFlag(line) != flag) return LaneStatus::kWaiting;  // not all there yet
+      staging[i] = fifo::llWordData(line);
+    }
+    return LaneStatus::kRan;
+  }
+
+  LOOM_HOST_DEVICE LaneStatus reserve(PortableEnd* out, Protocol protocol, void** slot) const {
+    if (aborted(out)) return LaneStatus::kPeerAborted;
+    if (!fifo::hasCredit(out->count, MemoryAccess::loadAcquire(word(out, words.tail)), out->depth))
+      return LaneStatus::kWaiting;
+    *slot = protocol == Protocol::kSimple
+                ? static_cast<void*>(slots(out) + fifo::simpleSlotOffset(out->slot, out->slotBytes))
+                : static_cast<void*>(staging);
+    return LaneStatus::kRan;
+  }
+
+  LOOM_HOST_DEVICE void post(PortableEnd* out, Protocol protocol, size_t bytes, bool direct) const {
+    using Access = MemoryAccess;
+    (void)direct;  // never: this end sends no direct messages
+    if (protocol == Protocol::kSimple) {
+      Access::storeRelaxed(word(out, words.sizes) + out->slot, fifo::simpleSizeWord(bytes, false));
+    } else {
+      const uint32_t flag = fifo::llFlag(out->count);
+      uint64_t* lines = reinterpret_cast<uint64_t*>(
+          slots(out) + fifo::llSlotOffset(out->slot, out->depth, out->slotBytes, out->llSlotBytes));
+      const size_t dataWords = fifo::llDataWords(bytes);
+      if (bytes % 4 != 0) {  // the last word's bytes past the message are zero, as the host sender makes them
+        unsigned char* tail = reinterpret_cast<unsigned char*>(staging) + bytes;
+        for (size_t b = bytes % 4; b < 4; ++b) *tail++ = 0;
+      }
+      for (size_t i = 0; i < dataWords; ++i) Access::storeRelaxed(lines + 1 + i, fifo::llWord(staging[i], flag));
+      Access::storeRelease(lines, fifo::llWord(static_cast<uint32_t>(bytes), flag));
+    }
+    out->slot = fifo::nextSlot(out->slot, out->depth);
+    Access::storeRelease(word(out, words.head), ++out->count);
+  }
+
+  LOOM_HOST_DEVICE void release(PortableEnd* in) const {
+    in->slot = fifo::nextSlot(in->slot, in->depth);
+    MemoryAccess::storeRelease(word(in, words.tail), ++in->count);
+  }
+
+ private:
+  LOOM_HOST_DEVICE static uint64_t* word(const PortableEnd* end, uint32_t offset) {
+    return reinterpret_cast<uint64_t*>(end->fifo + offset);
+  }
+  LOOM_HOST_DEVICE unsigned char* slots(const PortableEnd* end) const { return end->fifo + words.slots; }
+  LOOM_HOST_DEVICE bool aborted(const PortableEnd* end) const {
+    return MemoryAccess::loadRelaxed32(reinterpret_cast<uint32_t*>(end->fifo + words.aborted)) != 0;
+  }
+};
+
+// A lane walked by LaneWalker over PortableEnds, its data moved by every worker of a CTA (apply).
 template <loomDataType_t kType, class Op>
 class LaneRunner {
   using Access = MemoryAccess;
   using Format = device::FormatOf<kType>;
   using Element = typename Format::Storage;
+  using Walker = LaneWalker<FlatLaneView, PortableEnds>;
 
  public:
   // `recvFrom[p]` and `sendTo[p]`: the ends of the lane's channel for peer p. `llStaging`: llSlotBytes / 8 words.
@@ -133,60 +220,38 @@ class LaneRunner {
                               PortableEnd* recvFrom, PortableEnd* sendTo, uint32_t* llStaging) {
     lane_ = lane;
     call_ = call;
-    words_ = words;
-    recvFrom_ = recvFrom;
-    sendTo_ = sendTo;
-    staging_ = llStaging;
-    cursor_.start(lane_, SlicesOf{this});
+    ends_ = PortableEnds{words, recvFrom, sendTo, llStaging};
+    walker_.start(lane_, SliceRule{sizeof(Element), call.llThresholdBytes, call.llSliceElems, call.simpleSliceElems,
+                                   call.forcedProtocol});
   }
-  LOOM_HOST_DEVICE bool done() const { return cursor_.done(); }
+  LOOM_HOST_DEVICE bool done() const { return walker_.done(); }
 
   // One slice as prepare() finds it ready: what apply() does and what finish() posts and releases. Plain data, so
   // that a kernel can keep it in shared memory for every thread of a CTA.
   struct Slice {
+    typename Walker::Slice walk;
     Action action;
-    Protocol protocol;
-    size_t n;      // elements (0: an empty slice, nothing to move)
-    size_t bytes;  // of its message
+    size_t n;  // elements (0: an empty slice, nothing to move)
     Element* dst;
     const Element* src;
     const Element* src2;
     const Element* incoming;  // the received message (LL: decoded into the staging buffer)
     Element* slot;            // where the message to send goes (LL: the staging buffer)
-    PortableEnd* in;
-    PortableEnd* out;
   };
 
   // Whether the next slice can run (kRan: *slice says what it does), and if not, why.
   LOOM_HOST_DEVICE LaneStatus prepare(Slice* slice) {
-    if (cursor_.done()) return LaneStatus::kDone;
-    const Step& step = lane_.stepAt(cursor_.step());
-    const size_t count = step.count();
-    const Protocol protocol = protocolFor(count);
-    size_t lo = 0, hi = 0;
-    sliceBounds(count, sliceElems(protocol), cursor_.round(), &lo, &hi);
-    *slice = Slice{step.action, protocol, hi - lo, (hi - lo) * sizeof(Element), nullptr, nullptr, nullptr, nullptr,
-                   nullptr,     nullptr,  nullptr};
-    if (lo == hi) return LaneStatus::kRan;
-    PortableEnd* in = actionReceives(step.action) ? &recvFrom_[step.recvPeer] : nullptr;
-    PortableEnd* out = actionSends(step.action) ? &sendTo_[step.sendPeer] : nullptr;
-    if (in != nullptr) {
-      LaneStatus arrived = receive(in, protocol, slice->bytes, &slice->incoming);
-      if (arrived != LaneStatus::kRan) return arrived;
-    }
-    if (out != nullptr) {
-      if (aborted(out)) return LaneStatus::kPeerAborted;
-      if (!fifo::hasCredit(out->count, Access::loadAcquire(word(out, words_.tail)), out->depth))
-        return LaneStatus::kWaiting;
-      slice->slot = protocol == Protocol::kSimple
-                        ? reinterpret_cast<Element*>(slots(out) + fifo::simpleSlotOffset(out->slot, out->slotBytes))
-                        : reinterpret_cast<Element*>(staging_);
-    }
-    slice->in = in;
-    slice->out = out;
-    slice->dst = at(step.dst, lo);
-    slice->src = at(step.src, lo);
-    slice->src2 = at(step.src2, lo);
+    const LaneStatus status = walker_.prepare(ends_, &slice->walk);
+    if (status != LaneStatus::kRan) return status;
+    const typename Walker::Slice& walk = slice->walk;
+    const Step& step = *walk.step;
+    slice->action = step.action;
+    slice->n = walk.count();
+    slice->dst = at(step.dst, walk.lo);
+    slice->src = at(step.src, walk.lo);
+    slice->src2 = at(step.src2, walk.lo);
+    slice->incoming = static_cast<const Element*>(walk.arrival.data);
+    slice->slot = static_cast<Element*>(walk.slot);
     return LaneStatus::kRan;
   }
 
@@ -224,84 +289,9 @@ class LaneRunner {
   }
 
   // After apply() (every worker's part visible): posts the message, releases the one received, moves on.
-  LOOM_HOST_DEVICE void finish(const Slice& slice) {
-    if (slice.out != nullptr) post(slice.out, slice.protocol, slice.bytes);
-    if (slice.in != nullptr) release(slice.in);
-    cursor_.next(SlicesOf{this});
-  }
+  LOOM_HOST_DEVICE void finish(const Slice& slice) { walker_.finish(ends_, slice.walk); }
 
  private:
-  struct SlicesOf {
-    const LaneRunner* runner;
-    LOOM_HOST_DEVICE size_t operator()(const Step& step) const {
-      return sliceCount(step.count(), runner->sliceElems(runner->protocolFor(step.count())));
-    }
-  };
-
-  LOOM_HOST_DEVICE Protocol protocolFor(size_t count) const {
-    if (call_.forcedProtocol >= 0) return static_cast<Protocol>(call_.forcedProtocol);
-    return count * sizeof(Element) <= call_.llThresholdBytes ? Protocol::kLL : Protocol::kSimple;
-  }
-  LOOM_HOST_DEVICE size_t sliceElems(Protocol protocol) const {
-    return protocol == Protocol::kLL ? call_.llSliceElems : call_.simpleSliceElems;
-  }
-
-  LOOM_HOST_DEVICE uint64_t* word(const PortableEnd* end, uint32_t offset) const {
-    return reinterpret_cast<uint64_t*>(end->fifo + offset);
-  }
-  LOOM_HOST_DEVICE unsigned char* slots(const PortableEnd* end) const { return end->fifo + words_.slots; }
-  LOOM_HOST_DEVICE bool aborted(const PortableEnd* end) const {
-    return Access::loadRelaxed32(reinterpret_cast<uint32_t*>(end->fifo + words_.aborted)) != 0;
-  }
-
-  LOOM_HOST_DEVICE LaneStatus receive(PortableEnd* in, Protocol protocol, size_t bytes, const Element** incoming) {
-    if (protocol == Protocol::kSimple) {
-      if (Access::loadAcquire(word(in, words_.head)) <= in->count)
-        return aborted(in) ? LaneStatus::kPeerAborted : LaneStatus::kWaiting;
-      uint64_t size = Access::loadRelaxed(word(in, words_.sizes) + in->slot);
-      if (fifo::simpleSizeDirect(size) || fifo::simpleSizeBytes(size) != bytes) return LaneStatus::kBadMessage;
-      *incoming = reinterpret_cast<const Element*>(slots(in) + fifo::simpleSlotOffset(in->slot, in->slotBytes));
-      return LaneStatus::kRan;
-    }
-    const uint32_t flag = fifo::llFlag(in->count);
-    const uint64_t* lines = reinterpret_cast<const uint64_t*>(
-        slots(in) + fifo::llSlotOffset(in->slot, in->depth, in->slotBytes, in->llSlotBytes));
-    const uint64_t first = Access::loadRelaxed(lines);
-    if (fifo::llWordFlag(first) != flag) return aborted(in) ? LaneStatus::kPeerAborted : LaneStatus::kWaiting;
-    if (fifo::llWordData(first) != bytes) return LaneStatus::kBadMessage;
-    for (size_t i = 0; i < fifo::llDataWords(bytes); ++i) {
-      uint64_t line = Access::loadRelaxed(lines + 1 + i);
-      if (fifo::llWordFlag(line) != flag) return LaneStatus::kWaiting;  // not all there yet
-      staging_[i] = fifo::llWordData(line);
-    }
-    *incoming = reinterpret_cast<const Element*>(staging_);
-    return LaneStatus::kRan;
-  }
-
-  LOOM_HOST_DEVICE void post(PortableEnd* out, Protocol protocol, size_t bytes) {
-    if (protocol == Protocol::kSimple) {
-      Access::storeRelaxed(word(out, words_.sizes) + out->slot, fifo::simpleSizeWord(bytes, false));
-    } else {
-      const uint32_t flag = fifo::llFlag(out->count);
-      uint64_t* lines = reinterpret_cast<uint64_t*>(
-          slots(out) + fifo::llSlotOffset(out->slot, out->depth, out->slotBytes, out->llSlotBytes));
-      const size_t dataWords = fifo::llDataWords(bytes);
-      if (bytes % 4 != 0) {  // the last word's bytes past the message are zero, as the host sender makes them
-        unsigned char* tail = reinterpret_cast<unsigned char*>(staging_) + bytes;
-        for (size_t b = bytes % 4; b < 4; ++b) *tail++ = 0;
-      }
-      for (size_t i = 0; i < dataWords; ++i) Access::storeRelaxed(lines + 1 + i, fifo::llWord(staging_[i], flag));
-      Access::storeRelease(lines, fifo::llWord(static_cast<uint32_t>(bytes), flag));
-    }
-    out->slot = fifo::nextSlot(out->slot, out->depth);
-    Access::storeRelease(word(out, words_.head), ++out->count);
-  }
-
-  LOOM_HOST_DEVICE void release(PortableEnd* in) {
-    in->slot = fifo::nextSlot(in->slot, in->depth);
-    Access::storeRelease(word(in, words_.tail), ++in->count);
-  }
-
   LOOM_HOST_DEVICE Element* at(const Region& region, size_t lo) const {
     unsigned char* base = region.buffer == Buffer::kInput    ? call_.input
                           : region.buffer == Buffer::kOutput ? call_.output
@@ -379,11 +369,8 @@ class LaneRunner {
 
   FlatLaneView lane_{};
   LaneCall call_{};
-  FifoWords words_{};
-  PortableEnd* recvFrom_ = nullptr;
-  PortableEnd* sendTo_ = nullptr;
-  uint32_t* staging_ = nullptr;
-  BasicLaneCursor<FlatLaneView> cursor_;
+  PortableEnds ends_{};
+  Walker walker_;
 };
 
 }  // namespace loom

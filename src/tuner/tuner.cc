@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "src/core/log.h"
+#include "src/exec/lane_walker.h"
 #include "transports/fifo.h"
 
 namespace loom {
@@ -47,7 +48,12 @@ struct Hop {
 class PlanTimer {
  public:
   PlanTimer(const TuneContext& context, const HostCosts& costs, const Slicing& slicing, size_t elementBytes)
-      : context_(context), costs_(costs), slicing_(slicing), elementBytes_(elementBytes), n_(context.nranks) {
+      : context_(context),
+        costs_(costs),
+        rule_(SliceRule::of(elementBytes, slicing.llThresholdBytes, context.llSliceBytes, slicing.simpleSliceBytes,
+                            context.forcedProtocol)),
+        elementBytes_(elementBytes),
+        n_(context.nranks) {
     const Topology* topo = context.topology;
     placed_ = topo != nullptr && topo->rankCount() == n_;
     for (int r = 0; r < n_; ++r) hostOf_.push_back(static_cast<int>(context.hostOf.size()) == n_ ? context.hostOf[r] : 0);
@@ -150,16 +156,9 @@ class PlanTimer {
   }
 
  private:
-  bool isLL(const Step& step) const {
-    if (context_.forcedProtocol >= 0) return context_.forcedProtocol == static_cast<int>(Protocol::kLL);
-    return step.count() * elementBytes_ <= slicing_.llThresholdBytes;
-  }
-
-  size_t realSlices(const Step& step) const {
-    size_t sliceBytes = isLL(step) ? context_.llSliceBytes : slicing_.simpleSliceBytes;
-    size_t slice = std::max<size_t>(1, sliceBytes / elementBytes_);
-    return (step.count() + slice - 1) / slice;
-  }
+  // The executors' own rule (lane_walker.h): the protocol of a step and its slices.
+  bool isLL(const Step& step) const { return rule_.protocolFor(step.count()) == Protocol::kLL; }
+  size_t realSlices(const Step& step) const { return rule_.slicesOf(step.count()); }
 
   struct SlicesOf {
     const PlanTimer* timer;
@@ -213,7 +212,7 @@ class PlanTimer {
 
   const TuneContext& context_;
   const HostCosts& costs_;
-  Slicing slicing_;
+  SliceRule rule_;
   size_t elementBytes_;
   int n_;
   bool placed_ = false;

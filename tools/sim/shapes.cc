@@ -177,14 +177,14 @@ bool extendBySymmetry(const CallSetup& setup, const Params& params, const std::v
   return false;
 }
 
+// The payload of one LL slot: half of its bytes past the size word.
+size_t llPayloadOf(const Params& params) { return params.llSlotBytes > 8 ? (params.llSlotBytes - 8) / 2 : 4; }
+
 }  // namespace
 
-Slicing::Slicing(const Params& params, size_t elementBytes) : elementBytes(elementBytes) {
-  llThresholdBytes = params.llThresholdBytes;
-  llPayloadBytes = params.llSlotBytes > 8 ? (params.llSlotBytes - 8) / 2 : 4;
-  llSliceElems = std::max<size_t>(1, llPayloadBytes / elementBytes);
-  simpleSliceElems = std::max<size_t>(1, params.simpleSliceBytes / elementBytes);
-}
+Slicing::Slicing(const Params& params, size_t elementBytes)
+    : SliceRule(SliceRule::of(elementBytes, params.llThresholdBytes, llPayloadOf(params), params.simpleSliceBytes, -1)),
+      llPayloadBytes(llPayloadOf(params)) {}
 
 double Slicing::wireBytes(size_t elements, bool ll) const {
   double bytes = static_cast<double>(elements * elementBytes);

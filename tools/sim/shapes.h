@@ -16,23 +16,21 @@
 #include <vector>
 
 #include "algorithms/plan.h"
+#include "src/exec/lane_walker.h"
 #include "tools/sim/sim.h"
 
 namespace loom::sim {
 
-// The executor's slicing of a call (host_executor.cc): steps of at most llThresholdBytes go as LL messages of up
-// to llSliceElems elements, others as Simple messages of up to simpleSliceElems.
-struct Slicing {
-  size_t elementBytes = 4;
-  size_t llThresholdBytes = 8192;
-  size_t llSliceElems = 1, simpleSliceElems = 1;
+// The executors' slicing of a call, their own rule (src/exec/lane_walker.h): steps of at most llThresholdBytes
+// go as LL messages of up to llSliceElems elements, others as Simple messages of up to simpleSliceElems.
+struct Slicing : SliceRule {
   size_t llPayloadBytes = 8220;  // LL payload per slot
 
-  Slicing() = default;
+  Slicing() : SliceRule{4, 8192, 1, 1, -1} {}
   Slicing(const Params& params, size_t elementBytes);
-  bool isLL(size_t count) const { return count * elementBytes <= llThresholdBytes; }
-  size_t sliceElems(size_t count) const { return isLL(count) ? llSliceElems : simpleSliceElems; }
-  size_t slicesOf(size_t count) const { return (count + sliceElems(count) - 1) / sliceElems(count); }
+  bool isLL(size_t count) const { return protocolFor(count) == Protocol::kLL; }
+  size_t sliceElems(size_t count) const { return SliceRule::sliceElems(protocolFor(count)); }
+  size_t slicesOf(size_t count) const { return SliceRule::slicesOf(count); }
   // Bytes on the wire for a slice of `elements`: LL sends 8-byte lines of 4 data bytes and a flag, plus a size
   // word; Simple sends the data.
   double wireBytes(size_t elements, bool ll) const;
