@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "loom/loom.h"
-#include "src/core/host_device.h"
+#include "src/base/host_device.h"
 
 namespace loom {
 

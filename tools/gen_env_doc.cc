@@ -1,13 +1,13 @@
-// Prints docs/ENVIRONMENT.md from the params table (src/core/params.def), so the page can never drift from the
+// Prints docs/ENVIRONMENT.md from the params table (src/base/params.def), so the page can never drift from the
 // code: `build/tools/gen_env_doc > docs/ENVIRONMENT.md`. A unit test compares the committed page with this output.
 #include <cstdio>
 #include <string>
 
-#include "src/core/params.h"
+#include "src/base/params.h"
 
 int main() {
   std::printf("# Environment variables\n\n");
-  std::printf("Generated from `src/core/params.def` by `build/tools/gen_env_doc`; do not edit by hand.\n");
+  std::printf("Generated from `src/base/params.def` by `build/tools/gen_env_doc`; do not edit by hand.\n");
   std::printf("Every variable is read when it is needed (a communicator reads its settings at init).\n\n");
   std::printf("| Variable | Type | Default | Meaning |\n|---|---|---|---|\n");
   for (const loom::params::ParamInfo& param : loom::params::all()) {

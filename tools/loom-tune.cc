@@ -9,7 +9,7 @@
 
 #include "algorithms/builders.h"
 #include "perf/cli.h"
-#include "src/core/params.h"
+#include "src/base/params.h"
 #include "src/topology/discover.h"
 #include "src/topology/presets.h"
 #include "src/topology/xml.h"

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "src/core/host_device.h"
+#include "src/base/host_device.h"
 
 namespace loom {
 

@@ -14,9 +14,9 @@
 #include <optional>
 #include <system_error>
 
-#include "src/core/check.h"
-#include "src/core/log.h"
-#include "src/core/params.h"
+#include "src/base/check.h"
+#include "src/base/log.h"
+#include "src/base/params.h"
 
 namespace loom {
 namespace {

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "loom/loom.h"
-#include "src/core/socket.h"
+#include "src/base/socket.h"
 #include "transports/fifo.h"
 #include "transports/transport.h"
 

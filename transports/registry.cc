@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "src/core/params.h"
+#include "src/base/params.h"
 #include "transports/transport.h"
 
 namespace loom {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "loom/loom.h"
-#include "src/core/wait.h"
+#include "src/base/wait.h"
 #include "transports/fifo.h"
 
 namespace loom {

@@ -40,9 +40,9 @@
 
 #include "loom/loom.h"
 #include "plugins/nccl/premul.h"
-#include "src/core/cuda_util.h"
-#include "src/core/log.h"
-#include "src/core/params.h"
+#include "src/base/cuda_util.h"
+#include "src/base/log.h"
+#include "src/base/params.h"
 
 // The ABI this library implements is that of the toolkit's nccl.h. Where loom's numbers are passed through
 // unchanged they must agree; where a struct is read field by field its layout must be the one written for here.

@@ -5,9 +5,9 @@
 #include <limits>
 
 #include "src/core/api_scope.h"
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/core/comm.h"
-#include "src/core/dtype.h"
+#include "src/base/dtype.h"
 #include "src/core/enqueue.h"
 #include "src/core/stream.h"
 

@@ -5,9 +5,9 @@
 #include <cstring>
 
 #include "loom/loom.h"
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/core/comm.h"
-#include "src/core/log.h"
+#include "src/base/log.h"
 
 namespace loom {
 

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/core/comm.h"
-#include "src/core/dtype.h"
+#include "src/base/dtype.h"
 
 namespace loom {
 namespace {

@@ -12,9 +12,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/core/failure.h"
-#include "src/core/params.h"
+#include "src/base/params.h"
 #include "src/topology/discover.h"
 #include "src/topology/fuse.h"
 #include "src/topology/xml.h"

@@ -2,7 +2,7 @@
 // a CUDA communicator is refused at init with a message that says so.
 #include "src/core/cuda_calls.h"
 
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/core/comm.h"
 
 #if LOOM_HAVE_CUDA
@@ -20,12 +20,12 @@
 #include <thread>
 
 #include "src/core/cuda_device.h"
-#include "src/core/cuda_util.h"
-#include "src/core/log.h"
-#include "src/core/params.h"
+#include "src/base/cuda_util.h"
+#include "src/base/log.h"
+#include "src/base/params.h"
 #include "src/core/staging.h"
 #include "src/core/stream.h"
-#include "src/core/wait.h"
+#include "src/base/wait.h"
 #include "src/exec/cuda/kernels.h"
 #endif
 

@@ -23,13 +23,13 @@
 #include <utility>
 
 #include "algorithms/flat_plan.h"
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/core/comm.h"
-#include "src/core/cuda_util.h"
-#include "src/core/dtype.h"
-#include "src/core/log.h"
-#include "src/core/params.h"
-#include "src/core/wait.h"
+#include "src/base/cuda_util.h"
+#include "src/base/dtype.h"
+#include "src/base/log.h"
+#include "src/base/params.h"
+#include "src/base/wait.h"
 #include "src/exec/cuda/kernels.h"
 #include "transports/transport.h"
 

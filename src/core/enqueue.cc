@@ -6,11 +6,11 @@
 #include <memory>
 
 #include "algorithms/builders.h"
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/core/coll_check.h"
 #include "src/core/comm.h"
 #include "src/core/cuda_calls.h"
-#include "src/core/dtype.h"
+#include "src/base/dtype.h"
 #include "src/core/failure.h"
 #include "src/core/mem.h"
 #include "src/core/stream.h"

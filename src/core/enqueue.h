@@ -8,7 +8,7 @@
 #include "algorithms/builders.h"
 #include "algorithms/plan.h"
 #include "loom/loom.h"
-#include "src/core/inline_vector.h"
+#include "src/base/inline_vector.h"
 
 namespace loom {
 

@@ -6,11 +6,11 @@
 #include <cstring>
 #include <vector>
 
-#include "src/core/bootstrap.h"
-#include "src/core/check.h"
+#include "src/base/bootstrap.h"
+#include "src/base/check.h"
 #include "src/core/comm.h"
-#include "src/core/log.h"
-#include "src/core/socket.h"
+#include "src/base/log.h"
+#include "src/base/socket.h"
 
 namespace loom {
 namespace {

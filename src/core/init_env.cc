@@ -9,10 +9,10 @@
 #include <cstring>
 #include <string>
 
-#include "src/core/bootstrap.h"
-#include "src/core/check.h"
-#include "src/core/params.h"
-#include "src/core/siphash.h"
+#include "src/base/bootstrap.h"
+#include "src/base/check.h"
+#include "src/base/params.h"
+#include "src/base/siphash.h"
 
 namespace loom {
 namespace {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/core/comm.h"
 
 using namespace loom;

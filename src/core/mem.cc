@@ -14,7 +14,7 @@
 #include <map>
 #include <mutex>
 
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/core/comm.h"
 
 namespace loom {

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "src/core/dtype.h"
+#include "src/base/dtype.h"
 
 namespace loom {
 namespace {

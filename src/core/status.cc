@@ -16,8 +16,8 @@
 
 #include "src/core/comm.h"
 #include "src/core/enqueue.h"
-#include "src/core/log.h"
-#include "src/core/params.h"
+#include "src/base/log.h"
+#include "src/base/params.h"
 
 namespace loom {
 namespace {

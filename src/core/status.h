@@ -9,7 +9,7 @@
 #include <string>
 
 #include "loom/loom.h"
-#include "src/core/wait.h"
+#include "src/base/wait.h"
 
 struct loomComm;
 

@@ -8,7 +8,7 @@
 #include <set>
 #include <thread>
 
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/core/comm.h"
 
 namespace loom {

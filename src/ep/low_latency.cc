@@ -7,9 +7,9 @@
 #include <cstring>
 
 #include "algorithms/plan.h"
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/core/comm.h"
-#include "src/core/log.h"
+#include "src/base/log.h"
 #include "src/core/mem.h"
 #include "src/ep/ll_words.h"
 #include "src/exec/reduce.h"

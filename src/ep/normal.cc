@@ -15,7 +15,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/core/comm.h"
 #include "src/ep/ep.h"
 #include "src/exec/reduce.h"

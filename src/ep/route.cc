@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "src/core/check.h"
-#include "src/core/dtype.h"
+#include "src/base/check.h"
+#include "src/base/dtype.h"
 #include "src/exec/reduce.h"
 
 namespace loom::ep {

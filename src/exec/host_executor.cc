@@ -10,9 +10,9 @@
 #include <memory>
 #include <string>
 
-#include "src/core/check.h"
-#include "src/core/dtype.h"
-#include "src/core/wait.h"
+#include "src/base/check.h"
+#include "src/base/dtype.h"
+#include "src/base/wait.h"
 #include "src/exec/copy.h"
 #include "src/exec/lane_walker.h"
 #include "src/exec/reduce.h"

@@ -20,7 +20,7 @@
 #include <cstdint>
 
 #include "algorithms/flat_plan.h"
-#include "src/core/host_device.h"
+#include "src/base/host_device.h"
 #include "src/exec/cuda/element_ops.h"
 #include "src/exec/lane_walker.h"
 #include "transports/fifo_protocol.h"

@@ -29,7 +29,7 @@
 #include <cstdint>
 
 #include "algorithms/plan.h"
-#include "src/core/host_device.h"
+#include "src/base/host_device.h"
 #include "transports/fifo_protocol.h"
 
 namespace loom {

@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "src/core/host_device.h"
+#include "src/base/host_device.h"
 #include "src/exec/cuda/element_ops.h"
 #include "src/exec/lane_runner.h"
 #include "transports/fifo_protocol.h"

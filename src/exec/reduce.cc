@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "src/core/dtype.h"
+#include "src/base/dtype.h"
 
 namespace loom {
 

@@ -30,9 +30,9 @@
 #include <hwloc.h>
 #endif
 
-#include "src/core/check.h"
-#include "src/core/params.h"
-#include "src/core/siphash.h"
+#include "src/base/check.h"
+#include "src/base/params.h"
+#include "src/base/siphash.h"
 #include "src/topology/figures.h"
 #include "src/topology/xml.h"
 

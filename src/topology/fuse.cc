@@ -7,7 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/topology/figures.h"
 
 namespace loom {

@@ -10,7 +10,7 @@
 #include <optional>
 #include <tuple>
 
-#include "src/core/log.h"
+#include "src/base/log.h"
 #include "src/exec/lane_walker.h"
 #include "transports/fifo.h"
 

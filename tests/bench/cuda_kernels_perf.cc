@@ -17,7 +17,7 @@
 #include <string>
 
 #include "perf/cli.h"
-#include "src/core/dtype.h"
+#include "src/base/dtype.h"
 #include "src/exec/cuda/kernels.h"
 
 namespace {

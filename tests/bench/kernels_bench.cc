@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "src/core/dtype.h"
+#include "src/base/dtype.h"
 #include "src/exec/reduce.h"
 
 namespace loom {

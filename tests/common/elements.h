@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "loom/loom.h"
-#include "src/core/dtype.h"
+#include "src/base/dtype.h"
 
 namespace loomtest {
 

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "src/core/dtype.h"  // inline fp16/bf16 conversions only (header-only, nothing from the library)
+#include "src/base/dtype.h"  // inline fp16/bf16 conversions only (header-only, nothing from the library)
 
 namespace loomtest {
 namespace {

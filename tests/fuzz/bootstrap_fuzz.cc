@@ -1,4 +1,4 @@
-// Fuzz target: the bootstrap's wire parsers (src/core/bootstrap_wire.h), which read what a peer sent before it is
+// Fuzz target: the bootstrap's wire parsers (src/base/bootstrap_wire.h), which read what a peer sent before it is
 // trusted. The first byte picks the message; the rest is the message:
 //   0 a registration body (rank -> root)
 //   1 a reply body (root -> rank), for a rank of 1 + (second byte % 16) ranks
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "src/core/bootstrap_wire.h"
+#include "src/base/bootstrap_wire.h"
 #include "tests/fuzz/fuzz_common.h"
 
 namespace bw = loom::bootwire;

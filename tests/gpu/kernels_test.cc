@@ -16,7 +16,7 @@
 
 #include "algorithms/builders.h"
 #include "algorithms/flat_plan.h"
-#include "src/core/dtype.h"
+#include "src/base/dtype.h"
 #include "src/exec/reduce.h"
 #include "tests/common/elements.h"
 #include "transports/fifo.h"

@@ -2,7 +2,7 @@
 // ranks; a root that keeps serving while bad clients attack it; rank-to-rank authentication; timeouts, aborts
 // and closed peers; unique id validation; the SipHash-2-4 reference vectors. The bad clients speak the wire
 // format of bootstrap.cc directly, so a change there must be mirrored in the helpers below.
-#include "src/core/bootstrap.h"
+#include "src/base/bootstrap.h"
 
 #include <gtest/gtest.h>
 
@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "src/core/check.h"
-#include "src/core/siphash.h"
-#include "src/core/socket.h"
+#include "src/base/check.h"
+#include "src/base/siphash.h"
+#include "src/base/socket.h"
 
 namespace loom {
 namespace {

@@ -16,7 +16,7 @@
 
 #include "algorithms/builders.h"
 #include "src/core/comm.h"
-#include "src/core/socket.h"
+#include "src/base/socket.h"
 #include "tests/common/matrix.h"
 #include "tests/common/test_level.h"
 #include "tests/mt/thread_ranks.h"

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "loom/loom.h"
-#include "src/core/log.h"
+#include "src/base/log.h"
 #include "tests/mt/thread_ranks.h"
 
 namespace {

@@ -1,6 +1,6 @@
 // The params table: docs/ENVIRONMENT.md is exactly what gen_env_doc prints, accessors read the environment with
 // their defaults, and a malformed integer falls back to the default.
-#include "src/core/params.h"
+#include "src/base/params.h"
 
 #include <gtest/gtest.h>
 

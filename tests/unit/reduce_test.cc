@@ -1,4 +1,4 @@
-// Unit tests of core/dtype and exec/reduce: every type x op x count x aliasing against a naive scalar reference,
+// Unit tests of base/dtype and exec/reduce: every type x op x count x aliasing against a naive scalar reference,
 // the fp16 / bf16 conversions against a reference built from frexp / ldexp / nearbyint in double (exhaustive
 // where the input space allows), and the avg divide. Multi-rank avg is tested with the collectives, not here.
 #include "src/exec/reduce.h"
@@ -16,7 +16,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "src/core/dtype.h"
+#include "src/base/dtype.h"
 
 namespace loom {
 namespace {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "algorithms/builders.h"
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/topology/describe.h"
 #include "src/topology/discover.h"
 #include "src/topology/fuse.h"

@@ -1,5 +1,5 @@
 // Formats read from outside the process: plan files (algorithms/plan_text.h), the bootstrap's messages
-// (src/core/bootstrap_wire.h) and UCX's description of an endpoint's lanes (transports/ucx/lanes.h). What loom
+// (src/base/bootstrap_wire.h) and UCX's description of an endpoint's lanes (transports/ucx/lanes.h). What loom
 // writes reads back the same; bad input is refused with a message naming what, and where. tools/fuzz runs the same
 // parsers on random input.
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include "algorithms/builders.h"
 #include "algorithms/plan_text.h"
 #include "algorithms/verifier.h"
-#include "src/core/bootstrap_wire.h"
+#include "src/base/bootstrap_wire.h"
 #include "transports/ucx/lanes.h"
 
 namespace {

@@ -2,7 +2,7 @@
 #include "tools/sim/sim.h"
 
 #include "algorithms/builders.h"
-#include "src/core/params.h"
+#include "src/base/params.h"
 #include "tools/sim/engines.h"
 
 namespace loom::sim {

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "src/core/cuda_util.h"
-#include "src/core/params.h"
+#include "src/base/cuda_util.h"
+#include "src/base/params.h"
 
 namespace loom {
 namespace {

@@ -40,9 +40,9 @@
 #include <cstdlib>
 #include <memory>
 
-#include "src/core/log.h"
-#include "src/core/params.h"
-#include "src/core/siphash.h"
+#include "src/base/log.h"
+#include "src/base/params.h"
+#include "src/base/siphash.h"
 #include "transports/ibverbs/verbs.h"
 
 namespace loom::softib {

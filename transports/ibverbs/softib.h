@@ -16,7 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "src/core/wait.h"
+#include "src/base/wait.h"
 #include "transports/ibverbs/softib_fabric.h"
 
 namespace loom::softib {

@@ -21,8 +21,8 @@
 #include <cstring>
 #include <ctime>
 
-#include "src/core/log.h"
-#include "src/core/params.h"
+#include "src/base/log.h"
+#include "src/base/params.h"
 
 namespace loom::softib {
 namespace {

@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "src/core/log.h"
-#include "src/core/params.h"
+#include "src/base/log.h"
+#include "src/base/params.h"
 #include "transports/ibverbs/softib.h"
 
 namespace loom::softib {

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <type_traits>
 
-#include "src/core/params.h"
+#include "src/base/params.h"
 
 namespace loom {
 namespace {

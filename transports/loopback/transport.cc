@@ -12,7 +12,7 @@
 #include <mutex>
 #include <string>
 
-#include "src/core/check.h"
+#include "src/base/check.h"
 
 namespace loom {
 namespace {

@@ -18,8 +18,8 @@
 #include <cstring>
 #include <string>
 
-#include "src/core/check.h"
-#include "src/core/params.h"
+#include "src/base/check.h"
+#include "src/base/params.h"
 
 namespace loom {
 namespace {

@@ -42,10 +42,10 @@
 #include <string_view>
 #include <vector>
 
-#include "src/core/bootstrap.h"
-#include "src/core/check.h"
-#include "src/core/log.h"
-#include "src/core/params.h"
+#include "src/base/bootstrap.h"
+#include "src/base/check.h"
+#include "src/base/log.h"
+#include "src/base/params.h"
 #include "transports/ucx/lanes.h"
 
 namespace loom {

@@ -10,9 +10,9 @@
 #include <type_traits>
 
 #include "loom/loom.h"
-#include "src/core/dtype.h"  // the host's 16-bit conversions, for the host side of every function here
+#include "src/base/dtype.h"  // the host's 16-bit conversions, for the host side of every function here
 
-#include "src/core/host_device.h"
+#include "src/base/host_device.h"
 
 #ifdef __CUDACC__
 #include <cuda_bf16.h>

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "src/core/check.h"
+#include "src/base/check.h"
 #include "src/exec/cuda/element_ops.h"
 #include "src/exec/cuda/kernels.h"
 #include "transports/fifo_protocol.h"  // compiled here for the device too: the GPU executor's FIFO arithmetic

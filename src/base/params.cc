@@ -1,10 +1,10 @@
 // Definitions of the params.def accessors: the only place loom reads its environment.
-#include "src/core/params.h"
+#include "src/base/params.h"
 
 #include <cerrno>
 #include <cstdlib>
 
-#include "src/core/log.h"
+#include "src/base/log.h"
 
 namespace loom::params {
 namespace {

@@ -8,7 +8,7 @@
 //                  allGather blocks, on a p2p connection frames of i32 tag, u32 0, u64 length, payload, on a
 //                  handoff connection kHandoffHelloBytes for its new owner, after which it belongs to that owner
 // Not here: retrying a failed rank, re-forming a ring, or encrypting anything (the secret authenticates only).
-#include "src/core/bootstrap.h"
+#include "src/base/bootstrap.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -24,11 +24,11 @@
 #include <thread>
 #include <vector>
 
-#include "src/core/bootstrap_wire.h"
-#include "src/core/check.h"
-#include "src/core/params.h"
-#include "src/core/siphash.h"
-#include "src/core/socket.h"
+#include "src/base/bootstrap_wire.h"
+#include "src/base/check.h"
+#include "src/base/params.h"
+#include "src/base/siphash.h"
+#include "src/base/socket.h"
 
 namespace loom {
 namespace {

@@ -1,5 +1,5 @@
 // SipHash-2-4: two compression rounds per 8-byte block, four finalisation rounds, 64-bit output.
-#include "src/core/siphash.h"
+#include "src/base/siphash.h"
 
 namespace loom {
 namespace {

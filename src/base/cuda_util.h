@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include "src/core/check.h"
+#include "src/base/check.h"
 
 namespace loom {
 

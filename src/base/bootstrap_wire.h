@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "src/core/bootstrap.h"
+#include "src/base/bootstrap.h"
 
 namespace loom::bootwire {
 

@@ -1,11 +1,11 @@
 // The bootstrap's messages as bytes (bootstrap_wire.h).
-#include "src/core/bootstrap_wire.h"
+#include "src/base/bootstrap_wire.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 
-#include "src/core/socket.h"
+#include "src/base/socket.h"
 
 namespace loom::bootwire {
 namespace {

@@ -1,5 +1,5 @@
 // Log line formatting and the LOOM_DEBUG / LOOM_DEBUG_SUBSYS filters.
-#include "src/core/log.h"
+#include "src/base/log.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 #include <mutex>
 #include <string>
 
-#include "src/core/params.h"
+#include "src/base/params.h"
 
 namespace loom {
 namespace {

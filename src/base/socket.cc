@@ -1,7 +1,7 @@
 // Socket helpers: addresses, interface choice, listen/accept/connect, exact I/O under a deadline and abort
 // flag, the secret handshake, StreamConn and AuthServer. Blocking helpers never block in the kernel: sockets are
 // non-blocking and every wait is a poll() of at most kPollSliceMs. No DNS caching, no IPv6 scope guessing.
-#include "src/core/socket.h"
+#include "src/base/socket.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -19,9 +19,9 @@
 #include <cstring>
 #include <thread>
 
-#include "src/core/check.h"
-#include "src/core/params.h"
-#include "src/core/siphash.h"
+#include "src/base/check.h"
+#include "src/base/params.h"
+#include "src/base/siphash.h"
 
 namespace loom {
 

@@ -1,6 +1,6 @@
 // Sizes and names of loom's element types and reduction operators. The names are those nccl-tests prints, so
 // loom's perf output can be compared line for line. The fp16 / bf16 conversions are inline in dtype.h.
-#include "src/core/dtype.h"
+#include "src/base/dtype.h"
 
 namespace loom {
 

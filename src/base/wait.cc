@@ -1,12 +1,12 @@
 // Backoff: spin with a CPU pause hint, then yield the CPU until LOOM_YIELD_US has passed, then short sleeps
 // growing to 200 us. Yielding keeps latency low when ranks outnumber cores (the peer gets the core at once);
 // sleeping only after a long wait keeps an idle rank from burning a core.
-#include "src/core/wait.h"
+#include "src/base/wait.h"
 
 #include <sched.h>
 #include <time.h>
 
-#include "src/core/params.h"
+#include "src/base/params.h"
 
 namespace loom {
 namespace {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "loom/loom.h"
-#include "src/core/wait.h"
+#include "src/base/wait.h"
 
 namespace loom {
 

@@ -18,8 +18,8 @@
 #include <string>
 
 #include "loom/loom.h"
-#include "src/core/socket.h"
-#include "src/core/wait.h"
+#include "src/base/socket.h"
+#include "src/base/wait.h"
 
 namespace loom {
 

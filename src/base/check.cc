@@ -1,5 +1,5 @@
 // fail() and the per-thread last error message.
-#include "src/core/check.h"
+#include "src/base/check.h"
 
 #include <sys/resource.h>
 

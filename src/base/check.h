@@ -6,7 +6,7 @@
 #include <string>
 
 #include "loom/loom.h"
-#include "src/core/log.h"
+#include "src/base/log.h"
 
 namespace loom {
 
