@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Compares two builds of loom on all_reduce_perf over shared memory, alternating them round by round so that the
+# machine's drift from one minute to the next falls on both alike, and prints each side's median time per size
+# and rank count with the ratio new / old (below 1: the new build is faster). Out-of-place times.
+#
+#   perf/compare_builds.sh OLD_BUILD NEW_BUILD [--rounds N] [--ranks "2 4"] [--sizes "8 1M 64M 256M"]
+#
+# Each build directory must hold tools/loomrun and perf/all_reduce_perf. Every call's data is checked (-c 1), so
+# a build that computes a wrong sum fails the comparison. Iterations: 2000 below 64 KiB, 20 below 64 MiB, 5 above.
+set -euo pipefail
+if [ $# -lt 2 ]; then
+  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+old=$1 new=$2
+shift 2
+rounds=3 ranks="2 4" sizes="8 1M 64M 256M"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --rounds) rounds=$2; shift 2 ;;
+    --ranks) ranks=$2; shift 2 ;;
+    --sizes) sizes=$2; shift 2 ;;
+    *) echo "compare_builds: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+for build in "$old" "$new"; do
+  for program in tools/loomrun perf/all_reduce_perf; do
+    [ -x "$build/$program" ] || { echo "compare_builds: $build/$program is missing (build it first)" >&2; exit 2; }
+  done
+done
+case $rounds in '' | *[!0-9]* | 0) echo "compare_builds: --rounds must be a positive integer" >&2; exit 2 ;; esac
+
+bytesOf() {  # 1M -> 1048576
+  local v=$1
+  case $v in
+    *K) echo $((${v%K} << 10)) ;;
+    *M) echo $((${v%M} << 20)) ;;
+    *G) echo $((${v%G} << 30)) ;;
+    *) echo "$v" ;;
+  esac
+}
+itersFor() {
+  local b
+  b=$(bytesOf "$1")
+  if [ "$b" -lt 65536 ]; then echo 2000; elif [ "$b" -lt 67108864 ]; then echo 20; else echo 5; fi
+}
+# One run: the out-of-place time (us) of all_reduce_perf at SIZE on N ranks of BUILD.
+timeOf() {
+  local build=$1 n=$2 size=$3 out
+  out=$("$build/tools/loomrun" -n "$n" "$build/perf/all_reduce_perf" -b "$size" -e "$size" -n "$(itersFor "$size")" \
+    -w 2 -c 1 2>&1) || { echo "compare_builds: $build failed at $size on $n ranks:" >&2; echo "$out" >&2; exit 1; }
+  echo "$out" | awk -v want="$(bytesOf "$size")" '$1 == want && $9 == 0 { print $6; found = 1 } END { exit !found }' ||
+    { echo "compare_builds: no checked result for $size in:" >&2; echo "$out" >&2; exit 1; }
+}
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+echo "# compare_builds: old $old, new $new; $rounds rounds; $(nproc) CPUs; $(date -u '+%Y-%m-%d %H:%M UTC')"
+printf '%-6s %-8s %14s %14s %8s   %s\n' ranks size "old (us)" "new (us)" new/old "rounds (old/new)"
+for n in $ranks; do
+  for size in $sizes; do
+    olds=() news=() each=()
+    for ((r = 0; r < rounds; ++r)); do
+      # Alternate which side goes first, so that neither always runs on a warmer (or busier) machine.
+      if ((r % 2 == 0)); then
+        o=$(timeOf "$old" "$n" "$size") && w=$(timeOf "$new" "$n" "$size")
+      else
+        w=$(timeOf "$new" "$n" "$size") && o=$(timeOf "$old" "$n" "$size")
+      fi
+      olds+=("$o") news+=("$w") each+=("$(awk -v a="$w" -v b="$o" 'BEGIN { printf "%.3f", a / b }')")
+    done
+    mo=$(printf '%s\n' "${olds[@]}" | median) mn=$(printf '%s\n' "${news[@]}" | median)
+    printf '%-6s %-8s %14s %14s %8s   %s\n' "$n" "$size" "$mo" "$mn" "$(awk -v a="$mn" -v b="$mo" 'BEGIN { printf "%.3f", a / b }')" \
+      "${each[*]}"
+  done
+done
