@@ -4,10 +4,10 @@
 #include <cstring>
 #include <limits>
 
-#include "src/core/api_scope.h"
 #include "src/base/check.h"
-#include "src/core/comm.h"
 #include "src/base/dtype.h"
+#include "src/core/api_scope.h"
+#include "src/core/comm.h"
 #include "src/core/enqueue.h"
 #include "src/core/stream.h"
 

@@ -6,8 +6,8 @@
 
 #include "loom/loom.h"
 #include "src/base/check.h"
-#include "src/core/comm.h"
 #include "src/base/log.h"
+#include "src/core/comm.h"
 
 namespace loom {
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "src/base/check.h"
-#include "src/core/comm.h"
 #include "src/base/dtype.h"
+#include "src/core/comm.h"
 
 namespace loom {
 namespace {

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "src/base/check.h"
-#include "src/core/failure.h"
 #include "src/base/params.h"
+#include "src/core/failure.h"
 #include "src/topology/discover.h"
 #include "src/topology/fuse.h"
 #include "src/topology/xml.h"

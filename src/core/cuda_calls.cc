@@ -19,13 +19,13 @@
 #include <mutex>
 #include <thread>
 
-#include "src/core/cuda_device.h"
 #include "src/base/cuda_util.h"
 #include "src/base/log.h"
 #include "src/base/params.h"
+#include "src/base/wait.h"
+#include "src/core/cuda_device.h"
 #include "src/core/staging.h"
 #include "src/core/stream.h"
-#include "src/base/wait.h"
 #include "src/exec/cuda/kernels.h"
 #endif
 

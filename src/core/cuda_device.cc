@@ -24,12 +24,12 @@
 
 #include "algorithms/flat_plan.h"
 #include "src/base/check.h"
-#include "src/core/comm.h"
 #include "src/base/cuda_util.h"
 #include "src/base/dtype.h"
 #include "src/base/log.h"
 #include "src/base/params.h"
 #include "src/base/wait.h"
+#include "src/core/comm.h"
 #include "src/exec/cuda/kernels.h"
 #include "transports/transport.h"
 

@@ -1,4 +1,7 @@
-// submit() and runCalls(): planning (with a per-communicator cache), connecting and executing calls.
+// A call's way from the entry point to the executor, in named steps: submit() checks it (the ranks' calls agree,
+// where LOOM_CHECK_CALLS asks) and groups it (an open group, a host stream, a CUDA stream, or now); runCalls()
+// then takes a Submission through gather, enter, plan (the tuner's choice, the communicator's plan cache),
+// connect, and execute.
 #include "src/core/enqueue.h"
 
 #include <algorithm>
@@ -7,10 +10,10 @@
 
 #include "algorithms/builders.h"
 #include "src/base/check.h"
+#include "src/base/dtype.h"
 #include "src/core/coll_check.h"
 #include "src/core/comm.h"
 #include "src/core/cuda_calls.h"
-#include "src/base/dtype.h"
 #include "src/core/failure.h"
 #include "src/core/mem.h"
 #include "src/core/stream.h"
@@ -267,129 +270,169 @@ class RunLocks {
   const std::vector<loomComm*>& comms_;
 };
 
-loomResult_t runCalls(std::span<Call> calls) {
-  WorkspaceLease lease;
-  RunWorkspace& ws = *lease;
-  // Queues in order of first appearance.
-  std::vector<loomComm*>& comms = ws.comms;
-  for (const Call& call : calls)
-    if (std::find(comms.begin(), comms.end(), call.comm) == comms.end()) comms.push_back(call.comm);
-  ws.lockOrder.assign(comms.begin(), comms.end());
-  if (ws.lockOrder.size() > 1) std::sort(ws.lockOrder.begin(), ws.lockOrder.end());
-  RunLocks locks(ws.lockOrder);
-  // Bound the plan caches here, never mid-run: the run keeps pointers to cached plans.
-  for (loomComm* comm : comms)
-    if (comm->planCache.size() > kMaxCachedPlans) comm->planCache.clear();
+namespace {
 
-  // Each communicator's status shows the run's first call of it until the run ends, however it ends.
-  // Each numbers the collectives it enters (a deadline names the ranks that have not entered one).
-  std::vector<uint64_t>& sequences = ws.sequences;
-  sequences.clear();
-  for (loomComm* comm : comms) {
-    const Call& first = *std::find_if(calls.begin(), calls.end(), [&](const Call& call) { return call.comm == comm; });
-    comm->status.begin(static_cast<uint8_t>(first.collective), first.count, first.datatype, first.op, first.root);
-    uint64_t collectives = 0;
-    for (const Call& call : calls)
-      if (call.comm == comm && call.collective != Collective::kSendRecv) ++collectives;
-    sequences.push_back(collectives > 0 ? comm->status.enterCollectives(collectives) : 0);
+// One run of calls on this thread, in the steps every submission takes (runCalls): gather the communicators,
+// enter the collectives on their status, plan every call, connect what the plans need, execute. The containers
+// are the thread's RunWorkspace's. A step that fails records its error on every communicator of the run (fail),
+// with the failing call's rank in the log.
+class Submission {
+ public:
+  Submission(std::span<Call> calls, RunWorkspace& ws) : calls_(calls), ws_(ws) {}
+
+  // The communicators, in order of first appearance (a queue each), and the order to lock them in.
+  const std::vector<loomComm*>& gather() {
+    for (const Call& call : calls_)
+      if (std::find(ws_.comms.begin(), ws_.comms.end(), call.comm) == ws_.comms.end()) ws_.comms.push_back(call.comm);
+    ws_.lockOrder.assign(ws_.comms.begin(), ws_.comms.end());
+    if (ws_.lockOrder.size() > 1) std::sort(ws_.lockOrder.begin(), ws_.lockOrder.end());
+    return ws_.lockOrder;
   }
-  struct StatusEnd {
-    std::vector<loomComm*>& comms;
-    ~StatusEnd() {
-      for (loomComm* comm : comms) comm->status.end();
+
+  // With the communicators locked: each one's status shows the run's first call of it until the run ends
+  // (leave()), and numbers the collectives it enters (a deadline names the ranks that have not entered one).
+  // One watch per communicator serves the whole run, connection setup included, named by its first collective.
+  void enter() {
+    // Bound the plan caches here, never mid-run: the run keeps pointers to cached plans.
+    for (loomComm* comm : ws_.comms)
+      if (comm->planCache.size() > kMaxCachedPlans) comm->planCache.clear();
+    std::vector<uint64_t>& sequences = ws_.sequences;
+    sequences.clear();
+    for (loomComm* comm : ws_.comms) {
+      const Call& first = *std::find_if(calls_.begin(), calls_.end(), [&](const Call& call) { return call.comm == comm; });
+      comm->status.begin(static_cast<uint8_t>(first.collective), first.count, first.datatype, first.op, first.root);
+      uint64_t collectives = 0;
+      for (const Call& call : calls_)
+        if (call.comm == comm && call.collective != Collective::kSendRecv) ++collectives;
+      sequences.push_back(collectives > 0 ? comm->status.enterCollectives(collectives) : 0);
     }
-  } statusEnd{comms};
-  // One watch per communicator for the whole run, connection setup included.
-  std::vector<CommWatch>& watches = ws.watches;
-  for (size_t q = 0; q < comms.size(); ++q) {
-    loomComm* comm = comms[q];
-    // Named by its first collective, where it has one.
-    auto first = std::find_if(calls.begin(), calls.end(), [&](const Call& call) {
-      return call.comm == comm && (sequences[q] == 0 || call.collective != Collective::kSendRecv);
-    });
-    watches.emplace_back(comm, collectiveName(first->collective), sequences[q]);
+    for (size_t q = 0; q < ws_.comms.size(); ++q) {
+      loomComm* comm = ws_.comms[q];
+      auto first = std::find_if(calls_.begin(), calls_.end(), [&](const Call& call) {
+        return call.comm == comm && (sequences[q] == 0 || call.collective != Collective::kSendRecv);
+      });
+      ws_.watches.emplace_back(comm, collectiveName(first->collective), sequences[q]);
+    }
   }
-  std::vector<RankPlan>& uncached = ws.uncached;
-  if (uncached.size() < calls.size()) uncached.resize(calls.size());
-  std::vector<const RankPlan*>& plans = ws.plans;
-  plans.assign(calls.size(), nullptr);
-  std::vector<CachedPlan*>& cached = ws.cached;
-  cached.assign(calls.size(), nullptr);
-  std::vector<const TuneEstimate*>& choices = ws.choices;
-  choices.assign(calls.size(), nullptr);
-  auto connected = [&](size_t i) { return cached[i] != nullptr && cached[i]->connected; };
-  if (ws.queues.size() < comms.size()) ws.queues.resize(comms.size());
-  std::vector<std::vector<ExecTask>>& queues = ws.queues;
-  auto queueOf = [&](const Call& call) { return std::find(comms.begin(), comms.end(), call.comm) - comms.begin(); };
-  auto fail = [&](loomResult_t result) {
-    recordFailure(comms, watches, result);
+  void leave() {
+    for (loomComm* comm : ws_.comms) comm->status.end();
+  }
+
+  // Every call's plan (the communicator's cache, or built for the call), and every receiver it needs created.
+  loomResult_t plan() {
+    if (ws_.uncached.size() < calls_.size()) ws_.uncached.resize(calls_.size());
+    ws_.plans.assign(calls_.size(), nullptr);
+    ws_.cached.assign(calls_.size(), nullptr);
+    ws_.choices.assign(calls_.size(), nullptr);
+    for (size_t i = 0; i < calls_.size(); ++i) {
+      Call& call = calls_[i];
+      ScopedLogRank logRank(call.comm->rank);
+      loomResult_t result = planFor(call, &ws_.uncached[i], &ws_.plans[i], &ws_.cached[i], &ws_.choices[i]);
+      if (result != loomSuccess) return fail(result);
+      if (!connected(i)) {
+        result = call.comm->connections.createReceivers(call.comm, *ws_.plans[i]);
+        if (result != loomSuccess) return failedConnecting(call, result);
+      }
+    }
+    return loomSuccess;
+  }
+
+  // Every sender the plans need attached (after every receiver exists: see Connections), and a task per call
+  // queued on its communicator's queue with the communicator's scratch.
+  loomResult_t connect() {
+    if (ws_.queues.size() < ws_.comms.size()) ws_.queues.resize(ws_.comms.size());
+    for (size_t i = 0; i < calls_.size(); ++i) {
+      Call& call = calls_[i];
+      loomComm* comm = call.comm;
+      ScopedLogRank logRank(comm->rank);
+      const size_t q = queueOf(call);
+      if (!connected(i)) {
+        loomResult_t result =
+            comm->connections.attachSenders(comm, *ws_.plans[i], [&]() { return ws_.watches[q](false); });
+        if (result != loomSuccess) return failedConnecting(call, result);
+        if (ws_.cached[i] != nullptr) ws_.cached[i]->connected = true;
+      }
+      const size_t scratchBytes = ws_.plans[i]->scratchCount * dtypeSize(call.datatype);
+      if (comm->scratch.size() < scratchBytes) comm->scratch.resize(scratchBytes);
+      ws_.queues[q].push_back(taskFor(call, ws_.plans[i], *ws_.choices[i]));
+    }
+    for (size_t q = 0; q < ws_.comms.size(); ++q)
+      for (ExecTask& task : ws_.queues[q]) task.scratch = ws_.comms[q]->scratch.data();
+    return loomSuccess;
+  }
+
+  // Runs the queues to the end: the executor asks the watches after every pass whether to go on.
+  loomResult_t execute() {
+    ScopedLogRank logRank(ws_.comms.front()->rank);
+    int64_t spinPolls = INT64_MAX;
+    for (loomComm* comm : ws_.comms) spinPolls = std::min(spinPolls, comm->spinPolls);
+    ws_.idle.resize(ws_.comms.size());
+    const loomResult_t result = ws_.executor.run(
+        ws_.queues,
+        [this](bool progressed, const NeedsPeerFn& needsPeer, const WaitingForFn& waitingFor) {
+          // After progress a watch looks at the abort flag only: the peer query is built for idle checks alone.
+          for (size_t q = 0; q < ws_.watches.size(); ++q) {
+            if (progressed) {
+              ws_.idle[q].idle = false;
+              LOOM_CHECK(ws_.watches[q](true));
+              continue;
+            }
+            LOOM_CHECK(ws_.watches[q](false, [&](int peer) { return needsPeer(q, peer); }));
+            publishWaiting(q, waitingFor);
+          }
+          return loomSuccess;
+        },
+        spinPolls);
+    return result == loomSuccess ? result : fail(result);
+  }
+
+ private:
+  // Records a failed step on every communicator of the run; returns `result`.
+  loomResult_t fail(loomResult_t result) {
+    recordFailure(ws_.comms, ws_.watches, result);
     return result;
-  };
+  }
+  bool connected(size_t i) const { return ws_.cached[i] != nullptr && ws_.cached[i]->connected; }
+  size_t queueOf(const Call& call) const {
+    return std::find(ws_.comms.begin(), ws_.comms.end(), call.comm) - ws_.comms.begin();
+  }
   // A connection that cannot be made fails the call that needed it: say which (the transport names the peer).
-  auto failConnecting = [&](const Call& call, loomResult_t result) {
+  loomResult_t failedConnecting(const Call& call, loomResult_t result) {
     const std::string why = threadLastError();
     return fail(LOOM_FAIL(result, COLL, "%s on rank %d, connecting: %s", collectiveName(call.collective),
                           call.comm->rank, why.c_str()));
-  };
-  // Plan every call and create every receiver, then attach every sender (see Connections).
-  for (size_t i = 0; i < calls.size(); ++i) {
-    ScopedLogRank logRank(calls[i].comm->rank);
-    loomResult_t result = planFor(calls[i], &uncached[i], &plans[i], &cached[i], &choices[i]);
-    if (result != loomSuccess) return fail(result);
-    if (!connected(i)) {
-      result = calls[i].comm->connections.createReceivers(calls[i].comm, *plans[i]);
-      if (result != loomSuccess) return failConnecting(calls[i], result);
-    }
   }
-  for (size_t i = 0; i < calls.size(); ++i) {
-    loomComm* comm = calls[i].comm;
-    ScopedLogRank logRank(comm->rank);
-    size_t q = queueOf(calls[i]);
-    if (!connected(i)) {
-      loomResult_t result = comm->connections.attachSenders(comm, *plans[i], [&]() { return watches[q](false); });
-      if (result != loomSuccess) return failConnecting(calls[i], result);
-      if (cached[i] != nullptr) cached[i]->connected = true;
-    }
-    size_t scratchBytes = plans[i]->scratchCount * dtypeSize(calls[i].datatype);
-    if (comm->scratch.size() < scratchBytes) comm->scratch.resize(scratchBytes);
-    queues[q].push_back(taskFor(calls[i], plans[i], *choices[i]));
-  }
-  for (size_t q = 0; q < comms.size(); ++q)
-    for (ExecTask& task : queues[q]) task.scratch = comms[q]->scratch.data();
-
-  ScopedLogRank logRank(comms.front()->rank);
-  int64_t spinPolls = INT64_MAX;
-  for (loomComm* comm : comms) spinPolls = std::min(spinPolls, comm->spinPolls);
-  ws.idle.resize(comms.size());
   // A queue idle for a while tells its communicator's status what it waits for, at most every 200 ms.
-  constexpr auto kPublishAfter = std::chrono::milliseconds(200);
-  auto publishWaiting = [&](size_t q, const WaitingForFn& waitingFor) {
-    RunWorkspace::Idle& idle = ws.idle[q];
-    Clock::time_point now = Clock::now();
+  void publishWaiting(size_t q, const WaitingForFn& waitingFor) {
+    constexpr auto kPublishAfter = std::chrono::milliseconds(200);
+    RunWorkspace::Idle& idle = ws_.idle[q];
+    const Clock::time_point now = Clock::now();
     if (!idle.idle) {
       idle = {true, now, now};
     } else if (now - idle.since >= kPublishAfter && now - idle.published >= kPublishAfter) {
-      comms[q]->status.waiting(waitingFor(q), idle.since);
+      ws_.comms[q]->status.waiting(waitingFor(q), idle.since);
       idle.published = now;
     }
-  };
-  loomResult_t result = ws.executor.run(
-      queues,
-      [&](bool progressed, const NeedsPeerFn& needsPeer, const WaitingForFn& waitingFor) {
-        // After progress a watch looks at the abort flag only: the peer query is built for idle checks alone.
-        for (size_t q = 0; q < watches.size(); ++q) {
-          if (progressed) {
-            ws.idle[q].idle = false;
-            LOOM_CHECK(watches[q](true));
-            continue;
-          }
-          LOOM_CHECK(watches[q](false, [&](int peer) { return needsPeer(q, peer); }));
-          publishWaiting(q, waitingFor);
-        }
-        return loomSuccess;
-      },
-      spinPolls);
-  return result == loomSuccess ? result : fail(result);
+  }
+
+  std::span<Call> calls_;
+  RunWorkspace& ws_;
+};
+
+}  // namespace
+
+loomResult_t runCalls(std::span<Call> calls) {
+  WorkspaceLease lease;
+  Submission run(calls, *lease);
+  RunLocks locks(run.gather());
+  run.enter();
+  struct Leave {
+    Submission& run;
+    ~Leave() { run.leave(); }
+  } leave{run};
+  LOOM_CHECK(run.plan());
+  LOOM_CHECK(run.connect());
+  return run.execute();
 }
 
 loomResult_t submit(Call&& call) {

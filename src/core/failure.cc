@@ -8,9 +8,9 @@
 
 #include "src/base/bootstrap.h"
 #include "src/base/check.h"
-#include "src/core/comm.h"
 #include "src/base/log.h"
 #include "src/base/socket.h"
+#include "src/core/comm.h"
 
 namespace loom {
 namespace {

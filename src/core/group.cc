@@ -6,10 +6,10 @@
 #include <mutex>
 
 #include "src/base/check.h"
+#include "src/base/dtype.h"
 #include "src/core/coll_check.h"
 #include "src/core/comm.h"
 #include "src/core/cuda_calls.h"
-#include "src/base/dtype.h"
 #include "src/core/enqueue.h"
 #include "src/core/stream.h"
 

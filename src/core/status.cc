@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "src/core/comm.h"
-#include "src/core/enqueue.h"
 #include "src/base/log.h"
 #include "src/base/params.h"
+#include "src/core/comm.h"
+#include "src/core/enqueue.h"
 
 namespace loom {
 namespace {

@@ -8,8 +8,8 @@
 
 #include "algorithms/plan.h"
 #include "src/base/check.h"
-#include "src/core/comm.h"
 #include "src/base/log.h"
+#include "src/core/comm.h"
 #include "src/core/mem.h"
 #include "src/ep/ll_words.h"
 #include "src/exec/reduce.h"

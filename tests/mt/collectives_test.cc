@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "algorithms/builders.h"
-#include "src/core/comm.h"
 #include "src/base/socket.h"
+#include "src/core/comm.h"
 #include "tests/common/matrix.h"
 #include "tests/common/test_level.h"
 #include "tests/mt/thread_ranks.h"
