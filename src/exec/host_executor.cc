@@ -76,7 +76,6 @@ struct HostEnds {
 using HostWalker = LaneWalker<Lane, HostEnds>;
 
 struct LaneRun {
-  const Lane* lane;
   HostEnds ends;
   HostWalker walker;
   bool done() const { return walker.done(); }
@@ -99,7 +98,7 @@ class TaskRun {
     lanes_.clear();
     directSenders_.clear();
     for (const Lane& lane : task.plan->lanes) {
-      lanes_.push_back({&lane, HostEnds{task.links, lane.channel}, {}});
+      lanes_.push_back({HostEnds{task.links, lane.channel}, {}});
       lanes_.back().walker.start(lane, rule);
     }
   }
@@ -142,11 +141,11 @@ class TaskRun {
     const uint64_t origin =
         task_->links->noteFailure(packOrigin({task_->rank, FailureCause::kError, 0}));
     for (const LaneRun& lane : lanes_) {
-      for (const Step& step : lane.lane->steps) {
+      for (const Step& step : lane.walker.lane().steps) {
         if (actionReceives(step.action))
-          if (FifoReceiver* in = task_->links->receiver(step.recvPeer, lane.lane->channel)) in->abort(origin);
+          if (FifoReceiver* in = lane.ends.receiver(step.recvPeer)) in->abort(origin);
         if (actionSends(step.action))
-          if (FifoSender* out = task_->links->sender(step.sendPeer, lane.lane->channel)) out->abort(origin);
+          if (FifoSender* out = lane.ends.sender(step.sendPeer)) out->abort(origin);
       }
     }
   }
@@ -160,7 +159,7 @@ class TaskRun {
       if (lane.done()) continue;
       const Step& step = lane.step();
       if (actionReceives(step.action)) {
-        const FifoReceiver* in = task_->links->receiver(step.recvPeer, lane.lane->channel);
+        const FifoReceiver* in = lane.ends.receiver(step.recvPeer);
         if (uint32_t code = in->abortCode(); code != 0 && in->empty()) {
           *peer = step.recvPeer;
           *origin = in->abortOrigin();
@@ -168,7 +167,7 @@ class TaskRun {
         }
       }
       if (actionSends(step.action)) {
-        const FifoSender* out = task_->links->sender(step.sendPeer, lane.lane->channel);
+        const FifoSender* out = lane.ends.sender(step.sendPeer);
         if (uint32_t code = out->abortCode()) {
           *peer = step.sendPeer;
           *origin = out->abortOrigin();
@@ -207,7 +206,7 @@ class TaskRun {
     for (const LaneRun& lane : lanes_) {
       if (lane.done()) continue;
       const Step& step = lane.step();
-      std::string channel = " on channel " + std::to_string(lane.lane->channel);
+      std::string channel = " on channel " + std::to_string(lane.ends.channel);
       if (actionReceives(step.action)) return "a message from rank " + std::to_string(step.recvPeer) + channel;
       if (actionSends(step.action)) return "room to send to rank " + std::to_string(step.sendPeer) + channel;
     }
@@ -234,7 +233,7 @@ class TaskRun {
       return LOOM_FAIL(loomRemoteError, COLL,
                        "%s: rank %d sent a message of %zu bytes on channel %d where %zu were expected; do the "
                        "ranks' calls (counts, types, order) match?",
-                       task_->what, slice.step->recvPeer, slice.arrival.bytes, run.lane->channel, slice.bytes);
+                       task_->what, slice.step->recvPeer, slice.arrival.bytes, run.ends.channel, slice.bytes);
     if (!*ran) return loomSuccess;  // waiting (aborts are looked at when nothing moves)
     bool direct = false;
     if (slice.count() > 0) LOOM_CHECK(move(slice, &direct));

@@ -94,6 +94,7 @@ class LaneWalker {
     lane_ = &lane;
   }
   LOOM_HOST_DEVICE bool done() const { return cursor_.done(); }
+  LOOM_HOST_DEVICE const LaneView& lane() const { return *lane_; }
   // The step of the slice to run next (while not done).
   LOOM_HOST_DEVICE const Step& step() const { return lane_->stepAt(cursor_.step()); }
   LOOM_HOST_DEVICE size_t round() const { return cursor_.round(); }
