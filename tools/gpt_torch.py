@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 
 def read_checkpoint(path):
-    """The config and the flat fp32 parameters of a loom checkpoint (docs/DESIGN.md, "Checkpoints")."""
+    """The config and the flat fp32 parameters of a loom checkpoint (docs/PARALLEL.md, "Checkpoints")."""
     data = open(path, "rb").read()
     if data[:8] != b"LOOMCKPT":
         raise SystemExit(f"{path}: not a loom checkpoint")

@@ -1,4 +1,4 @@
-// The reference GPT's checkpoint file, version 1, or 2 for a mixture of experts (docs/DESIGN.md, "Checkpoints"): a
+// The reference GPT's checkpoint file, version 1, or 2 for a mixture of experts (docs/PARALLEL.md, "Checkpoints"): a
 // fixed header (magic, version, config, counts), the parameters in the model's layout, optionally AdamW's two moments,
 // and a checksum of all of it, little-endian fp32 throughout. Written atomically: a temporary file beside the target,
 // fsync'd, then renamed over it, so a reader never sees half a checkpoint.

@@ -13,7 +13,7 @@
 //   - ncclCommShrink is loomCommShrink;
 //   - loomTimeout, which NCCL lacks, is ncclRemoteError: a peer that did not answer in time.
 // Calls loom does not support return ncclInvalidUsage with a message (ncclGetLastError), never crash.
-// docs/DESIGN.md, "The NCCL-compatible library", has the full table.
+// docs/NCCL.md has the full table.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

@@ -4,7 +4,7 @@
     torch_reference.py GPT_DUMP
 
 Runs GPT_DUMP (tests/parallel/gpt_dump.cc) into a temporary directory, builds the same model in PyTorch from the
-loom checkpoint it wrote (docs/DESIGN.md, "Checkpoints"), and compares, in fp32: the logits and the loss of one
+loom checkpoint it wrote (docs/PARALLEL.md, "Checkpoints"), and compares, in fp32: the logits and the loss of one
 forward (relative 1e-5), every parameter's gradient (relative 1e-4, as a whole tensor), and the losses before each
 of 10 AdamW steps with gradient clipping (relative 1e-5). Exits 77 (skipped) when python3 cannot import torch
 (Debian's python3-torch).
