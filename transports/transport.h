@@ -73,6 +73,24 @@ struct ConnectionKey {
   std::string name() const;  // "loom-<commHash>-<sender>-<receiver>-<channel>"
 };
 
+// What a transport's connections are like, where the communicator's choices depend on it.
+struct TransportTraits {
+  // A Simple message may be a DirectDescriptor: the receiver reads the payload from the sender's memory itself
+  // (same machine; shm and loopback).
+  bool carriesDirect = false;
+  // Its FIFOs lie in CUDA device memory (cuda_ipc), which only the GPU executor reads and writes: such a transport
+  // is never in transportsInPriorityOrder(), and its endpoints' fifo() addresses are the device's.
+  bool deviceMemory = false;
+  // A thread of the transport's own moves the messages (tcp's proxy), which then needs a core too.
+  bool movesByProxy = false;
+  // That proxy can send a message straight from the caller's memory (a DirectDescriptor of this process,
+  // Links::proxySends): tcp and ucx can; ib needs registered memory, so its messages come through the FIFO.
+  bool proxySendsFromCallerMemory = false;
+  // The Simple slot bytes it asks for in a communicator whose every connection is a network one (no two ranks
+  // share memory); 0: LOOM_SIMPLE_SLOT_BYTES. Ranks with the same transports decide alike.
+  size_t networkSlotBytes = 0;
+};
+
 // One end of a connection. It keeps the FIFO memory mapped for as long as it lives.
 class Endpoint {
  public:
@@ -86,12 +104,9 @@ class Transport {
   virtual const char* name() const = 0;
   // Whether this transport can connect `self` to `peer`; when not, *why says why (for the error message).
   virtual bool canConnect(const PeerInfo& self, const PeerInfo& peer, std::string* why) const = 0;
-  // Whether a Simple message may be a DirectDescriptor: the receiver reads the payload from the sender's
-  // memory itself (same machine; shm and loopback).
-  virtual bool carriesDirect() const { return false; }
-  // Whether its FIFOs lie in CUDA device memory (cuda_ipc), which only the GPU executor reads and writes: such a
-  // transport is never in transportsInPriorityOrder(), and its endpoints' fifo() addresses are the device's.
-  virtual bool deviceMemory() const { return false; }
+  // What its connections are like (TransportTraits). The communicator reads them at init, in one place
+  // (comm.cc), and keeps what it needs per peer.
+  virtual TransportTraits traits() const { return {}; }
   // Removes what the transport left on this machine for communicator `commHash` that no one else will remove,
   // when rank `self` leaves it: what ranks that died (`dead(rank)`) made before a peer could take it over, and
   // what peers made for `self` to take over, which it never will now (shm: a segment a receiver created and no
@@ -100,14 +115,6 @@ class Transport {
   virtual void removeLeftovers(uint64_t commHash, int self, const std::function<bool(int rank)>& dead) const {
     (void)commHash, (void)self, (void)dead;
   }
-  // Whether a thread of the transport's own moves the messages (tcp's proxy), which then needs a core too.
-  virtual bool movesByProxy() const { return false; }
-  // Whether that proxy can send a message straight from the caller's memory (a DirectDescriptor of this process,
-  // Links::proxySends): tcp and ucx can; ib needs registered memory, so its messages come through the FIFO.
-  virtual bool proxySendsFromCallerMemory() const { return movesByProxy(); }
-  // The Simple slot bytes this transport asks for in a communicator whose every connection is a network one
-  // (no two ranks share memory); 0: LOOM_SIMPLE_SLOT_BYTES. Ranks with the same transports decide alike.
-  virtual size_t networkSlotBytes() const { return 0; }
   // Made once per communicator at init, before any connection; passed back to createReceiver and attachSender.
   // Transports that keep nothing per communicator leave *out empty.
   virtual loomResult_t openComm(const TransportCommContext& context, std::unique_ptr<TransportComm>* out) {

@@ -87,7 +87,7 @@ Call makeCall(loomComm* comm, Collective collective, size_t count, loomDataType_
 // A call of count 0 does nothing, except under LOOM_CHECK_COLL, where the peers still compare it with theirs.
 loomResult_t submitUnlessEmpty(Call&& call, bool empty) {
   if (!empty) return submit(std::move(call));
-  if (!call.comm->checkCalls || call.collective == Collective::kSendRecv) return loomSuccess;
+  if (!call.comm->settings.checkCalls || call.collective == Collective::kSendRecv) return loomSuccess;
   call.fingerprintOnly = true;
   return submit(std::move(call));
 }
@@ -106,7 +106,7 @@ loomResult_t checkComm(loomComm* comm, const char* what, loomStream_t stream) {
     return LOOM_FAIL(loomInvalidUsage, COLL,
                      "%s: the communicator has a pending error (%s) from an earlier call; abort or destroy it", what,
                      loomGetErrorString(static_cast<loomResult_t>(pending)));
-  if (stream != nullptr && comm->device == loomDeviceHost && !isHostStream(stream))
+  if (stream != nullptr && comm->settings.device == loomDeviceHost && !isHostStream(stream))
     return LOOM_FAIL(loomInvalidArgument, COLL, "%s: stream %p is neither NULL nor a stream from loomStreamCreate",
                      what, stream);
   return loomSuccess;

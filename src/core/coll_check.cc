@@ -80,7 +80,7 @@ loomResult_t checkSameCalls(loomComm* comm, std::span<const Call> calls) {
   mine.sequence = ++comm->checkedCalls;
   std::vector<Fingerprint> all(comm->nranks);
   all[comm->rank] = mine;
-  LOOM_CHECK(comm->bootstrap->allGather(all.data(), sizeof(Fingerprint), comm->timeoutMs));
+  LOOM_CHECK(comm->bootstrap->allGather(all.data(), sizeof(Fingerprint), comm->settings.timeoutMs));
   bool agree = true;
   for (const Fingerprint& theirs : all) agree = agree && same(theirs, mine);
   if (agree) return loomSuccess;
@@ -99,7 +99,7 @@ loomResult_t checkSameCalls(loomComm* comm, std::span<const Call> calls) {
     text +=
         (text.empty() ? "" : "; ") + std::string(members > 1 ? "ranks " : "rank ") + ranks + ": " + describe(all[r]);
   }
-  std::string whose = comm->name.empty() ? "the ranks" : "the ranks of \"" + comm->name + "\"";
+  std::string whose = comm->settings.name.empty() ? "the ranks" : "the ranks of \"" + comm->settings.name + "\"";
   return LOOM_FAIL(loomInvalidUsage, COLL, "LOOM_CHECK_COLL: %s called different collectives: %s", whose.c_str(),
                    text.c_str());
 }

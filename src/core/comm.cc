@@ -15,13 +15,14 @@
 #include "src/base/check.h"
 #include "src/base/params.h"
 #include "src/core/failure.h"
+#include "src/core/zero_copy.h"
 #include "src/topology/discover.h"
 #include "src/topology/fuse.h"
 #include "src/topology/xml.h"
 
 loomComm::~loomComm() {
   loom::stopStatusService(this);  // first: the listener thread reads the communicator's state to answer
-  for (auto& [object, detach] : dependents) detach();
+  for (int i = extensionCount.load() - 1; i >= 0; --i) extensions[i].reset();
 }
 
 void loomComm::setLastError(const std::string& message) {
@@ -39,17 +40,6 @@ void loomComm::setLastError(const std::string& message) {
 
 namespace loom {
 namespace {
-
-// A word at a known address that peers read to find out whether they can read this process's memory.
-const uint64_t kProbeWord = 0x6c6f6f6d2d636d61;  // "loom-cma"
-
-// Whether this process can read `pid`'s memory with process_vm_readv (Yama or a container may forbid it).
-bool canReadProcess(int pid, uint64_t probeAddress) {
-  if (pid == getpid()) return true;
-  uint64_t word = 0;
-  iovec local{&word, sizeof(word)}, remote{reinterpret_cast<void*>(probeAddress), sizeof(word)};
-  return process_vm_readv(pid, &local, 1, &remote, 1, 0) == sizeof(word) && word == kProbeWord;
-}
 
 // What every rank must agree on; exchanged at init next to PeerInfo.
 struct RankSetup {
@@ -94,7 +84,7 @@ bool noSharedMemory(const loomComm* comm) {
   std::unordered_map<uint64_t, std::vector<int>> hosts;
   for (int r = 0; r < comm->nranks; ++r) hosts[comm->peers[r].hostHash].push_back(r);
   for (Transport* transport : transportsInPriorityOrder()) {
-    if (transport->movesByProxy()) continue;
+    if (transport->traits().movesByProxy) continue;
     for (const auto& [host, ranks] : hosts) {
       for (size_t a = 0; a < ranks.size(); ++a) {
         for (size_t b = a + 1; b < ranks.size(); ++b) {
@@ -118,13 +108,9 @@ int64_t spinPollsFor(const loomComm* comm) {
   uint64_t machine = comm->peers[comm->rank].machineHash;
   long threadsHere = std::count_if(comm->peers.begin(), comm->peers.end(),
                                    [&](const PeerInfo& peer) { return peer.machineHash == machine; });
-  for (int peer = 0; peer < comm->nranks; ++peer) {
-    Transport* transport = comm->transportTo[peer];
-    if (transport != nullptr && transport->movesByProxy()) {
-      threadsHere *= 2;
-      break;
-    }
-  }
+  if (std::any_of(comm->traitsTo.begin(), comm->traitsTo.end(),
+                  [](const TransportTraits& traits) { return traits.movesByProxy; }))
+    threadsHere *= 2;
   return threadsHere <= cores ? kSpinPollsDedicated : kSpinPollsShared;
 }
 
@@ -138,8 +124,9 @@ size_t simpleSlotBytes(int64_t setting) { return static_cast<size_t>(clampParam(
 size_t networkSlotBytes() {
   size_t bytes = 0;
   for (Transport* transport : transportsInPriorityOrder()) {
-    if (!transport->movesByProxy()) continue;
-    size_t asked = transport->networkSlotBytes();
+    const TransportTraits traits = transport->traits();
+    if (!traits.movesByProxy) continue;
+    size_t asked = traits.networkSlotBytes;
     if (asked == 0) return 0;
     size_t slot = simpleSlotBytes(static_cast<int64_t>(asked));
     bytes = bytes == 0 ? slot : std::min(bytes, slot);
@@ -147,74 +134,50 @@ size_t networkSlotBytes() {
   return bytes;
 }
 
-// Each rank probes which same-host peers' memory it can read, over transports that carry DirectDescriptors;
-// the rows are exchanged so that every rank knows which peers may be sent them.
-loomResult_t exchangeDirectAccess(loomComm* comm, const std::vector<RankSetup>& setups, const Deadline& deadline) {
-  int n = comm->nranks;
-  std::vector<uint8_t> canRead(static_cast<size_t>(n) * n, 0);
-  bool enabled = params::direct() != 0;
-  for (int p = 0; p < n && enabled; ++p) {
-    Transport* transport = comm->transportTo[p];
-    canRead[comm->rank * n + p] = transport != nullptr && transport->carriesDirect() &&
-                                  setups[p].info.hostHash == setups[comm->rank].info.hostHash &&
-                                  canReadProcess(setups[p].info.pid, setups[p].probeAddress);
-  }
-  LOOM_CHECK(comm->bootstrap->allGather(canRead.data(), n, deadline.remainingMs()));
-  std::vector<bool> directTo(n), proxyTo(n);
-  for (int p = 0; p < n; ++p) {
-    directTo[p] = p != comm->rank && canRead[p * n + comm->rank];
-    Transport* transport = comm->transportTo[p];
-    proxyTo[p] = enabled && transport != nullptr && transport->proxySendsFromCallerMemory();
-  }
-  comm->connections.setDirectPeers(std::move(directTo));
-  comm->connections.setProxyPeers(std::move(proxyTo));
-  return loomSuccess;
-}
-
 }  // namespace
 
 loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfig_t* config) {
   comm->rank = rank;
   comm->nranks = nranks;
-  comm->timeoutMs = params::timeoutMs();
-  comm->nChannels = static_cast<int>(clampParam(params::nChannels(), 1, kMaxChannels));
-  comm->algorithm = params::algo();
+  comm->settings.timeoutMs = params::timeoutMs();
+  comm->settings.nChannels = static_cast<int>(clampParam(params::nChannels(), 1, kMaxChannels));
+  comm->settings.algorithm = params::algo();
   std::string why;
-  if (!parseAlgorithmRules(comm->algorithm, &comm->algorithmRules, &why))
-    return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_ALGO=\"%s\": %s", comm->algorithm.c_str(), why.c_str());
-  comm->torusText = params::torusDims();
-  if (!comm->torusText.empty() && !parseTorusDims(comm->torusText, nranks, comm->torusDims, &comm->torusDimCount, &why))
-    return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_TORUS_DIMS=\"%s\": %s", comm->torusText.c_str(), why.c_str());
+  if (!parseAlgorithmRules(comm->settings.algorithm, &comm->settings.algorithmRules, &why))
+    return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_ALGO=\"%s\": %s", comm->settings.algorithm.c_str(), why.c_str());
+  comm->settings.torusText = params::torusDims();
+  if (!comm->settings.torusText.empty() && !parseTorusDims(comm->settings.torusText, nranks, comm->settings.torusDims, &comm->settings.torusDimCount, &why))
+    return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_TORUS_DIMS=\"%s\": %s", comm->settings.torusText.c_str(), why.c_str());
   if (netChoiceError(&why)) return LOOM_FAIL(loomInvalidArgument, INIT, "%s", why.c_str());
   std::string proto = params::proto();
   if (!proto.empty() && proto != "LL" && proto != "Simple")
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_PROTO=\"%s\" is neither LL nor Simple", proto.c_str());
-  comm->forcedProtocol = proto == "LL" ? static_cast<int>(Protocol::kLL) : proto == "Simple" ? 0 : -1;
-  comm->llThresholdBytes = static_cast<size_t>(std::max<int64_t>(0, params::llThreshold()));
+  comm->settings.forcedProtocol = proto == "LL" ? static_cast<int>(Protocol::kLL) : proto == "Simple" ? 0 : -1;
+  comm->settings.llThresholdBytes = static_cast<size_t>(std::max<int64_t>(0, params::llThreshold()));
   int64_t chunk = params::chunkBytes();
   if (chunk != 0 && chunk < 1024)
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_CHUNK_BYTES=%lld: 0 lets the tuner choose, else at least 1024",
                      static_cast<long long>(chunk));
-  comm->chunkBytes = static_cast<size_t>(chunk);
-  comm->peerCheckMs = clampParam(params::peerCheckMs(), 1, 60000);
-  comm->streamingBytes = static_cast<size_t>(std::max<int64_t>(0, params::streamingBytes()));
-  comm->directForwardBytes = static_cast<size_t>(std::max<int64_t>(0, params::directForwardBytes()));
-  comm->checkCalls = params::checkColl() != 0;
+  comm->settings.chunkBytes = static_cast<size_t>(chunk);
+  comm->settings.peerCheckMs = clampParam(params::peerCheckMs(), 1, 60000);
+  comm->settings.streamingBytes = static_cast<size_t>(std::max<int64_t>(0, params::streamingBytes()));
+  comm->settings.directForwardBytes = static_cast<size_t>(std::max<int64_t>(0, params::directForwardBytes()));
+  comm->settings.checkCalls = params::checkColl() != 0;
   if (config != nullptr) {
-    if (config->timeoutMs != LOOM_CONFIG_UNDEF_INT && config->timeoutMs > 0) comm->timeoutMs = config->timeoutMs;
-    if (config->commName != nullptr) comm->name = config->commName;
+    if (config->timeoutMs != LOOM_CONFIG_UNDEF_INT && config->timeoutMs > 0) comm->settings.timeoutMs = config->timeoutMs;
+    if (config->commName != nullptr) comm->settings.name = config->commName;
     if (config->nChannels != LOOM_CONFIG_UNDEF_INT)
-      comm->nChannels = static_cast<int>(clampParam(config->nChannels, 1, kMaxChannels));
+      comm->settings.nChannels = static_cast<int>(clampParam(config->nChannels, 1, kMaxChannels));
     if (config->device != LOOM_CONFIG_UNDEF_INT) {
       if (config->device != loomDeviceHost && config->device != loomDeviceCuda)
         return LOOM_FAIL(loomInvalidArgument, INIT,
                          "config device %d is neither loomDeviceHost (0) nor "
                          "loomDeviceCuda (1)",
                          config->device);
-      comm->device = static_cast<loomDevice_t>(config->device);
+      comm->settings.device = static_cast<loomDevice_t>(config->device);
     }
   }
-  if (comm->device == loomDeviceCuda)
+  if (comm->settings.device == loomDeviceCuda)
     LOOM_CHECK(cudaCommAttach(comm, config != nullptr ? config->cudaDevice : LOOM_CONFIG_UNDEF_INT));
   return loomSuccess;
 }
@@ -225,8 +188,8 @@ namespace {
 // Only where some peer is reached over the network (every rank then has one: the ranks share their transports'
 // list), so a communicator within a host pays nothing for it at init.
 loomResult_t recordNics(loomComm* comm, const Deadline& deadline) {
-  if (std::none_of(comm->transportTo.begin(), comm->transportTo.end(),
-                   [](const Transport* transport) { return transport != nullptr && transport->movesByProxy(); }))
+  if (std::none_of(comm->traitsTo.begin(), comm->traitsTo.end(),
+                   [](const TransportTraits& traits) { return traits.movesByProxy; }))
     return loomSuccess;
   constexpr size_t kNameBytes = 64;
   std::vector<char> names(kNameBytes * comm->nranks, '\0');
@@ -268,7 +231,7 @@ loomResult_t buildTopology(loomComm* comm, const std::vector<uint64_t>& hostHash
       return LOOM_FAIL(loomRemoteError, TOPO, "rank %d sent a topology that does not parse: %s", r, error.c_str());
   }
   LOOM_CHECK(fuseViews(views, hostHashes, &comm->topology));
-  LOOM_INFO(TOPO, "comm %s: %d host(s), %d nodes, %d links for %d ranks", comm->name.c_str(),
+  LOOM_INFO(TOPO, "comm %s: %d host(s), %d nodes, %d links for %d ranks", comm->settings.name.c_str(),
             comm->topology.hostCount(), comm->topology.nodeCount(), comm->topology.linkCount(),
             comm->topology.rankCount());
   return loomSuccess;
@@ -279,12 +242,12 @@ loomResult_t buildTopology(loomComm* comm, const std::vector<uint64_t>& hostHash
 loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   int rank = comm->rank, nranks = comm->nranks;
   ScopedLogRank logRank(rank);
-  Deadline deadline(comm->timeoutMs);
+  Deadline deadline(comm->settings.timeoutMs);
   LOOM_CHECK(Bootstrap::create(id, rank, nranks, deadline, &comm->abortFlag, &comm->bootstrap));
   comm->bootstrapUp.store(comm->bootstrap.get());
   startStatusService(comm);
   comm->commHash = comm->bootstrap->commHash();
-  comm->fifoShape = {static_cast<int>(clampParam(params::fifoDepth(), 2, kMaxFifoDepth)),
+  comm->settings.fifoShape = {static_cast<int>(clampParam(params::fifoDepth(), 2, kMaxFifoDepth)),
                      simpleSlotBytes(params::simpleSlotBytes()),
                      static_cast<size_t>(clampParam(params::llSlotBytes(), 256, 1 << 20)) / 64 * 64};
 
@@ -292,28 +255,28 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   RankSetup& mine = setups[rank];
   std::memset(&mine, 0, sizeof(mine));
   mine.info = {rank, static_cast<int>(getpid()), localHostHash(), machineHash()};
-  mine.fifoDepth = comm->fifoShape.depth;
-  mine.slotBytes = comm->fifoShape.slotBytes;
+  mine.fifoDepth = comm->settings.fifoShape.depth;
+  mine.slotBytes = comm->settings.fifoShape.slotBytes;
   mine.networkSlotBytes = networkSlotBytes();
-  mine.llSlotBytes = comm->fifoShape.llSlotBytes;
-  mine.nChannels = comm->nChannels;
-  mine.llThresholdBytes = comm->llThresholdBytes;
-  mine.chunkBytes = comm->chunkBytes;
-  mine.forcedProtocol = comm->forcedProtocol;
-  snprintf(mine.algorithm, sizeof(mine.algorithm), "%s", comm->algorithm.c_str());
-  mine.algorithmHash = std::hash<std::string>{}(comm->algorithm);
-  snprintf(mine.torus, sizeof(mine.torus), "%s", comm->torusText.c_str());
-  mine.torusHash = std::hash<std::string>{}(comm->torusText);
+  mine.llSlotBytes = comm->settings.fifoShape.llSlotBytes;
+  mine.nChannels = comm->settings.nChannels;
+  mine.llThresholdBytes = comm->settings.llThresholdBytes;
+  mine.chunkBytes = comm->settings.chunkBytes;
+  mine.forcedProtocol = comm->settings.forcedProtocol;
+  snprintf(mine.algorithm, sizeof(mine.algorithm), "%s", comm->settings.algorithm.c_str());
+  mine.algorithmHash = std::hash<std::string>{}(comm->settings.algorithm);
+  snprintf(mine.torus, sizeof(mine.torus), "%s", comm->settings.torusText.c_str());
+  mine.torusHash = std::hash<std::string>{}(comm->settings.torusText);
   std::string transports;
   for (Transport* transport : transportsInPriorityOrder())
     transports += (transports.empty() ? "" : ",") + std::string(transport->name());
   snprintf(mine.transports, sizeof(mine.transports), "%s", transports.c_str());
   mine.transportsHash = std::hash<std::string>{}(transports);
-  mine.probeAddress = reinterpret_cast<uint64_t>(&kProbeWord);
-  mine.checkCalls = comm->checkCalls ? 1 : 0;
+  mine.probeAddress = directProbeAddress();
+  mine.checkCalls = comm->settings.checkCalls ? 1 : 0;
   if (gethostname(mine.host, sizeof(mine.host)) != 0) snprintf(mine.host, sizeof(mine.host), "unknown");
   mine.host[sizeof(mine.host) - 1] = '\0';
-  if (comm->cuda) {
+  if (comm->settings.device == loomDeviceCuda) {
     mine.cuda = 1;
     snprintf(mine.cudaPath, sizeof(mine.cudaPath), "%s", params::cudaPath().c_str());
     mine.oneShotBytes = static_cast<uint64_t>(params::cudaOneShotBytes());
@@ -383,20 +346,26 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
     if (known == hosts.end()) hosts.push_back(setup.info.hostHash);
   }
   LOOM_CHECK(buildTopology(comm, hostHashes, deadline));
-  if (comm->torusDimCount == 0) {  // the torus the topology describes, when it describes one
+  if (comm->settings.torusDimCount == 0) {  // the torus the topology describes, when it describes one
     std::vector<int> dims = comm->topology.torusDims();
     if (dims.size() <= static_cast<size_t>(kMaxTorusDims)) {
-      comm->torusDimCount = static_cast<int>(dims.size());
-      std::copy(dims.begin(), dims.end(), comm->torusDims);
+      comm->settings.torusDimCount = static_cast<int>(dims.size());
+      std::copy(dims.begin(), dims.end(), comm->settings.torusDims);
     }
   }
-  if (mine.networkSlotBytes > 0 && noSharedMemory(comm)) comm->fifoShape.slotBytes = mine.networkSlotBytes;
-  // Each peer's transport, once: the direct-access probe, the spin policy and every connection use it.
+  if (mine.networkSlotBytes > 0 && noSharedMemory(comm)) comm->settings.fifoShape.slotBytes = mine.networkSlotBytes;
+  // Each peer's transport and what it is like (its traits), once: the direct-access probe, the spin policy, the
+  // NIC record and every connection use them.
   comm->transportTo.assign(nranks, nullptr);
-  for (int p = 0; p < nranks; ++p)
+  comm->traitsTo.assign(nranks, TransportTraits{});
+  for (int p = 0; p < nranks; ++p) {
     if (p != rank) comm->transportTo[p] = firstTransportTo(comm, p, nullptr);
-  LOOM_CHECK(exchangeDirectAccess(comm, setups, deadline));
-  TransportCommContext context{comm->commHash, rank, nranks, comm->bootstrap.get(), &comm->abortFlag, comm->timeoutMs};
+    if (comm->transportTo[p] != nullptr) comm->traitsTo[p] = comm->transportTo[p]->traits();
+  }
+  std::vector<DirectProbe> probes(nranks);
+  for (int p = 0; p < nranks; ++p) probes[p] = {setups[p].info.pid, setups[p].info.hostHash, setups[p].probeAddress};
+  LOOM_CHECK(exchangeDirectAccess(comm, probes, deadline));
+  TransportCommContext context{comm->commHash, rank, nranks, comm->bootstrap.get(), &comm->abortFlag, comm->settings.timeoutMs};
   for (Transport* transport : transportsInPriorityOrder()) {
     std::unique_ptr<TransportComm> state;
     LOOM_CHECK(transport->openComm(context, &state));
@@ -415,23 +384,23 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
         if (std::string why = state->lostReason(peer); !why.empty()) return why;
     return std::string();
   });
-  comm->spinPolls = spinPollsFor(comm);
+  comm->settings.spinPolls = spinPollsFor(comm);
   TuneContext tune;
   tune.topology = &comm->topology;
   tune.nranks = nranks;
   tune.hostOf = comm->hostOf;
-  tune.torusDimCount = comm->torusDimCount;
-  std::copy(comm->torusDims, comm->torusDims + comm->torusDimCount, tune.torusDims);
-  tune.nChannels = comm->nChannels;
-  tune.forcedProtocol = comm->forcedProtocol;
-  tune.llThresholdBytes = comm->llThresholdBytes;
-  tune.forcedChunkBytes = comm->chunkBytes;
-  tune.llSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kLL);
-  tune.simpleSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kSimple);
-  comm->tuner.configure(std::move(tune));
-  if (comm->cuda) LOOM_CHECK(cudaCommConnected(comm));
-  LOOM_INFO(INIT, "comm %s rank %d of %d ready on %zu host(s) (%d channel(s), FIFO %d x %zu bytes)", comm->name.c_str(),
-            rank, nranks, hosts.size(), comm->nChannels, comm->fifoShape.depth, comm->fifoShape.slotBytes);
+  tune.torusDimCount = comm->settings.torusDimCount;
+  std::copy(comm->settings.torusDims, comm->settings.torusDims + comm->settings.torusDimCount, tune.torusDims);
+  tune.nChannels = comm->settings.nChannels;
+  tune.forcedProtocol = comm->settings.forcedProtocol;
+  tune.llThresholdBytes = comm->settings.llThresholdBytes;
+  tune.forcedChunkBytes = comm->settings.chunkBytes;
+  tune.llSliceBytes = fifoPayloadBytes(comm->settings.fifoShape, Protocol::kLL);
+  tune.simpleSliceBytes = fifoPayloadBytes(comm->settings.fifoShape, Protocol::kSimple);
+  comm->planner.tuner().configure(std::move(tune));
+  if (comm->settings.device == loomDeviceCuda) LOOM_CHECK(cudaCommConnected(comm));
+  LOOM_INFO(INIT, "comm %s rank %d of %d ready on %zu host(s) (%d channel(s), FIFO %d x %zu bytes)", comm->settings.name.c_str(),
+            rank, nranks, hosts.size(), comm->settings.nChannels, comm->settings.fifoShape.depth, comm->settings.fifoShape.slotBytes);
   comm->listing.list(comm);
   return loomSuccess;
 }
@@ -443,186 +412,19 @@ void waitForIdle(loomComm* comm) {
   while (comm->activeCalls.load() > 0) backoff.pause();
 }
 
-loomResult_t Connections::pickTransport(loomComm* comm, int peer, Transport** transport) {
+loomResult_t routeTo(const loomComm* comm, int peer, ConnectionTable::Route* out) {
   std::string reasons;
-  *transport = peer < static_cast<int>(comm->transportTo.size()) ? comm->transportTo[peer] : nullptr;
-  if (*transport != nullptr) return loomSuccess;
-  firstTransportTo(comm, peer, &reasons);  // none can: say why, transport by transport
-  if (reasons.empty()) reasons = "LOOM_TRANSPORTS=\"" + params::transports() + "\" allows no known transport";
-  return LOOM_FAIL(loomSystemError, INIT, "no transport can connect rank %d to rank %d (%s)", comm->rank, peer,
-                   reasons.c_str());
-}
-
-static TransportComm* transportCommOf(const loomComm* comm, const Transport* transport) {
+  out->transport = peer < static_cast<int>(comm->transportTo.size()) ? comm->transportTo[peer] : nullptr;
+  out->state = nullptr;
+  if (out->transport == nullptr) {
+    firstTransportTo(comm, peer, &reasons);  // none can: say why, transport by transport
+    if (reasons.empty()) reasons = "LOOM_TRANSPORTS=\"" + params::transports() + "\" allows no known transport";
+    return LOOM_FAIL(loomSystemError, INIT, "no transport can connect rank %d to rank %d (%s)", comm->rank, peer,
+                     reasons.c_str());
+  }
   for (const auto& [candidate, state] : comm->transportComms)
-    if (candidate == transport) return state.get();
-  return nullptr;
-}
-
-loomResult_t Connections::createReceivers(loomComm* comm, const RankPlan& plan) {
-  for (const Lane& lane : plan.lanes) {
-    for (const Step& step : lane.steps) {
-      if (!actionReceives(step.action) || receivers_.count({step.recvPeer, lane.channel})) continue;
-      Transport* transport = nullptr;
-      LOOM_CHECK(pickTransport(comm, step.recvPeer, &transport));
-      Link<FifoReceiver> link;
-      ConnectionKey key{comm->commHash, step.recvPeer, comm->rank, lane.channel};
-      LOOM_CHECK(transport->createReceiver(transportCommOf(comm, transport), key, comm->fifoShape, &link.endpoint));
-      link.end = std::make_unique<FifoReceiver>(link.endpoint->fifo());
-      nranks_ = comm->nranks;
-      remember(receiverTable_, tableIndex(step.recvPeer, lane.channel), link.end.get());
-      receivers_[{step.recvPeer, lane.channel}] = std::move(link);
-    }
-  }
+    if (candidate == out->transport) out->state = state.get();
   return loomSuccess;
-}
-
-loomResult_t Connections::attachSenders(loomComm* comm, const RankPlan& plan, const WaitCheck& check) {
-  for (const Lane& lane : plan.lanes) {
-    for (const Step& step : lane.steps) {
-      if (!actionSends(step.action) || senders_.count({step.sendPeer, lane.channel})) continue;
-      Transport* transport = nullptr;
-      LOOM_CHECK(pickTransport(comm, step.sendPeer, &transport));
-      Link<FifoSender> link;
-      ConnectionKey key{comm->commHash, comm->rank, step.sendPeer, lane.channel};
-      loomResult_t result =
-          transport->attachSender(transportCommOf(comm, transport), key, comm->fifoShape, check, &link.endpoint);
-      if (result != loomSuccess) {
-        std::string why = threadLastError();
-        // The peer never set up its end: it has not entered the call, or it is stopped or gone (noteFailure
-        // refines that), or its connection failed.
-        if (result == loomTimeout || result == loomRemoteError || result == loomSystemError) {
-          // A peer that closed on us mid-setup may have failed first of something else: its marks (or those of
-          // the ranks that failed with it) get their moment to arrive, as in a run (no run moves them here).
-          bool mayCome = false;
-          uint64_t marked = marksAfterLoss(step.sendPeer, &mayCome);
-          const Clock::time_point until = Clock::now() + std::chrono::milliseconds(kMarkGraceMs);
-          while (marked == 0 && mayCome && Clock::now() < until) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
-            marked = marksAfterLoss(step.sendPeer, &mayCome);
-          }
-          noteFailure(marked != 0 ? marked
-                                  : packOrigin({step.sendPeer,
-                                                result == loomTimeout ? FailureCause::kLate
-                                                                      : FailureCause::kConnectionLost,
-                                                0}));
-        }
-        return LOOM_FAIL(result, INIT, "%s; waiting for rank %d to set up its end of channel %d (%s)", why.c_str(),
-                         step.sendPeer, lane.channel, transport->name());
-      }
-      link.end = std::make_unique<FifoSender>(link.endpoint->fifo());
-      LOOM_TRACE(INIT, "connected to rank %d on channel %d via %s", step.sendPeer, lane.channel, transport->name());
-      nranks_ = comm->nranks;
-      remember(senderTable_, tableIndex(step.sendPeer, lane.channel), link.end.get());
-      senders_[{step.sendPeer, lane.channel}] = std::move(link);
-    }
-  }
-  return loomSuccess;
-}
-
-size_t Connections::tableIndex(int peer, int channel) const {
-  constexpr int kCollectiveChannels = kMaxChannels * kChannelSets;
-  size_t slot = channel < kP2PChannel ? static_cast<size_t>(channel) : kCollectiveChannels + (channel - kP2PChannel);
-  return slot * static_cast<size_t>(nranks_) + static_cast<size_t>(peer);
-}
-
-template <typename End>
-void Connections::remember(std::vector<End*>& table, size_t index, End* end) {
-  if (table.size() <= index) table.resize(index + 1, nullptr);
-  table[index] = end;
-}
-
-FifoSender* Connections::sender(int peer, int channel) {
-  size_t index = tableIndex(peer, channel);
-  return index < senderTable_.size() ? senderTable_[index] : nullptr;
-}
-
-FifoReceiver* Connections::receiver(int peer, int channel) {
-  size_t index = tableIndex(peer, channel);
-  return index < receiverTable_.size() ? receiverTable_[index] : nullptr;
-}
-
-CachedPlan* PlanCache::find(const PlanKeyView& key) {
-  if (last_ != nullptr && key == lastKey_) return last_;
-  auto found = plans_.find(key);
-  if (found == plans_.end()) return nullptr;
-  const PlanKey& stored = found->first;
-  lastKey_ = {std::get<0>(stored), std::get<1>(stored), std::get<2>(stored), std::get<3>(stored), std::get<4>(stored)};
-  last_ = &found->second;
-  return last_;
-}
-
-CachedPlan* PlanCache::insert(PlanKey key, RankPlan plan) {
-  return &plans_.insert_or_assign(std::move(key), CachedPlan{std::move(plan), false}).first->second;
-}
-
-void Connections::abortAll() {
-  const uint64_t origin = failure();
-  for (auto& [key, link] : senders_) link.end->abort(origin);
-  for (auto& [key, link] : receivers_) link.end->abort(origin);
-}
-
-int Connections::firstGaveUp(uint64_t* origin) const {
-  auto firstIn = [origin](const auto& links) {
-    for (const auto& [key, link] : links) {
-      if (link.end->abortCode() != kAbortedByPeer) continue;
-      *origin = link.end->abortOrigin();
-      return key.first;
-    }
-    return -1;
-  };
-  const int sender = firstIn(senders_);
-  return sender >= 0 ? sender : firstIn(receivers_);
-}
-
-uint64_t Connections::marksAfterLoss(int peer, bool* mayCome) {
-  uint64_t origin = 0;
-  firstGaveUp(&origin);
-  // No failing process sends itself SIGKILL: a peer that ended so failed first, and no mark of its is coming.
-  int detail = 0;
-  *mayCome = !(peerWatch_ != nullptr && peerWatch_->state(peer, &detail) == PeerWatch::State::kKilled &&
-               detail == SIGKILL);
-  return origin;
-}
-
-uint64_t Connections::noteFailure(uint64_t packed) {
-  FailureOrigin origin = unpackOrigin(packed);
-  // Only what another rank saw from afar is refined: a rank's own account (its deadline, its error, its abort)
-  // stays, even if its process has ended since.
-  const bool seenFromAfar = origin.cause == FailureCause::kUnknown || origin.cause == FailureCause::kConnectionLost ||
-                            origin.cause == FailureCause::kNoAnswer || origin.cause == FailureCause::kLate ||
-                            origin.cause == FailureCause::kGone;
-  if (peerWatch_ != nullptr && origin.rank >= 0 && seenFromAfar) {
-    int detail = 0;
-    switch (peerWatch_->state(origin.rank, &detail)) {
-      case PeerWatch::State::kRunning:
-        // A peer that gave up without its notice getting through (a tcp sender in the middle of a message) looks
-        // like a lost connection: it says why itself while it is still there.
-        if ((origin.cause == FailureCause::kConnectionLost || origin.cause == FailureCause::kUnknown) && askPeer_) {
-          const uint64_t told = askPeer_(origin.rank);
-          if (told != 0) return Links::noteFailure(told);
-        }
-        break;
-      case PeerWatch::State::kStopped:
-        origin.cause = FailureCause::kStopped;
-        origin.detail = 0;
-        break;
-      case PeerWatch::State::kExited:
-        origin.cause = FailureCause::kExited;
-        origin.detail = static_cast<uint8_t>(detail);
-        break;
-      case PeerWatch::State::kKilled:
-        origin.cause = FailureCause::kKilled;
-        origin.detail = static_cast<uint8_t>(detail);
-        break;
-      case PeerWatch::State::kGone:
-        // Said more precisely by whoever saw it end, if anyone did.
-        if (origin.cause != FailureCause::kExited && origin.cause != FailureCause::kKilled)
-          origin.cause = FailureCause::kGone;
-        break;
-    }
-  }
-  return Links::noteFailure(packOrigin(origin));
 }
 
 CommWatch::CommWatch(loomComm* comm, const char* what, uint64_t sequence)
@@ -638,12 +440,12 @@ loomResult_t CommWatch::operator()(bool progressed, const std::function<bool(int
     return loomSuccess;
   }
   if (!waiting_) {
-    deadline_ = Deadline(comm_->timeoutMs);
+    deadline_ = Deadline(comm_->settings.timeoutMs);
     waiting_ = true;
   }
   Clock::time_point now = Clock::now();
   if (now >= comm_->nextPeerCheck) {
-    comm_->nextPeerCheck = now + std::chrono::milliseconds(comm_->peerCheckMs);
+    comm_->nextPeerCheck = now + std::chrono::milliseconds(comm_->settings.peerCheckMs);
     int dead = comm_->peerWatch.firstDead(needsPeer);
     if (dead >= 0) {
       // A peer that ended may have failed first of something else, and its marks say so: look at them first. A

@@ -75,7 +75,8 @@ struct Task {
 
 }  // namespace
 
-class CudaCalls {
+// A CUDA communicator's extension (loomComm::extension): its staged calls' worker and its GPU executor.
+class CudaCalls final : public CommExtension {
  public:
   CudaCalls(loomComm* comm, int device) : comm_(comm), device_(device) {}
   ~CudaCalls();
@@ -162,7 +163,7 @@ CudaCalls::~CudaCalls() {
   // A stream may still be copying out of a slot, or about to read the gate: free them only once each stream has
   // passed, within the communicator's deadline; past it, leak them rather than free memory in use.
   DeviceScope scope(device_);
-  Deadline deadline(comm_->timeoutMs);
+  Deadline deadline(comm_->settings.timeoutMs);
   Backoff backoff;
   bool leak = false;
   for (const auto& slot : slots_) {
@@ -173,7 +174,7 @@ CudaCalls::~CudaCalls() {
     LOOM_WARN(CUDA,
               "rank %d: a CUDA stream had not passed this communicator's last call within %lld ms of its "
               "destruction: its staging memory is left allocated",
-              comm_->rank, (long long)comm_->timeoutMs);
+              comm_->rank, (long long)comm_->settings.timeoutMs);
     return;
   }
   for (const auto& slot : slots_) {
@@ -265,7 +266,7 @@ loomResult_t CudaCalls::acquire(size_t bytes, Slot** out) {
       slots_.push_back(std::move(slot));
     }
   }
-  Deadline deadline(comm_->timeoutMs);
+  Deadline deadline(comm_->settings.timeoutMs);
   Backoff backoff;
   for (;;) {
     Slot* fits = nullptr;
@@ -379,7 +380,7 @@ loomResult_t CudaCalls::enqueueGate(uint64_t sequence, cudaStream_t stream) {
 // Until the stream has copied the inputs: bounded by the communicator's deadline and abort flag (the stream may
 // be busy with earlier work of the application; the deadline is the same as for a silent peer).
 loomResult_t CudaCalls::waitForInputs(const Slot& slot) const {
-  Deadline deadline(comm_->timeoutMs);
+  Deadline deadline(comm_->settings.timeoutMs);
   Backoff backoff;
   for (;;) {
     cudaError_t state = cudaEventQuery(slot.inputsReady);
@@ -433,8 +434,6 @@ void CudaCalls::work() {
   }
 }
 
-void CudaCallsDeleter::operator()(CudaCalls* calls) const { delete calls; }
-
 loomResult_t cudaCommAttach(loomComm* comm, int ordinal) {
   int count = 0;
   cudaError_t error = cudaGetDeviceCount(&count);
@@ -449,14 +448,14 @@ loomResult_t cudaCommAttach(loomComm* comm, int ordinal) {
                      ordinal, count, count - 1);
   cudaDeviceProp properties{};
   LOOM_CUDA_CHECK(cudaGetDeviceProperties(&properties, ordinal), "config device cuda: cudaGetDeviceProperties");
-  CudaCallsPtr calls(new CudaCalls(comm, ordinal));
+  auto calls = std::make_unique<CudaCalls>(comm, ordinal);
   LOOM_CHECK(calls->start(params::cudaGate()));
-  comm->cudaDevice = ordinal;
-  comm->cuda = std::move(calls);
+  comm->settings.cudaDevice = ordinal;
+  CudaCalls& attached = comm->attach(std::move(calls));
   LOOM_INFO(CUDA,
             "rank %d: CUDA communicator on device %d (%s, bus %02x:%02x), calls staged through host memory, "
             "streams gated by a %s",
-            comm->rank, ordinal, properties.name, properties.pciBusID, properties.pciDeviceID, comm->cuda->gateName());
+            comm->rank, ordinal, properties.name, properties.pciBusID, properties.pciDeviceID, attached.gateName());
   return loomSuccess;
 }
 
@@ -467,28 +466,26 @@ loomResult_t cudaEnqueue(std::vector<Call> calls) {
                      "%s: stream %p is a loom host stream; a CUDA communicator takes a "
                      "cudaStream_t (or NULL, the default stream)",
                      collectiveName(calls.front().collective), calls.front().stream);
-  return comm->cuda->enqueue(std::move(calls));
+  return comm->extension<CudaCalls>()->enqueue(std::move(calls));
 }
 
-loomResult_t cudaCommConnected(loomComm* comm) { return comm->cuda->connected(); }
+loomResult_t cudaCommConnected(loomComm* comm) { return comm->extension<CudaCalls>()->connected(); }
 
 void cudaCommCheckKernels(loomComm* comm) {
   // Only once init has ended (a non-blocking init sets the executor up on its own thread) and nothing has failed.
-  if (!comm->cuda || comm->asyncError.load() != loomSuccess) return;
-  loomResult_t error = comm->cuda->kernelError();
+  CudaCalls* calls = comm->extension<CudaCalls>();
+  if (calls == nullptr || comm->asyncError.load() != loomSuccess) return;
+  loomResult_t error = calls->kernelError();
   if (error == loomSuccess) return;
   int expected = loomSuccess;
   comm->asyncError.compare_exchange_strong(expected, error);
 }
 
 void cudaCommAbort(loomComm* comm) {
-  if (comm->cuda) comm->cuda->abort();
+  if (CudaCalls* calls = comm->extension<CudaCalls>()) calls->abort();
 }
 
 #else  // no CUDA in this build
-
-class CudaCalls {};
-void CudaCallsDeleter::operator()(CudaCalls* calls) const { delete calls; }
 
 loomResult_t cudaCommAttach(loomComm*, int) {
   return LOOM_FAIL(loomInvalidArgument, INIT, "config device cuda: this loom build has no CUDA (meson option cuda)");

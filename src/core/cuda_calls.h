@@ -18,13 +18,8 @@ struct loomComm;
 
 namespace loom {
 
-class CudaCalls;
-struct CudaCallsDeleter {
-  void operator()(CudaCalls* calls) const;
-};
-using CudaCallsPtr = std::unique_ptr<CudaCalls, CudaCallsDeleter>;
-
-// Makes `comm` a CUDA communicator on device `ordinal` (LOOM_CONFIG_UNDEF_INT: the calling thread's current
+// Makes `comm` a CUDA communicator on device `ordinal`, its calls and GPU executor attached as an extension
+// (loomComm::extension) (LOOM_CONFIG_UNDEF_INT: the calling thread's current
 // device): checks the device, starts the worker. Fails with a clear message when there is no such device.
 loomResult_t cudaCommAttach(loomComm* comm, int ordinal);
 // Once `comm` has its peers: starts its GPU executor where LOOM_CUDA_PATH=device asks for one and cuda_ipc reaches

@@ -4,8 +4,9 @@
 //  - connections through cuda_ipc, by (peer, channel), and for the kernels two device arrays of PortableEnd
 //    (channel * nranks + peer), whose counters the kernels carry from call to call;
 //  - the mailboxes of one-shot and two-shot AllReduce: one per peer each way, on a channel of their own;
-//  - flat plans copied into device memory, by call shape, planned with a copy of the communicator's tuner made at
-//    init (so a call never waits for the staged path's worker, which holds the communicator's run lock);
+//  - flat plans copied into device memory, by call shape, from a planner (planner.h) with a copy of the
+//    communicator's tuner made at init (so a call never waits for the staged path's worker, which holds the
+//    communicator's run lock);
 //  - scratch memory for the plans that need it;
 //  - a status word in mapped host memory where a kernel records why it stopped (a LaneFailure): sticky, so every
 //    later kernel returns at once and the error reaches loomCommGetAsyncError.
@@ -39,24 +40,26 @@ namespace {
 constexpr int kMailboxChannel = 4096;  // apart from the collectives' channels and Send/Recv's (kP2PChannel on)
 constexpr size_t kMaxDevicePlans = 256;
 
-struct DevicePlan {
-  RankPlan plan;
+// What the GPU executor keeps beside each cached plan.
+struct DevicePlanState {
   Slicing slicing;
   FlatPlan flat;
-  void* arrays = nullptr;  // flat's three arrays, in device memory
+  void* arrays = nullptr;  // flat's three arrays, in device memory (null: not uploaded yet)
   FlatPlanView view{};
   bool connected = false;
 };
+using DevicePlanner = Planner<DevicePlanState>;
+using DevicePlan = DevicePlanner::Entry;
 
 // Bytes of the device copy of a flat plan: its three arrays, each aligned to 16 bytes.
 size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
 }  // namespace
 
-class DevicePath {
+class DevicePath final : private ConnectionTable::Owner {
  public:
   DevicePath(loomComm* comm, int device, const uint32_t* abortFlag)
-      : comm_(comm), device_(device), abortFlag_(abortFlag), tuner_(comm->tuner) {}
+      : comm_(comm), device_(device), abortFlag_(abortFlag), planner_(comm->planner.tuner()) {}
   ~DevicePath();
   loomResult_t start();
   bool takes(const Call& call) const;
@@ -68,10 +71,15 @@ class DevicePath {
   loomResult_t upload(DevicePlan* plan);
   loomResult_t connect(const DevicePlan& plan);
   loomResult_t connectMailboxes();
-  loomResult_t createReceiver(int peer, int channel, const FifoShape& shape);
-  // Waits for the peer's receiver within the deadline, watching the abort flag (not the peer watch, which belongs
-  // to the staged path's worker and its run lock).
-  loomResult_t attachSender(int peer, int channel, const FifoShape& shape);
+  // ConnectionTable::Owner: every connection goes through cuda_ipc; each new one's end is copied to the kernels'
+  // arrays (the mailboxes' are read by launchPeer instead).
+  loomResult_t route(int peer, ConnectionTable::Route* out) override;
+  const FifoShape& shapeOf(int channel) override { return channel == kMailboxChannel ? mailboxShape_ : comm_->settings.fifoShape; }
+  loomResult_t made(bool sender, int peer, int channel, Endpoint& endpoint) override;
+  loomResult_t attachFailed(int peer, int channel, const ConnectionTable::Route& route, loomResult_t result) override;
+  // A sender waits for its peer's receiver within the deadline, watching the abort flag (not the peer watch,
+  // which belongs to the staged path's worker and its run lock).
+  WaitCheck connectCheck(const Deadline& deadline) const;
   loomResult_t setEnd(PortableEnd* array, int peer, int channel, const Endpoint& endpoint);
   loomResult_t reserveScratch(size_t bytes, cudaStream_t stream);
   loomResult_t launchPlan(const Call& call, DevicePlan& plan, cudaStream_t stream);
@@ -81,15 +89,14 @@ class DevicePath {
   // Waits, within the deadline, until the stream has passed the last call: before the memory kernels use is
   // freed at destruction. False when it has not.
   bool drained();
-  uint64_t timeoutNs() const { return static_cast<uint64_t>(std::max<int64_t>(comm_->timeoutMs, 1)) * 1000000; }
+  uint64_t timeoutNs() const { return static_cast<uint64_t>(std::max<int64_t>(comm_->settings.timeoutMs, 1)) * 1000000; }
 
   loomComm* comm_;
   const int device_;
   const uint32_t* abortFlag_;
   std::mutex mutex_;  // everything below
-  Tuner tuner_;
-  std::map<PlanKey, std::unique_ptr<DevicePlan>, std::less<>> plans_;
-  std::map<std::pair<int, int>, std::unique_ptr<Endpoint>> receivers_, senders_;
+  DevicePlanner planner_;
+  ConnectionTable connections_;
   PortableEnd* recvEnds_ = nullptr;  // device memory, channel * nranks + peer
   PortableEnd* sendEnds_ = nullptr;
   bool mailboxes_ = false;
@@ -109,6 +116,7 @@ class DevicePath {
 
 loomResult_t DevicePath::start() {
   DeviceScope scope(device_);
+  connections_.bind(this, comm_->commHash, comm_->rank);
   const size_t ends = static_cast<size_t>(kMaxChannels) * comm_->nranks * sizeof(PortableEnd);
   LOOM_CUDA_CHECK(cudaMalloc(&recvEnds_, ends), "GPU executor: cudaMalloc of connection ends");
   LOOM_CUDA_CHECK(cudaMalloc(&sendEnds_, ends), "GPU executor: cudaMalloc of connection ends");
@@ -138,7 +146,7 @@ loomResult_t DevicePath::start() {
 bool DevicePath::drained() {
   if (!launched_) return true;
   DeviceScope scope(device_);
-  Deadline deadline(comm_->timeoutMs);
+  Deadline deadline(comm_->settings.timeoutMs);
   Backoff backoff;
   for (;;) {
     cudaError_t state = cudaEventQuery(last_);
@@ -157,15 +165,13 @@ DevicePath::~DevicePath() {
     LOOM_WARN(CUDA,
               "rank %d: a CUDA stream had not passed this communicator's last kernel within %lld ms of its "
               "destruction: its device memory is left allocated",
-              comm_->rank, (long long)comm_->timeoutMs);
-    for (auto& [key, endpoint] : receivers_) endpoint.release();
-    for (auto& [key, endpoint] : senders_) endpoint.release();
+              comm_->rank, (long long)comm_->settings.timeoutMs);
+    connections_.abandon();
     return;
   }
   DeviceScope scope(device_);
-  senders_.clear();
-  receivers_.clear();
-  for (auto& [key, plan] : plans_) cudaFree(plan->arrays);
+  connections_.clear();
+  planner_.forEach([](DevicePlan& plan) { cudaFree(plan.extra.arrays); });
   cudaFree(scratch_);
   cudaFree(recvEnds_);
   cudaFree(sendEnds_);
@@ -211,14 +217,16 @@ loomResult_t DevicePath::error() {
       reported_ = LOOM_FAIL(loomTimeout, CUDA,
                             "rank %d: a kernel saw no progress within %lld ms (LOOM_TIMEOUT_MS or config "
                             "timeoutMs): a peer is gone or stuck",
-                            comm_->rank, (long long)comm_->timeoutMs);
+                            comm_->rank, (long long)comm_->settings.timeoutMs);
       break;
   }
   comm_->setLastError(threadLastError());
   return reported_;
 }
 
-loomResult_t DevicePath::upload(DevicePlan* plan) {
+loomResult_t DevicePath::upload(DevicePlan* entry) {
+  DevicePlanState* plan = &entry->extra;
+  plan->flat = flatten(entry->plan);
   const FlatPlan& flat = plan->flat;
   const size_t lanes = align16(flat.lanes.size() * sizeof(FlatLane));
   const size_t steps = align16(flat.steps.size() * sizeof(Step));
@@ -245,37 +253,32 @@ loomResult_t DevicePath::upload(DevicePlan* plan) {
 }
 
 loomResult_t DevicePath::planOf(const Call& call, cudaStream_t stream, DevicePlan** out) {
-  const TuneEstimate& choice =
-      tuner_.choose(call.collective, call.count * dtypeSize(call.datatype), comm_->algorithmRules);
-  PlanKeyView key{static_cast<int>(call.collective), call.count, call.root, choice.nChannels, choice.algorithm};
-  auto found = plans_.find(key);
-  if (found != plans_.end()) {
-    *out = found->second.get();
-    return loomSuccess;
-  }
-  if (plans_.size() >= kMaxDevicePlans) {
+  if (planner_.size() >= kMaxDevicePlans) {
     // Kernels still queued may use any cached plan: each is freed in stream order, after the calls before.
-    for (auto& [planKey, plan] : plans_)
-      LOOM_CUDA_CHECK(cudaFreeAsync(plan->arrays, stream), "GPU executor: cudaFreeAsync of a plan");
-    plans_.clear();
+    LOOM_CHECK(planner_.clear([&](DevicePlan& plan) {
+      if (plan.extra.arrays == nullptr) return loomSuccess;
+      LOOM_CUDA_CHECK(cudaFreeAsync(plan.extra.arrays, stream), "GPU executor: cudaFreeAsync of a plan");
+      return loomSuccess;
+    }));
   }
-  auto plan = std::make_unique<DevicePlan>();
-  if (!buildPlan(collArgsOf(call, choice.nChannels), choice.algorithm, &plan->plan))
-    return LOOM_FAIL(loomInternalError, COLL, "no algorithm for %s", collectiveName(call.collective));
-  for (const Lane& lane : plan->plan.lanes)
-    if (lane.channel < 0 || lane.channel >= kMaxChannels)
-      return LOOM_FAIL(loomInternalError, CUDA, "%s: plan %s uses channel %d (at most %d)",
-                       collectiveName(call.collective), choice.algorithm.c_str(), lane.channel, kMaxChannels);
-  plan->slicing = choice.slicing;
-  plan->flat = flatten(plan->plan);
-  LOOM_CHECK(upload(plan.get()));
-  PlanKey owned{static_cast<int>(call.collective), call.count, call.root, choice.nChannels, choice.algorithm};
-  *out = plans_.emplace(std::move(owned), std::move(plan)).first->second.get();
+  PlannedCall planned;
+  DevicePlan* plan = nullptr;
+  LOOM_CHECK(planner_.plan(call, nullptr, &planned, &plan));
+  if (plan->extra.arrays == nullptr) {
+    for (const Lane& lane : plan->plan.lanes)
+      if (lane.channel < 0 || lane.channel >= kMaxChannels)
+        return LOOM_FAIL(loomInternalError, CUDA, "%s: plan %s uses channel %d (at most %d)",
+                         collectiveName(call.collective), planned.choice->algorithm.c_str(), lane.channel,
+                         kMaxChannels);
+    plan->extra.slicing = planned.choice->slicing;
+    LOOM_CHECK(upload(plan));
+  }
+  *out = plan;
   return loomSuccess;
 }
 
 loomResult_t DevicePath::setEnd(PortableEnd* array, int peer, int channel, const Endpoint& endpoint) {
-  const FifoShape& shape = comm_->fifoShape;
+  const FifoShape& shape = comm_->settings.fifoShape;
   PortableEnd end;
   end.fifo = reinterpret_cast<unsigned char*>(const_cast<Endpoint&>(endpoint).fifo().header);
   end.depth = static_cast<uint32_t>(shape.depth);
@@ -289,60 +292,53 @@ loomResult_t DevicePath::setEnd(PortableEnd* array, int peer, int channel, const
   return loomSuccess;
 }
 
-loomResult_t DevicePath::createReceiver(int peer, int channel, const FifoShape& shape) {
-  auto& endpoint = receivers_[{peer, channel}];
-  if (endpoint) return loomSuccess;
-  ConnectionKey key{comm_->commHash, peer, comm_->rank, channel};
-  loomResult_t result = deviceTransport()->createReceiver(nullptr, key, shape, &endpoint);
-  if (result != loomSuccess) receivers_.erase({peer, channel});
-  return result;
+loomResult_t DevicePath::route(int peer, ConnectionTable::Route* out) {
+  (void)peer;
+  *out = {deviceTransport(), nullptr};
+  return loomSuccess;
 }
 
-loomResult_t DevicePath::attachSender(int peer, int channel, const FifoShape& shape) {
-  auto& endpoint = senders_[{peer, channel}];
-  if (endpoint) return loomSuccess;
-  ConnectionKey key{comm_->commHash, comm_->rank, peer, channel};
-  Deadline deadline(comm_->timeoutMs);
-  auto check = [&]() {
+loomResult_t DevicePath::made(bool sender, int peer, int channel, Endpoint& endpoint) {
+  return channel == kMailboxChannel ? loomSuccess : setEnd(sender ? sendEnds_ : recvEnds_, peer, channel, endpoint);
+}
+
+WaitCheck DevicePath::connectCheck(const Deadline& deadline) const {
+  return [this, &deadline]() {
     if (comm_->abortFlag.load(std::memory_order_relaxed))
-      return LOOM_FAIL(loomRemoteError, CUDA, "rank %d: communicator aborted while connecting to rank %d",
-                       comm_->rank, peer);
-    if (deadline.expired())
-      return LOOM_FAIL(loomTimeout, CUDA,
-                       "rank %d: rank %d made no GPU executor connection (channel %d) within %lld ms "
-                       "(LOOM_TIMEOUT_MS or config timeoutMs): is it running the same call, with "
-                       "LOOM_CUDA_PATH=device?",
-                       comm_->rank, peer, channel, (long long)deadline.timeoutMs());
+      return LOOM_FAIL(loomRemoteError, CUDA, "rank %d: communicator aborted while connecting", comm_->rank);
+    if (deadline.expired()) return loomTimeout;  // attachFailed says who
     return loomSuccess;
   };
-  loomResult_t result = deviceTransport()->attachSender(nullptr, key, shape, check, &endpoint);
-  if (result != loomSuccess) senders_.erase({peer, channel});
-  return result;
 }
 
-// Receivers first, then senders, as the host's Connections do: no rank waits for a receiver only it could make.
+loomResult_t DevicePath::attachFailed(int peer, int channel, const ConnectionTable::Route& route, loomResult_t result) {
+  (void)route;
+  if (result == loomTimeout)
+    return LOOM_FAIL(loomTimeout, CUDA,
+                     "rank %d: rank %d made no GPU executor connection (channel %d) within %lld ms "
+                     "(LOOM_TIMEOUT_MS or config timeoutMs): is it running the same call, with "
+                     "LOOM_CUDA_PATH=device?",
+                     comm_->rank, peer, channel, (long long)comm_->settings.timeoutMs);
+  const std::string why = threadLastError();
+  return LOOM_FAIL(result, CUDA, "rank %d, connecting to rank %d (channel %d): %s", comm_->rank, peer, channel,
+                   why.c_str());
+}
+
+// Receivers first, then senders (ConnectionTable): no rank waits for a receiver only it could make. The deadline
+// bounds the plan's connection setup as a whole.
 loomResult_t DevicePath::connect(const DevicePlan& plan) {
-  for (const Lane& lane : plan.plan.lanes)
-    for (const Step& step : lane.steps)
-      if (actionReceives(step.action) && !receivers_.count({step.recvPeer, lane.channel})) {
-        LOOM_CHECK(createReceiver(step.recvPeer, lane.channel, comm_->fifoShape));
-        LOOM_CHECK(setEnd(recvEnds_, step.recvPeer, lane.channel, *receivers_[{step.recvPeer, lane.channel}]));
-      }
-  for (const Lane& lane : plan.plan.lanes)
-    for (const Step& step : lane.steps)
-      if (actionSends(step.action) && !senders_.count({step.sendPeer, lane.channel})) {
-        LOOM_CHECK(attachSender(step.sendPeer, lane.channel, comm_->fifoShape));
-        LOOM_CHECK(setEnd(sendEnds_, step.sendPeer, lane.channel, *senders_[{step.sendPeer, lane.channel}]));
-      }
-  return loomSuccess;
+  LOOM_CHECK(connections_.createReceivers(plan.plan));
+  const Deadline deadline(comm_->settings.timeoutMs);
+  return connections_.attachSenders(plan.plan, connectCheck(deadline));
 }
 
 loomResult_t DevicePath::connectMailboxes() {
   if (mailboxes_) return loomSuccess;
   for (int peer = 0; peer < comm_->nranks; ++peer)
-    if (peer != comm_->rank) LOOM_CHECK(createReceiver(peer, kMailboxChannel, mailboxShape_));
+    if (peer != comm_->rank) LOOM_CHECK(connections_.createReceiver(peer, kMailboxChannel));
+  const Deadline deadline(comm_->settings.timeoutMs);
   for (int peer = 0; peer < comm_->nranks; ++peer)
-    if (peer != comm_->rank) LOOM_CHECK(attachSender(peer, kMailboxChannel, mailboxShape_));
+    if (peer != comm_->rank) LOOM_CHECK(connections_.attachSender(peer, kMailboxChannel, connectCheck(deadline)));
   mailboxes_ = true;
   return loomSuccess;
 }
@@ -359,14 +355,15 @@ loomResult_t DevicePath::reserveScratch(size_t bytes, cudaStream_t stream) {
   return loomSuccess;
 }
 
-loomResult_t DevicePath::launchPlan(const Call& call, DevicePlan& plan, cudaStream_t stream) {
+loomResult_t DevicePath::launchPlan(const Call& call, DevicePlan& entry, cudaStream_t stream) {
+  DevicePlanState& plan = entry.extra;
   if (!plan.connected) {
-    LOOM_CHECK(connect(plan));
+    LOOM_CHECK(connect(entry));
     plan.connected = true;
   }
   const size_t elementBytes = dtypeSize(call.datatype);
-  LOOM_CHECK(reserveScratch(plan.plan.scratchCount * elementBytes, stream));
-  const FifoShape& shape = comm_->fifoShape;
+  LOOM_CHECK(reserveScratch(entry.plan.scratchCount * elementBytes, stream));
+  const FifoShape& shape = comm_->settings.fifoShape;
   LaneCall lanes{};
   lanes.input = static_cast<unsigned char*>(const_cast<void*>(call.inputs[0]));
   lanes.output = static_cast<unsigned char*>(call.outputs[0]);
@@ -375,7 +372,7 @@ loomResult_t DevicePath::launchPlan(const Call& call, DevicePlan& plan, cudaStre
       1, std::min(plan.slicing.simpleSliceBytes, fifoPayloadBytes(shape, Protocol::kSimple)) / elementBytes);
   lanes.llSliceElems = std::max<size_t>(1, fifoPayloadBytes(shape, Protocol::kLL) / elementBytes);
   lanes.llThresholdBytes = plan.slicing.llThresholdBytes;
-  lanes.forcedProtocol = comm_->forcedProtocol;
+  lanes.forcedProtocol = comm_->settings.forcedProtocol;
   return device::enqueueLanes(plan.view, lanes, fifoWords(), recvEnds_, sendEnds_, comm_->nranks, call.datatype,
                               call.op, abortFlag_, timeoutNs(), deviceStatus_, shape.llSlotBytes, stream);
 }
@@ -390,8 +387,8 @@ loomResult_t DevicePath::launchPeer(const Call& call, bool twoShot, cudaStream_t
   peers.count = call.count;
   for (int p = 0; p < comm_->nranks; ++p) {
     if (p == comm_->rank) continue;
-    peers.inbox[p] = reinterpret_cast<unsigned char*>(receivers_[{p, kMailboxChannel}]->fifo().header);
-    peers.outbox[p] = reinterpret_cast<unsigned char*>(senders_[{p, kMailboxChannel}]->fifo().header);
+    peers.inbox[p] = reinterpret_cast<unsigned char*>(connections_.receiverOf(p, kMailboxChannel)->fifo().header);
+    peers.outbox[p] = reinterpret_cast<unsigned char*>(connections_.senderOf(p, kMailboxChannel)->fifo().header);
   }
   peers.slotBytes = mailboxShape_.slotBytes;
   peers.words = fifoWords();

@@ -1,6 +1,6 @@
 // A call's way from the entry point to the executor, in named steps: submit() checks it (the ranks' calls agree,
-// where LOOM_CHECK_CALLS asks) and groups it (an open group, a host stream, a CUDA stream, or now); runCalls()
-// then takes a Submission through gather, enter, plan (the tuner's choice, the communicator's plan cache),
+// where LOOM_CHECK_COLL asks) and groups it (an open group, a host stream, a CUDA stream, or now); runCalls()
+// then takes a Submission through gather, enter, plan (the communicator's planner: planner.h),
 // connect, and execute.
 #include "src/core/enqueue.h"
 
@@ -15,91 +15,13 @@
 #include "src/core/comm.h"
 #include "src/core/cuda_calls.h"
 #include "src/core/failure.h"
-#include "src/core/mem.h"
 #include "src/core/stream.h"
+#include "src/core/zero_copy.h"
 
 namespace loom {
 namespace {
 
 constexpr size_t kMaxCachedPlans = 512;
-
-// Moves the lanes of a Send/Recv plan onto the p2p channel, away from the collectives' connections.
-void moveToP2PChannel(RankPlan* plan) {
-  for (Lane& lane : plan->lanes) lane.channel += kP2PChannel;
-}
-
-// The plan of `call`: from the communicator's cache (*cached set), or built into scratchPlan for the calls
-// whose plans depend on more than their shape (*cached null).
-loomResult_t planFor(const Call& call, RankPlan* scratchPlan, const RankPlan** plan, CachedPlan** cached,
-                     const TuneEstimate** tuned) {
-  loomComm* comm = call.comm;
-  // The tuner's choice for the call's size class (within LOOM_ALGO's rules).
-  const TuneEstimate& choice =
-      comm->tuner.choose(call.collective, call.count * dtypeSize(call.datatype), comm->algorithmRules);
-  *tuned = &choice;
-  const std::string& algorithm = choice.algorithm;
-  int nChannels = choice.nChannels;
-  *cached = nullptr;
-  bool cacheable = call.collective != Collective::kAllToAllv && call.collective != Collective::kSendRecv;
-  if (!cacheable) {
-    buildPlan(collArgsOf(call, nChannels), algorithm, scratchPlan);
-    if (call.collective == Collective::kSendRecv) moveToP2PChannel(scratchPlan);
-    *plan = scratchPlan;
-    return loomSuccess;
-  }
-  PlanKeyView key{static_cast<int>(call.collective), call.count, call.root, nChannels, algorithm};
-  CachedPlan* found = comm->planCache.find(key);
-  if (found == nullptr) {
-    RankPlan built;
-    if (!buildPlan(collArgsOf(call, nChannels), algorithm, &built))
-      return LOOM_FAIL(loomInternalError, COLL, "no algorithm for %s", collectiveName(call.collective));
-    if (logEnabled(LogLevel::kTrace, Subsys::COLL))
-      logMessage(LogLevel::kTrace, Subsys::COLL, "%s count %zu root %d: %s", collectiveName(call.collective),
-                 call.count, call.root, describe(built).c_str());
-    found = comm->planCache.insert(
-        PlanKey{static_cast<int>(call.collective), call.count, call.root, nChannels, algorithm}, std::move(built));
-  }
-  *plan = &found->plan;
-  *cached = found;
-  return loomSuccess;
-}
-
-// Bytes of input / output buffer `index` of a call.
-size_t bufferBytes(const Call& call, const RankPlan* plan, bool input, size_t index) {
-  size_t count = input ? plan->inputCount : plan->outputCount;
-  if (call.collective == Collective::kSendRecv) count = call.p2p[index].count;
-  return count * dtypeSize(call.datatype);
-}
-
-// A buffer is direct when it is registered and, for inputs, overlaps no output: a peer reads it later than
-// the step that posted it, so the call must not write it meanwhile. A proxy of this process (tcp) needs no
-// registration: only that the call does not write the buffer meanwhile.
-void markDirectBuffers(const Call& call, const RankPlan* plan, ExecTask* task) {
-  auto span = [&](bool input, size_t i) {
-    auto base = reinterpret_cast<uintptr_t>(input ? call.inputs[i] : call.outputs[i]);
-    return std::pair<uintptr_t, uintptr_t>{base, base + bufferBytes(call, plan, input, i)};
-  };
-  const bool proxied = call.comm->connections.anyProxySends();
-  auto directBuffer = [&](bool input, size_t i) {
-    const void* base = input ? call.inputs[i] : call.outputs[i];
-    size_t bytes = bufferBytes(call, plan, input, i);
-    return DirectBuffer{isRegistered(call.comm, base, bytes), proxied, sharedRegionOf(base, bytes)};
-  };
-  task->directOutputs.assign(call.outputs.size(), {});
-  for (size_t i = 0; i < call.outputs.size(); ++i) task->directOutputs[i] = directBuffer(false, i);
-  task->directInputs.assign(call.inputs.size(), {});
-  for (size_t i = 0; i < call.inputs.size(); ++i) {
-    DirectBuffer input = directBuffer(true, i);
-    if (!input.direct && !input.unwritten) continue;
-    bool overlaps = false;
-    auto [inLo, inHi] = span(true, i);
-    for (size_t o = 0; o < call.outputs.size(); ++o) {
-      auto [outLo, outHi] = span(false, o);
-      overlaps |= call.outputs[o] != nullptr && inLo < outHi && outLo < inHi;
-    }
-    if (!overlaps) task->directInputs[i] = input;
-  }
-}
 
 ExecTask taskFor(const Call& call, const RankPlan* plan, const TuneEstimate& choice) {
   loomComm* comm = call.comm;
@@ -111,29 +33,17 @@ ExecTask taskFor(const Call& call, const RankPlan* plan, const TuneEstimate& cho
   task.op = call.op;
   task.nranks = comm->nranks;
   task.rank = comm->rank;
-  task.forcedProtocol = comm->forcedProtocol;
+  task.forcedProtocol = comm->settings.forcedProtocol;
   task.llThresholdBytes = choice.slicing.llThresholdBytes;
   task.simpleSliceBytes =
-      std::min(choice.slicing.simpleSliceBytes, fifoPayloadBytes(comm->fifoShape, Protocol::kSimple));
-  task.llSliceBytes = fifoPayloadBytes(comm->fifoShape, Protocol::kLL);
+      std::min(choice.slicing.simpleSliceBytes, fifoPayloadBytes(comm->settings.fifoShape, Protocol::kSimple));
+  task.llSliceBytes = fifoPayloadBytes(comm->settings.fifoShape, Protocol::kLL);
   task.links = &comm->connections;
   task.what = collectiveName(call.collective);
-  // Only Simple messages go direct; a call whose every step fits the LL threshold skips the buffer lookups.
-  size_t largest = 0, outputBytes = 0;
-  for (size_t i = 0; i < call.inputs.size(); ++i) largest = std::max(largest, bufferBytes(call, plan, true, i));
-  for (size_t i = 0; i < call.outputs.size(); ++i) {
-    size_t bytes = bufferBytes(call, plan, false, i);
-    largest = std::max(largest, bytes);
-    outputBytes += bytes;
-  }
-  if (fifo::protocolFor(largest, task.llThresholdBytes, task.forcedProtocol) == Protocol::kSimple)
-    markDirectBuffers(call, plan, &task);
-  task.streamOutputs = comm->streamingBytes > 0 && outputBytes >= comm->streamingBytes;
-  // Below LOOM_DIRECT_FORWARD_BYTES of output a step that forwards what it just wrote (a ring's reduce and pass
-  // on) copies it into the FIFO slot: the lines are still in the forwarding core's cache, and the peer pulling
-  // them from there is slower than that core's own copy (docs/PERFORMANCE.md).
-  task.directForwards = outputBytes >= comm->directForwardBytes;
-  task.directMessages = &comm->directMessages;
+  size_t outputBytes = 0;
+  for (size_t i = 0; i < call.outputs.size(); ++i) outputBytes += callBufferBytes(call, plan, false, i);
+  markZeroCopy(call, plan, outputBytes, &task);
+  task.streamOutputs = comm->settings.streamingBytes > 0 && outputBytes >= comm->settings.streamingBytes;
   return task;
 }
 
@@ -181,8 +91,8 @@ CollArgs collArgsOf(const Call& call, int nChannels) {
   args.recvCounts = call.recvCounts;
   args.recvDispls = call.recvDispls;
   args.p2p = call.p2p;
-  args.torusDimCount = call.comm->torusDimCount;
-  std::copy(call.comm->torusDims, call.comm->torusDims + args.torusDimCount, args.torusDims);
+  args.torusDimCount = call.comm->settings.torusDimCount;
+  std::copy(call.comm->settings.torusDims, call.comm->settings.torusDims + args.torusDimCount, args.torusDims);
   args.hostOf = call.comm->hostOf;
   return args;
 }
@@ -213,9 +123,8 @@ struct RunWorkspace {
   std::vector<CommWatch> watches;
   std::vector<uint64_t> sequences;  // per communicator: the number of the run's first collective (0: none)
   std::vector<RankPlan> uncached;  // plans not cached (kept, with their capacity, until overwritten)
-  std::vector<const RankPlan*> plans;
-  std::vector<CachedPlan*> cached;
-  std::vector<const TuneEstimate*> choices;  // the tuner's, per call
+  std::vector<PlannedCall> plans;              // per call: its plan and the tuner's choice
+  std::vector<HostPlanner::Entry*> cached;  // per call: its cache entry (null: built for the call)
   std::vector<std::vector<ExecTask>> queues;
   struct Idle {
     bool idle = false;
@@ -239,7 +148,6 @@ class WorkspaceLease {
     ws_.watches.clear();
     ws_.plans.clear();
     ws_.cached.clear();
-    ws_.choices.clear();
     ws_.idle.clear();
     for (auto& queue : ws_.queues) queue.clear();
     ws_.busy = false;
@@ -295,7 +203,7 @@ class Submission {
   void enter() {
     // Bound the plan caches here, never mid-run: the run keeps pointers to cached plans.
     for (loomComm* comm : ws_.comms)
-      if (comm->planCache.size() > kMaxCachedPlans) comm->planCache.clear();
+      if (comm->planner.size() > kMaxCachedPlans) comm->planner.clear();
     std::vector<uint64_t>& sequences = ws_.sequences;
     sequences.clear();
     for (loomComm* comm : ws_.comms) {
@@ -321,16 +229,15 @@ class Submission {
   // Every call's plan (the communicator's cache, or built for the call), and every receiver it needs created.
   loomResult_t plan() {
     if (ws_.uncached.size() < calls_.size()) ws_.uncached.resize(calls_.size());
-    ws_.plans.assign(calls_.size(), nullptr);
+    ws_.plans.assign(calls_.size(), {});
     ws_.cached.assign(calls_.size(), nullptr);
-    ws_.choices.assign(calls_.size(), nullptr);
     for (size_t i = 0; i < calls_.size(); ++i) {
       Call& call = calls_[i];
       ScopedLogRank logRank(call.comm->rank);
-      loomResult_t result = planFor(call, &ws_.uncached[i], &ws_.plans[i], &ws_.cached[i], &ws_.choices[i]);
+      loomResult_t result = call.comm->planner.plan(call, &ws_.uncached[i], &ws_.plans[i], &ws_.cached[i]);
       if (result != loomSuccess) return fail(result);
       if (!connected(i)) {
-        result = call.comm->connections.createReceivers(call.comm, *ws_.plans[i]);
+        result = call.comm->connections.createReceivers(call.comm, *ws_.plans[i].plan);
         if (result != loomSuccess) return failedConnecting(call, result);
       }
     }
@@ -348,13 +255,13 @@ class Submission {
       const size_t q = queueOf(call);
       if (!connected(i)) {
         loomResult_t result =
-            comm->connections.attachSenders(comm, *ws_.plans[i], [&]() { return ws_.watches[q](false); });
+            comm->connections.attachSenders(comm, *ws_.plans[i].plan, [&]() { return ws_.watches[q](false); });
         if (result != loomSuccess) return failedConnecting(call, result);
-        if (ws_.cached[i] != nullptr) ws_.cached[i]->connected = true;
+        if (ws_.cached[i] != nullptr) ws_.cached[i]->extra.connected = true;
       }
-      const size_t scratchBytes = ws_.plans[i]->scratchCount * dtypeSize(call.datatype);
+      const size_t scratchBytes = ws_.plans[i].plan->scratchCount * dtypeSize(call.datatype);
       if (comm->scratch.size() < scratchBytes) comm->scratch.resize(scratchBytes);
-      ws_.queues[q].push_back(taskFor(call, ws_.plans[i], *ws_.choices[i]));
+      ws_.queues[q].push_back(taskFor(call, ws_.plans[i].plan, *ws_.plans[i].choice));
     }
     for (size_t q = 0; q < ws_.comms.size(); ++q)
       for (ExecTask& task : ws_.queues[q]) task.scratch = ws_.comms[q]->scratch.data();
@@ -365,7 +272,7 @@ class Submission {
   loomResult_t execute() {
     ScopedLogRank logRank(ws_.comms.front()->rank);
     int64_t spinPolls = INT64_MAX;
-    for (loomComm* comm : ws_.comms) spinPolls = std::min(spinPolls, comm->spinPolls);
+    for (loomComm* comm : ws_.comms) spinPolls = std::min(spinPolls, comm->settings.spinPolls);
     ws_.idle.resize(ws_.comms.size());
     const loomResult_t result = ws_.executor.run(
         ws_.queues,
@@ -392,7 +299,7 @@ class Submission {
     recordFailure(ws_.comms, ws_.watches, result);
     return result;
   }
-  bool connected(size_t i) const { return ws_.cached[i] != nullptr && ws_.cached[i]->connected; }
+  bool connected(size_t i) const { return ws_.cached[i] != nullptr && ws_.cached[i]->extra.connected; }
   size_t queueOf(const Call& call) const {
     return std::find(ws_.comms.begin(), ws_.comms.end(), call.comm) - ws_.comms.begin();
   }
@@ -440,15 +347,15 @@ loomResult_t submit(Call&& call) {
     groupAdd(std::move(call));
     return loomSuccess;
   }
-  if (call.comm->checkCalls) {
+  if (call.comm->settings.checkCalls) {
     LOOM_CHECK(checkSameCalls(call.comm, {&call, 1}));
     if (call.fingerprintOnly) return loomSuccess;
   }
-  if (call.comm->device == loomDeviceCuda || call.stream != nullptr) {
+  if (call.comm->settings.device == loomDeviceCuda || call.stream != nullptr) {
     loomStream_t stream = call.stream;
     std::vector<Call> calls;
     calls.push_back(std::move(call));
-    return calls.front().comm->device == loomDeviceCuda ? cudaEnqueue(std::move(calls))
+    return calls.front().comm->settings.device == loomDeviceCuda ? cudaEnqueue(std::move(calls))
                                                         : streamEnqueue(stream, std::move(calls));
   }
   return runCalls({&call, 1});

@@ -104,16 +104,16 @@ loomResult_t loomGroupEnd(void) {
     // A host group runs (or is queued) as one: one stream. A CUDA group goes to each communicator's worker on that
     // communicator's stream, so only the calls of one communicator must share one (one device per stream, as with
     // NCCL's groups over several devices).
-    const Call& first = call.comm->device == loomDeviceCuda ? firstCallOf(calls, call.comm) : calls.front();
+    const Call& first = call.comm->settings.device == loomDeviceCuda ? firstCallOf(calls, call.comm) : calls.front();
     if (result == loomSuccess && call.stream != first.stream)
       result = LOOM_FAIL(loomInvalidUsage, COLL, "calls of one group must use the same stream%s (%p and %p)",
-                         call.comm->device == loomDeviceCuda ? " on each communicator" : "", first.stream, call.stream);
-    if (result == loomSuccess && call.comm->device != calls.front().comm->device)
+                         call.comm->settings.device == loomDeviceCuda ? " on each communicator" : "", first.stream, call.stream);
+    if (result == loomSuccess && call.comm->settings.device != calls.front().comm->settings.device)
       result = LOOM_FAIL(loomInvalidUsage, COLL,
                          "a group mixes host and CUDA communicators (rank %d of \"%s\" and "
                          "rank %d of \"%s\")",
-                         calls.front().comm->rank, calls.front().comm->name.c_str(), call.comm->rank,
-                         call.comm->name.c_str());
+                         calls.front().comm->rank, calls.front().comm->settings.name.c_str(), call.comm->rank,
+                         call.comm->settings.name.c_str());
     if (result != loomSuccess) {
       for (const Call& other : calls) other.comm->setLastError(threadLastError());
       return result;
@@ -122,7 +122,7 @@ loomResult_t loomGroupEnd(void) {
   // LOOM_CHECK_COLL: a group on one communicator compares its collectives with the peers' groups. A thread driving
   // several ranks in one group cannot wait for each in turn: such groups go unchecked.
   loomComm* first = calls.front().comm;
-  if (first->checkCalls &&
+  if (first->settings.checkCalls &&
       std::all_of(calls.begin(), calls.end(), [first](const Call& call) { return call.comm == first; })) {
     loomResult_t checked = checkSameCalls(first, calls);
     if (checked != loomSuccess) {
@@ -133,7 +133,7 @@ loomResult_t loomGroupEnd(void) {
   std::erase_if(calls, [](const Call& call) { return call.fingerprintOnly; });
   if (calls.empty()) return loomSuccess;
   loomStream_t stream = calls.front().stream;
-  if (calls.front().comm->device == loomDeviceCuda) return enqueueCudaGroup(std::move(calls));
+  if (calls.front().comm->settings.device == loomDeviceCuda) return enqueueCudaGroup(std::move(calls));
   if (stream != nullptr) return streamEnqueue(stream, std::move(calls));
   for (const Call& call : calls) call.comm->activeCalls.fetch_add(1);
   loomResult_t result = runCalls(calls);
@@ -175,8 +175,8 @@ loomResult_t loomGroupSimulateEnd(loomSimInfo_t* simInfo) {
       count = total / std::max(1, comm->nranks);
       collective = Collective::kAllToAll;
     }
-    const TuneEstimate& choice = comm->tuner.choose(collective, count * dtypeSize(call.datatype), comm->algorithmRules);
-    double us = estimateCall(comm->tuner.context(), comm->tuner.costs(), collective, count, dtypeSize(call.datatype),
+    const TuneEstimate& choice = comm->planner.tuner().choose(collective, count * dtypeSize(call.datatype), comm->settings.algorithmRules);
+    double us = estimateCall(comm->planner.tuner().context(), comm->planner.tuner().costs(), collective, count, dtypeSize(call.datatype),
                              call.root, choice.algorithm, choice.nChannels, &choice.slicing);
     perComm[comm] += std::max(0.0, us);
   }

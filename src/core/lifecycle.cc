@@ -31,11 +31,11 @@ loomConfig_t normalisedConfig(const loomConfig_t* config) {
 // from the parent. Always blocking: the new communicator is ready when the call returns.
 loomConfig_t childConfig(const loomComm* parent, const loomConfig_t* config) {
   loomConfig_t options = config ? normalisedConfig(config) : loomConfig_t(LOOM_CONFIG_INITIALIZER);
-  if (options.timeoutMs == LOOM_CONFIG_UNDEF_INT) options.timeoutMs = static_cast<int>(parent->timeoutMs);
-  if (options.nChannels == LOOM_CONFIG_UNDEF_INT) options.nChannels = parent->nChannels;
-  if (options.device == LOOM_CONFIG_UNDEF_INT) options.device = parent->device;
+  if (options.timeoutMs == LOOM_CONFIG_UNDEF_INT) options.timeoutMs = static_cast<int>(parent->settings.timeoutMs);
+  if (options.nChannels == LOOM_CONFIG_UNDEF_INT) options.nChannels = parent->settings.nChannels;
+  if (options.device == LOOM_CONFIG_UNDEF_INT) options.device = parent->settings.device;
   if (options.device == loomDeviceCuda && options.cudaDevice == LOOM_CONFIG_UNDEF_INT)
-    options.cudaDevice = parent->cudaDevice;
+    options.cudaDevice = parent->settings.cudaDevice;
   options.blocking = 1;
   return options;
 }
@@ -150,7 +150,7 @@ loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t* newc
   loomResult_t result;
   {
     std::lock_guard<std::mutex> lock(comm->runMutex);
-    result = comm->bootstrap->allGather(entries.data(), sizeof(Entry), comm->timeoutMs);
+    result = comm->bootstrap->allGather(entries.data(), sizeof(Entry), comm->settings.timeoutMs);
   }
   if (result != loomSuccess) return result;
   for (const Entry& entry : entries)
@@ -161,7 +161,7 @@ loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t* newc
   if (leader) LOOM_CHECK(createUniqueId(&entries[comm->rank].id));
   {
     std::lock_guard<std::mutex> lock(comm->runMutex);
-    result = comm->bootstrap->allGather(entries.data(), sizeof(Entry), comm->timeoutMs);
+    result = comm->bootstrap->allGather(entries.data(), sizeof(Entry), comm->settings.timeoutMs);
   }
   if (result != loomSuccess) return result;
   if (color == LOOM_SPLIT_NOCOLOR) {
@@ -231,7 +231,7 @@ loomResult_t loomCommShrink(loomComm_t comm, const int* excludeRanksList, int ex
   {
     std::lock_guard<std::mutex> lock(comm->runMutex);
     Bootstrap& bootstrap = *comm->bootstrap;
-    const int64_t timeoutMs = comm->timeoutMs;
+    const int64_t timeoutMs = comm->settings.timeoutMs;
     if (comm->rank == leader) {
       for (size_t i = 1; i < survivors.size(); ++i)
         LOOM_CHECK(bootstrap.send(survivors[i], kShrinkTag, &listHash, sizeof(listHash), timeoutMs));

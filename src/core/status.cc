@@ -159,9 +159,9 @@ std::string statusReport() {
   std::string text;
   for (const loomComm* comm : r.comms) {
     char head[160];
-    std::snprintf(head, sizeof(head), "  comm \"%s\" (%016llx) rank %d of %d%s: ", comm->name.c_str(),
+    std::snprintf(head, sizeof(head), "  comm \"%s\" (%016llx) rank %d of %d%s: ", comm->settings.name.c_str(),
                   (unsigned long long)comm->commHash, comm->rank, comm->nranks,
-                  comm->device == loomDeviceCuda ? " (CUDA)" : "");
+                  comm->settings.device == loomDeviceCuda ? " (CUDA)" : "");
     text += (text.empty() ? "" : "\n") + std::string(head) + comm->status.describe();
   }
   return text;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "src/core/api_scope.h"
@@ -16,6 +17,22 @@ loomEp::loomEp() = default;
 loomEp::~loomEp() = default;
 
 namespace loom::ep {
+
+// The EP objects of one communicator, its extension (loomComm::extension): which slots are taken, how many were
+// made (each one's id), and the objects alive, which let go of the communicator (and of their windows and
+// connections) when it goes first. Changed under the communicator's runMutex.
+struct EpRegistry final : CommExtension {
+  uint32_t slotsInUse = 0;  // a bit per EP object alive
+  uint32_t objectsMade = 0;
+  std::set<loomEp*> objects;
+  ~EpRegistry() override {
+    for (loomEp* object : objects) {
+      object->lowLatency.reset();
+      object->comm = nullptr;
+    }
+  }
+};
+
 namespace {
 
 loomResult_t checkEp(const loomEp* ep, const char* what) {
@@ -55,7 +72,7 @@ loomResult_t create(loomComm* comm, const loomEpConfig_t* config, loomEp_t* out)
                      "%s: config->size is %zu, not sizeof(loomEpConfig_t) = %zu (start from "
                      "LOOM_EP_CONFIG_INITIALIZER)",
                      what, config->size, sizeof(loomEpConfig_t));
-  if (comm->device != loomDeviceHost)
+  if (comm->settings.device != loomDeviceHost)
     return LOOM_FAIL(loomInvalidUsage, COLL, "%s: EP objects work on host communicators only in this version", what);
   loomEpConfig_t c;
   std::memcpy(&c, config, sizeof(c));
@@ -69,7 +86,7 @@ loomResult_t create(loomComm* comm, const loomEpConfig_t* config, loomEp_t* out)
   // Every rank must describe the same object: compare the configs (all ranks see a difference alike).
   std::vector<ConfigImage> images(comm->nranks);
   images[comm->rank] = imageOf(c);
-  LOOM_CHECK(comm->bootstrap->allGather(images.data(), sizeof(ConfigImage), comm->timeoutMs));
+  LOOM_CHECK(comm->bootstrap->allGather(images.data(), sizeof(ConfigImage), comm->settings.timeoutMs));
   for (int r = 0; r < comm->nranks; ++r)
     if (std::memcmp(&images[r], &images[comm->rank], sizeof(ConfigImage)) != 0)
       return LOOM_FAIL(loomInvalidArgument, COLL, "%s: rank %d's config differs from rank %d's", what, r, comm->rank);
@@ -77,12 +94,14 @@ loomResult_t create(loomComm* comm, const loomEpConfig_t* config, loomEp_t* out)
   ep->comm = comm;
   ep->shape = shape;
   ep->mode = c.mode;
+  EpRegistry* registry = comm->extension<EpRegistry>();
+  if (registry == nullptr) registry = &comm->attach(std::make_unique<EpRegistry>());
   for (int s = 0; s < kMaxEpObjects && ep->slot < 0; ++s)
-    if (!(comm->epSlotsInUse & (1u << s))) ep->slot = s;
+    if (!(registry->slotsInUse & (1u << s))) ep->slot = s;
   if (ep->slot < 0)
     return LOOM_FAIL(loomInvalidUsage, COLL, "%s: communicator %s already has %d EP objects; destroy one first", what,
-                     comm->name.c_str(), kMaxEpObjects);
-  const uint32_t id = ++comm->epObjectsMade;
+                     comm->settings.name.c_str(), kMaxEpObjects);
+  const uint32_t id = ++registry->objectsMade;
   if (c.mode == loomEpLowLatency) {
     LOOM_CHECK(LowLatency::create(comm, shape, id, kEpChannel + ep->slot, &ep->lowLatency));
     ep->stats.bufferBytes = ep->lowLatency->windowBytes();
@@ -92,13 +111,8 @@ loomResult_t create(loomComm* comm, const loomEpConfig_t* config, loomEp_t* out)
     ep->hierarchical = ep->hosts.count > 1 && std::any_of(ep->hosts.members.begin(), ep->hosts.members.end(),
                                                           [](const std::vector<int>& ranks) { return ranks.size() > 1; });
   }
-  comm->epSlotsInUse |= 1u << ep->slot;
-  // When the communicator goes first, the object lets go of it (and of its window and connections) then.
-  loomEp* object = ep.get();
-  comm->dependents[object] = [object] {
-    object->lowLatency.reset();
-    object->comm = nullptr;
-  };
+  registry->slotsInUse |= 1u << ep->slot;
+  registry->objects.insert(ep.get());
   LOOM_INFO(COLL, "EP object %u: %s mode%s, %d experts (%d per rank), top-%d, hidden %d, %d tokens per rank", id,
             c.mode == loomEpLowLatency ? "low-latency" : "normal", ep->hierarchical ? " (hierarchical)" : "",
             shape.numExperts, shape.localExperts, shape.topk, shape.hidden, shape.maxTokens);
@@ -221,8 +235,9 @@ loomResult_t loomEpDestroy(loomEp_t ep) {
   LOOM_CHECK(checkEp(ep, "loomEpDestroy"));
   if (ep->comm != nullptr) {
     std::lock_guard<std::mutex> lock(ep->comm->runMutex);
-    ep->comm->epSlotsInUse &= ~(1u << ep->slot);
-    ep->comm->dependents.erase(ep);
+    auto* registry = ep->comm->extension<loom::ep::EpRegistry>();
+    registry->slotsInUse &= ~(1u << ep->slot);
+    registry->objects.erase(ep);
   }
   ep->magic = 0;
   delete ep;

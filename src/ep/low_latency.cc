@@ -80,13 +80,12 @@ loomResult_t LowLatency::connect() {
   std::vector<WindowInfo> infos(nranks);
   infos[rank] = {static_cast<int32_t>(getpid()), 0, reinterpret_cast<uint64_t>(window_), windowBytes_,
                  sharedRegionOf(window_, windowBytes_)};
-  LOOM_CHECK(comm_->bootstrap->allGather(infos.data(), sizeof(WindowInfo), comm_->timeoutMs));
+  LOOM_CHECK(comm_->bootstrap->allGather(infos.data(), sizeof(WindowInfo), comm_->settings.timeoutMs));
   // Map the windows of the peers whose memory this rank shares (the transport between them says so).
   peerWindow_.assign(nranks, nullptr);
   peerWindow_[rank] = window_;
   for (int p = 0; p < nranks; ++p) {
-    Transport* transport = comm_->transportTo[p];
-    if (p == rank || transport == nullptr || !transport->carriesDirect()) continue;
+    if (p == rank || !comm_->traitsTo[p].carriesDirect) continue;
     if (infos[p].pid == infos[rank].pid) {
       // A rank of this process: a mapping of its own, so that the window outlives that rank's EP object (which may
       // be destroyed while this rank still writes into it, as after a failure).
@@ -103,7 +102,7 @@ loomResult_t LowLatency::connect() {
   // Which writer reaches which window directly: each rank's row of the matrix, gathered.
   std::vector<char> mapped(static_cast<size_t>(nranks) * nranks);
   for (int p = 0; p < nranks; ++p) mapped[static_cast<size_t>(rank) * nranks + p] = peerWindow_[p] != nullptr;
-  LOOM_CHECK(comm_->bootstrap->allGather(mapped.data(), nranks, comm_->timeoutMs));
+  LOOM_CHECK(comm_->bootstrap->allGather(mapped.data(), nranks, comm_->settings.timeoutMs));
   piecesFrom_.assign(nranks, 0);
   closed_.assign(nranks, 0);
   images_.assign(nranks, {});
@@ -125,7 +124,7 @@ loomResult_t LowLatency::connect() {
       plan.lanes[0].steps.push_back(step);
     }
   }
-  size_t payload = fifoPayloadBytes(comm_->fifoShape, Protocol::kSimple);
+  size_t payload = fifoPayloadBytes(comm_->settings.fifoShape, Protocol::kSimple);
   pieceWords_ = payload > sizeof(Piece) ? (payload - sizeof(Piece)) / 8 : 0;
   if (!plan.lanes[0].steps.empty() && pieceWords_ == 0)
     return LOOM_FAIL(loomInvalidUsage, COLL, "loomEpCreate: FIFO slots of %zu bytes cannot carry a window piece",
@@ -225,7 +224,7 @@ template <typename Consume>
 loomResult_t LowLatency::progress(const char* what, Phase phase, uint64_t sequence, Consume consume,
                                   const std::vector<char>& awaited) {
   CommWatch watch(comm_, what);
-  Backoff backoff(comm_->spinPolls);
+  Backoff backoff(comm_->settings.spinPolls);
   // A peer that gave up before this call was made stays given up: the call fails at once.
   if (uint64_t who = gaveUpWord(window_)->load(std::memory_order_relaxed); who != 0) {
     outbound_.clear();

@@ -10,7 +10,7 @@
 // enabled when the two are on different devices. A receiver whose sender never came unlinks the file when it is
 // destroyed.
 //
-// The host never reads or writes these FIFOs after setup (Transport::deviceMemory): Endpoint::fifo() gives device
+// The host never reads or writes these FIFOs after setup (TransportTraits::deviceMemory): Endpoint::fifo() gives device
 // addresses. So the host executor never picks this transport; only the GPU executor's connections do.
 #include "transports/transport.h"
 
@@ -83,7 +83,11 @@ loomResult_t publish(const std::string& path, const IpcRecord& record) {
 class CudaIpcTransport : public Transport {
  public:
   const char* name() const override { return "cuda_ipc"; }
-  bool deviceMemory() const override { return true; }
+  TransportTraits traits() const override {
+    TransportTraits traits;
+    traits.deviceMemory = true;
+    return traits;
+  }
 
   bool canConnect(const PeerInfo& self, const PeerInfo& peer, std::string* why) const override {
     if (self.machineHash != peer.machineHash) {

@@ -417,8 +417,11 @@ class IbTransport : public Transport {
     *why = std::string(verbs->provider) + " lists no RDMA device with an active port";
     return false;
   }
-  bool movesByProxy() const override { return true; }
-  bool proxySendsFromCallerMemory() const override { return false; }
+  TransportTraits traits() const override {
+    TransportTraits traits;
+    traits.movesByProxy = true;  // from registered memory only: through the FIFO
+    return traits;
+  }
 
   loomResult_t openComm(const TransportCommContext& context, std::unique_ptr<TransportComm>* out) override {
     std::string why;

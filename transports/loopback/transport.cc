@@ -52,7 +52,11 @@ class LoopbackTransport : public Transport {
  public:
   const char* name() const override { return "loopback"; }
 
-  bool carriesDirect() const override { return true; }
+  TransportTraits traits() const override {
+    TransportTraits traits;
+    traits.carriesDirect = true;
+    return traits;
+  }
 
   bool canConnect(const PeerInfo& self, const PeerInfo& peer, std::string* why) const override {
     if (self.hostHash != peer.hostHash || self.pid != peer.pid) {

@@ -47,7 +47,11 @@ class ShmTransport : public Transport {
  public:
   const char* name() const override { return "shm"; }
 
-  bool carriesDirect() const override { return true; }
+  TransportTraits traits() const override {
+    TransportTraits traits;
+    traits.carriesDirect = true;
+    return traits;
+  }
 
   bool canConnect(const PeerInfo& self, const PeerInfo& peer, std::string* why) const override {
     if (self.hostHash != peer.hostHash) {

@@ -398,9 +398,13 @@ class TcpTransport : public Transport {
   const char* name() const override { return "tcp"; }
 
   bool canConnect(const PeerInfo&, const PeerInfo&, std::string*) const override { return true; }
-  bool movesByProxy() const override { return true; }
-  // Each message costs system calls and wakeups of both proxies and executors: larger ones move more per byte.
-  size_t networkSlotBytes() const override { return static_cast<size_t>(std::max<int64_t>(0, params::tcpSlotBytes())); }
+  TransportTraits traits() const override {
+    TransportTraits traits;
+    traits.movesByProxy = traits.proxySendsFromCallerMemory = true;
+    // Each message costs system calls and wakeups of both proxies and executors: larger ones move more per byte.
+    traits.networkSlotBytes = static_cast<size_t>(std::max<int64_t>(0, params::tcpSlotBytes()));
+    return traits;
+  }
 
   loomResult_t openComm(const TransportCommContext& context, std::unique_ptr<TransportComm>* out) override {
     auto comm = std::make_unique<TcpComm>(context);

@@ -261,7 +261,11 @@ class UcxTransport : public Transport {
     *why = ucx().why;
     return false;
   }
-  bool movesByProxy() const override { return true; }
+  TransportTraits traits() const override {
+    TransportTraits traits;
+    traits.movesByProxy = traits.proxySendsFromCallerMemory = true;
+    return traits;
+  }
 
   loomResult_t openComm(const TransportCommContext& context, std::unique_ptr<TransportComm>* out) override {
     auto comm = std::make_unique<UcxComm>(context);
