@@ -1,0 +1,47 @@
+// loom-train's command line (loom-train.cc describes the program): its flags, parsed into Options (options.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace loom::train {
+
+struct Options {
+  std::string model = "gpt-tiny";
+  int layers = 0;  // 0: the preset's
+  std::string device = "cpu";
+  std::string dtype;  // "": fp32 on the CPU, bf16 on CUDA
+  int dp = 0;         // 0: the world size over tp
+  int tp = 1;
+  bool sequenceParallel = false;
+  int pp = 1;
+  int ep = 1;
+  float capacityFactor = -1;  // below 0: the model's
+  std::string dropPolicy;     // "": the model's
+  std::string epDispatch;     // "": alltoallv
+  std::string ppSchedule = "1f1b";
+  int ppChunks = 0;  // 0: 2 for the interleaved schedule, else 1
+  std::string ppTimeline;
+  int zero = 0;
+  int steps = 100;
+  int batch = 4;  // sequences per rank per micro-batch
+  int seq = 0;    // 0: the model's maxT
+  int accumulation = 1;
+  float learningRate = 1e-3f;
+  uint64_t seed = 1;
+  std::string data = "synthetic";
+  std::string tokenizer = "byte";
+  int logEvery = 10;
+  std::string metrics, plot, save, resume;
+  int saveEvery = 0;
+  int evalEvery = 0;  // text data: the validation loss every N steps (0: never)
+  int evalBatches = 8;
+};
+
+// The usage text on stderr, after `problem` when there is one; exits with status 2, or 0 for --help.
+[[noreturn]] void usage(const char* problem);
+
+// The options of `argv`; a bad flag or value ends the program with a message naming it (usage).
+Options parse(int argc, char** argv);
+
+}  // namespace loom::train
