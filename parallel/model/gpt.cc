@@ -1,4 +1,5 @@
-// The reference GPT's layout, initialisation, forward and backward (gpt.h).
+// The reference GPT's initialisation, forward and backward (gpt.h); its presets and parameter layout are in
+// gpt_layout.cc.
 #include "parallel/model/gpt.h"
 
 #include <algorithm>
@@ -41,176 +42,7 @@ class NormalSource {
   bool hasSpare_ = false;
 };
 
-size_t product(const std::vector<int64_t>& shape) {
-  size_t count = 1;
-  for (int64_t extent : shape) count *= static_cast<size_t>(extent);
-  return count;
-}
-
 }  // namespace
-
-bool GptConfig::preset(const std::string& name, GptConfig* out) {
-  if (name == "gpt-tiny") {
-    *out = GptConfig{2, 4, 128, 64, 256};
-    return true;
-  }
-  if (name == "gpt2-124m") {
-    *out = GptConfig{12, 12, 768, 1024, 50257};
-    return true;
-  }
-  if (name == "moe-tiny") {
-    *out = GptConfig{2, 4, 128, 64, 256};
-    out->experts = 4;
-    out->topk = 2;
-    out->ffn = 256;
-    out->capacityFactor = 1.25f;
-    return true;
-  }
-  return false;
-}
-
-std::string GptConfig::check() const {
-  if (layers < 1 || heads < 1 || channels < 1 || maxT < 1 || vocab < 1)
-    return "layers, heads, channels, maxT and vocab must be at least 1 (got " + std::to_string(layers) + ", " +
-           std::to_string(heads) + ", " + std::to_string(channels) + ", " + std::to_string(maxT) + ", " +
-           std::to_string(vocab) + ")";
-  if (channels % heads != 0)
-    return "channels " + std::to_string(channels) + " is not divisible by heads " + std::to_string(heads);
-  if (experts < 0 || (experts > 0 && (topk < 1 || topk > experts)))
-    return "top-" + std::to_string(topk) + " routing over " + std::to_string(experts) + " experts";
-  if (capacityFactor < 0 || ffn < 0) return "a negative capacity factor or MLP width";
-  return "";
-}
-
-size_t ParamRange::numel() const { return product(shape); }
-
-std::string PipelineStage::check(int layers) const {
-  if (stages < 1 || chunks < 1 || stage < 0 || stage >= stages)
-    return "stage " + std::to_string(stage) + " of " + std::to_string(stages) + " with " + std::to_string(chunks) +
-           " chunks is no pipeline stage";
-  if (layers % virtualStages() != 0)
-    return std::to_string(layers) + " layers do not split into " + std::to_string(stages) + " x " +
-           std::to_string(chunks) + " virtual stages";
-  return "";
-}
-
-GptLayout GptLayout::of(const GptConfig& config, int tensorParallel, const PipelineStage& stage, int expertParallel,
-                        int expertRank) {
-  GptLayout layout;
-  const int64_t C = config.channels, t = tensorParallel;
-  using enum TensorSplit;
-  auto add = [&](std::string name, std::vector<int64_t> shape, TensorSplit split = kReplicated, int parts = 1) {
-    if (split == kRows) shape[0] /= t;
-    if (split == kColumns) shape[1] /= t;
-    layout.params.push_back(ParamRange{std::move(name), layout.total, std::move(shape), split, parts});
-    layout.total += layout.params.back().numel();
-  };
-  layout.tensorParallel = tensorParallel;
-  layout.stage = stage;
-  layout.expertParallel = expertParallel;
-  layout.expertRank = expertRank;
-  auto unit = [&](bool expert) {
-    layout.unitBegin.push_back(layout.total);
-    layout.expertUnit.push_back(expert);
-  };
-  if (stage.holdsEmbeddings()) {
-    unit(false);
-    add("wte.weight", {config.vocab, C}, kRows);
-    add("wpe.weight", {config.maxT, C});
-  }
-  const int perChunk = config.layers / stage.virtualStages();
-  for (int chunk = 0; chunk < stage.chunks; ++chunk)
-    for (int l = stage.virtualStage(chunk) * perChunk; l < (stage.virtualStage(chunk) + 1) * perChunk; ++l) {
-      unit(false);
-      const std::string prefix = "h." + std::to_string(l) + ".";
-      add(prefix + "ln_1.weight", {C});
-      add(prefix + "ln_1.bias", {C});
-      add(prefix + "attn.c_attn.weight", {3 * C, C}, kRows, 3);
-      add(prefix + "attn.c_attn.bias", {3 * C}, kRows, 3);
-      add(prefix + "attn.c_proj.weight", {C, C}, kColumns);
-      add(prefix + "attn.c_proj.bias", {C});
-      add(prefix + "ln_2.weight", {C});
-      add(prefix + "ln_2.bias", {C});
-      if (config.experts == 0) {
-        add(prefix + "mlp.c_fc.weight", {4 * C, C}, kRows);
-        add(prefix + "mlp.c_fc.bias", {4 * C}, kRows);
-        add(prefix + "mlp.c_proj.weight", {C, 4 * C}, kColumns);
-        add(prefix + "mlp.c_proj.bias", {C});
-        continue;
-      }
-      add(prefix + "mlp.router.weight", {config.experts, C});
-      unit(true);
-      const int local = config.experts / expertParallel, F = config.hidden();
-      for (int e = expertRank * local; e < (expertRank + 1) * local; ++e) {
-        const std::string expert = prefix + "mlp.experts." + std::to_string(e) + ".";
-        add(expert + "c_fc.weight", {F, C});
-        add(expert + "c_fc.bias", {F});
-        add(expert + "c_proj.weight", {C, F});
-        add(expert + "c_proj.bias", {C});
-        for (int i = 0; i < 4; ++i) layout.params[layout.params.size() - 1 - i].expert = true;
-      }
-    }
-  if (stage.holdsHead()) {
-    unit(false);
-    add("ln_f.weight", {C});
-    add("ln_f.bias", {C});
-    if (!stage.holdsEmbeddings()) {  // the tied head's own copy of the token embedding
-      unit(false);
-      add("wte.weight", {config.vocab, C}, kRows);
-      layout.params.back().tiedCopy = true;
-    }
-  }
-  layout.unitBegin.push_back(layout.total);
-  return layout;
-}
-
-const ParamRange* GptLayout::find(const std::string& name) const {
-  const ParamRange* copy = nullptr;
-  for (const ParamRange& range : params) {
-    if (range.name != name) continue;
-    if (!range.tiedCopy) return &range;
-    copy = &range;
-  }
-  return copy;
-}
-
-// Rank `rank`'s elements of the full layout's parameter `full`, as (local offset, full offset, count) runs.
-template <typename Visit>
-void forEachRun(const ParamRange& local, const ParamRange& full, int t, int rank, Visit visit) {
-  const size_t cols = local.shape.size() == 2 ? static_cast<size_t>(local.shape[1]) : 1;
-  const size_t rows = static_cast<size_t>(local.shape[0]);
-  switch (local.split) {
-    case TensorSplit::kReplicated:
-      visit(local.offset, full.offset, local.numel());
-      return;
-    case TensorSplit::kRows: {  // `parts` blocks of rows (q, k, v), each cut over the ranks
-      const size_t localRows = rows / local.parts, fullRows = localRows * t;
-      for (int part = 0; part < local.parts; ++part)
-        visit(local.offset + part * localRows * cols, full.offset + (part * fullRows + rank * localRows) * cols,
-              localRows * cols);
-      return;
-    }
-    case TensorSplit::kColumns:  // each row's columns cut over the ranks
-      for (size_t row = 0; row < rows; ++row)
-        visit(local.offset + row * cols, full.offset + row * cols * t + rank * cols, cols);
-      return;
-  }
-}
-
-void GptLayout::shard(const GptLayout& full, const float* fullValues, int rank, float* local) const {
-  for (const ParamRange& range : params)
-    forEachRun(range, *full.find(range.name), tensorParallel, rank, [&](size_t at, size_t from, size_t count) {
-      std::copy(fullValues + from, fullValues + from + count, local + at);
-    });
-}
-
-void GptLayout::unshard(const GptLayout& full, const float* local, int rank, float* fullValues) const {
-  for (const ParamRange& range : params) {
-    if (range.tiedCopy) continue;
-    forEachRun(range, *full.find(range.name), tensorParallel, rank,
-               [&](size_t at, size_t to, size_t count) { std::copy(local + at, local + at + count, fullValues + to); });
-  }
-}
 
 namespace {
 
@@ -232,9 +64,10 @@ Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequ
          int chunks, loomComm_t expertParallel)
     : config_(config),
       ops_(ops),
-      tpComm_(tensorParallel),
-      tp_(countOf(tensorParallel)),
-      sp_(sequenceParallel && tp_ > 1),
+      tensor_(tensorParallel, sequenceParallel, ops),
+      tp_(tensor_.size()),
+      tpRank_(tensor_.rank()),
+      sp_(tensor_.sequenceParallel()),
       ppComm_(pipeline),
       layout_(GptLayout::of(config, tp_, PipelineStage{countOf(pipeline), rankOf(pipeline), chunks},
                             countOf(expertParallel), rankOf(expertParallel))) {
@@ -252,12 +85,7 @@ Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequ
     std::fprintf(stderr, "gpt: %s\n", problem.c_str());
     std::abort();
   }
-  if (tp_ > 1) {
-    tpRank_ = rankOf(tpComm_);
-    tpStream_ = ops_.createStream();
-    tpScalars_ = std::make_unique<Scalars>(tpComm_, ops_);
-    zeroPositions_ = zeros({config.maxT, config.channels});
-  }
+  if (tp_ > 1) zeroPositions_ = zeros({config.maxT, config.channels});
   if (layout_.stage.stages > 1) {
     ppStream_ = ops_.createStream();
     ppScalars_ = std::make_unique<Scalars>(ppComm_, ops_);
@@ -296,41 +124,7 @@ Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequ
 }
 
 Gpt::~Gpt() {
-  if (tpStream_ != nullptr) ops_.destroyStream(tpStream_);
   if (ppStream_ != nullptr) ops_.destroyStream(ppStream_);
-}
-
-void Gpt::tensorParallelAllReduce(void* data, size_t n, loomDataType_t type, loomRedOp_t op) {
-  if (tp_ == 1) return;
-  ops_.commAfterCompute(tpStream_);
-  LOOM_PAR_CHECK(tpComm_, loomAllReduce(data, data, n, type, op, tpComm_, tpStream_));
-  LOOM_PAR_CHECK(tpComm_, ops_.synchronize(tpStream_, tpComm_));
-}
-
-void* Gpt::gatherRows(void* local, Tensor& scratch) {
-  if (!sp_) return local;
-  ops_.commAfterCompute(tpStream_);
-  LOOM_PAR_CHECK(tpComm_, loomAllGather(local, scratch.data(), static_cast<size_t>(rowsHere_) * config_.channels,
-                                        loomTypeOf(ops_.dtype()), tpComm_, tpStream_));
-  LOOM_PAR_CHECK(tpComm_, ops_.synchronize(tpStream_, tpComm_));
-  return scratch.data();
-}
-
-void* Gpt::partialBuffer(void* out, Tensor& scratch) {
-  if (!sp_) return out;
-  scratch.zero();  // backward adds into it
-  return scratch.data();
-}
-
-void Gpt::finishRows(void* partial, void* out) {
-  const size_t here = static_cast<size_t>(rowsHere_) * config_.channels;
-  if (!sp_) {
-    tensorParallelAllReduce(out, here, loomTypeOf(ops_.dtype()), loomSum);
-    return;
-  }
-  ops_.commAfterCompute(tpStream_);
-  LOOM_PAR_CHECK(tpComm_, loomReduceScatter(partial, out, here, loomTypeOf(ops_.dtype()), loomSum, tpComm_, tpStream_));
-  LOOM_PAR_CHECK(tpComm_, ops_.synchronize(tpStream_, tpComm_));
 }
 
 void Gpt::layernormBackward(void* dinp, void* dparams, const void* dout, const void* inp, const void* weight,
@@ -345,12 +139,12 @@ void Gpt::layernormBackward(void* dinp, void* dparams, const void* dout, const v
   layernormGrads_.zero();
   ops_.layernormBackward(dinp, layernormGrads_.data(), at(layernormGrads_, C), dout, inp, weight, mean, rstd, rowsHere_,
                          C);
-  tensorParallelAllReduce(layernormGrads_.data(), 2 * C, loomTypeOf(ops_.dtype()), loomSum);
+  tensor_.allReduce(layernormGrads_.data(), 2 * C, loomTypeOf(ops_.dtype()), loomSum);
   ops_.add(dparams, layernormGrads_.data(), 2 * C);
 }
 
 double Gpt::sumOverModelParallel(double value) {
-  if (tp_ > 1) value = tpScalars_->sum(value);
+  value = tensor_.sum(value);
   if (ppScalars_) value = ppScalars_->sum(value);
   if (epScalars_) value = epScalars_->sum(value);
   return value;
@@ -499,6 +293,7 @@ Gpt::Slot& Gpt::slotAt(int index, const char* pass) {
   }
   Slot& slot = *slots_[index];
   rowsHere_ = static_cast<int>(boundaryElements(slot.B, slot.T) / config_.channels);
+  tensor_.setElementsHere(static_cast<size_t>(rowsHere_) * config_.channels);
   return slot;
 }
 
@@ -574,12 +369,12 @@ Gpt::Slot& Gpt::reserve(int index, int chunk, int B, int T) {
     slot.T = T;
   }
   if (sp_ && scratchBT_ != BT) {
-    gathered_ = zeros({BT, C});
-    partial_ = zeros({BT, C});
     layernormGrads_ = zeros({2 * C});
     scratchBT_ = static_cast<int>(BT);
   }
+  tensor_.reserve(BT, config_.channels);
   rowsHere_ = static_cast<int>(R);
+  tensor_.setElementsHere(static_cast<size_t>(rowsHere_) * config_.channels);
   return slot;
 }
 
@@ -589,11 +384,11 @@ float Gpt::crossEntropy(Slot& slot, int BT, int V) {
     ops_.crossEntropyForward(a.losses.f32(), a.probs.data(), a.logits.data(), slot.targets.i32(), BT, V);
   } else {  // the vocabulary's parts: the maximum, then the sum of exponentials and the target's logit
     ops_.crossEntropyMax(slot.crossMax.f32(), a.logits.data(), BT, V);
-    tensorParallelAllReduce(slot.crossMax.data(), BT, loomFloat32, loomMax);
+    tensor_.allReduce(slot.crossMax.data(), BT, loomFloat32, loomMax);
     ops_.crossEntropyExp(slot.crossSums.f32(), slot.crossTargets.f32(), a.probs.data(), a.logits.data(),
                          slot.crossMax.f32(), slot.targets.i32(), BT, V);
-    tensorParallelAllReduce(slot.crossSums.data(), BT, loomFloat32, loomSum);
-    tensorParallelAllReduce(slot.crossTargets.data(), BT, loomFloat32, loomSum);
+    tensor_.allReduce(slot.crossSums.data(), BT, loomFloat32, loomSum);
+    tensor_.allReduce(slot.crossTargets.data(), BT, loomFloat32, loomSum);
     ops_.crossEntropyFinish(a.losses.f32(), a.probs.data(), slot.crossSums.f32(), slot.crossTargets.f32(), BT, V);
   }
   ops_.download(slot.losses.data(), a.losses.data(), sizeof(float) * BT);  // fp32 whatever the model's dtype
@@ -642,9 +437,9 @@ float Gpt::forwardPass(int chunk, int index, const int32_t* tokens, const int32_
     // The embeddings' unit: wte [V, C] (this rank's rows), then wpe.
     void* wte = unitParams_[embeddingUnit_];
     void* wpe = at(wte, static_cast<size_t>(V) * C);
-    void* embedded = partialBuffer(a.encoded.data(), partial_);
+    void* embedded = tensor_.partialBuffer(a.encoded.data());
     ops_.embeddingForward(embedded, slot.tokens.i32(), wte, lead ? wpe : zeroPositions_.data(), B, T, C);
-    finishRows(embedded, a.encoded.data());
+    tensor_.finishRows(embedded, a.encoded.data());
   }
   for (int l = 0; l < L; ++l) {
     const int unit = blockUnit_[first + l];
@@ -663,11 +458,11 @@ float Gpt::forwardPass(int chunk, int index, const int32_t* tokens, const int32_
     void* fcProj = at(a.fcProj, l * rows);
     void* residual3 = at(a.residual3, l * rows);
     ops_.layernormForward(ln1, a.ln1Mean.f32() + l * R, a.ln1Rstd.f32() + l * R, x, w.ln1w, w.ln1b, R, C);
-    ops_.matmulForward(qkv, gatherRows(ln1, gathered_), w.qkvw, w.qkvb, BT, C, 3 * part);  // f
+    ops_.matmulForward(qkv, tensor_.gatherRows(ln1), w.qkvw, w.qkvb, BT, C, 3 * part);  // f
     ops_.attentionForward(attY, att, qkv, B, T, part, NH);
-    void* attPartial = partialBuffer(attProj, partial_);
+    void* attPartial = tensor_.partialBuffer(attProj);
     ops_.matmulForward(attPartial, attY, w.projw, lead ? w.projb : nullptr, BT, part, C);
-    finishRows(attPartial, attProj);  // g
+    tensor_.finishRows(attPartial, attProj);  // g
     ops_.residualForward(residual2, x, attProj, rows);
     ops_.layernormForward(ln2, a.ln2Mean.f32() + l * R, a.ln2Rstd.f32() + l * R, residual2, w.ln2w, w.ln2b, R, C);
     if (moe_) {
@@ -679,11 +474,11 @@ float Gpt::forwardPass(int chunk, int index, const int32_t* tokens, const int32_
       dropped_ += state.dropped;
       release(experts, false);
     } else {
-      ops_.matmulForward(fc, gatherRows(ln2, gathered_), w.fcw, w.fcb, BT, C, 4 * part);
+      ops_.matmulForward(fc, tensor_.gatherRows(ln2), w.fcw, w.fcb, BT, C, 4 * part);
       ops_.geluForward(fcGelu, fc, 4 * partRows);
-      void* mlpPartial = partialBuffer(fcProj, partial_);
+      void* mlpPartial = tensor_.partialBuffer(fcProj);
       ops_.matmulForward(mlpPartial, fcGelu, w.fcProjw, lead ? w.fcProjb : nullptr, BT, 4 * part, C);
-      finishRows(mlpPartial, fcProj);
+      tensor_.finishRows(mlpPartial, fcProj);
     }
     ops_.residualForward(residual3, residual2, fcProj, rows);
     release(unit, false);
@@ -696,7 +491,7 @@ float Gpt::forwardPass(int chunk, int index, const int32_t* tokens, const int32_
     ops_.layernormForward(a.lnf.data(), a.lnfMean.f32(), a.lnfRstd.f32(), last, lnfw, lnfb, R, C);
     release(lnfUnit_, false);
     if (headUnit_ != embeddingUnit_) acquire(headUnit_, false);
-    ops_.matmulForward(a.logits.data(), gatherRows(a.lnf.data(), gathered_), unitParams_[headUnit_], nullptr, BT, C, V);
+    ops_.matmulForward(a.logits.data(), tensor_.gatherRows(a.lnf.data()), unitParams_[headUnit_], nullptr, BT, C, V);
     release(headUnit_, false);
   }
   if (embed && embeddingUnit_ != headUnit_) release(embeddingUnit_, false);
@@ -707,12 +502,12 @@ void Gpt::headBackward(Slot& slot, bool input, bool weights) {
   const int C = config_.channels, V = config_.vocab / tp_, BT = slot.B * slot.T;
   Activations& a = slot.acts;
   Activations& d = slot.grads;
-  const void* lnf = gatherRows(a.lnf.data(), gathered_);
+  const void* lnf = tensor_.gatherRows(a.lnf.data());
   // The head's input: each rank's vocabulary adds its part (the dual of gathering the rows).
-  void* headPartial = input ? partialBuffer(d.lnf.data(), partial_) : nullptr;
+  void* headPartial = input ? tensor_.partialBuffer(d.lnf.data()) : nullptr;
   ops_.matmulBackward(headPartial, weights ? unitGrads_[headUnit_] : nullptr, nullptr, d.logits.data(), lnf,
                       unitParams_[headUnit_], BT, C, V);
-  if (input) finishRows(headPartial, d.lnf.data());
+  if (input) tensor_.finishRows(headPartial, d.lnf.data());
 }
 
 void Gpt::blockBackward(Slot& slot, int l, bool input, bool weights) {
@@ -740,26 +535,26 @@ void Gpt::blockBackward(Slot& slot, int l, bool input, bool weights) {
                    MoeGrads{dw.router, unitGrads_[experts]}, slot.lossScale, input, weights);
   } else {
     // g's dual: the output's gradient over all rows.
-    linear(at(d.fcGelu, 4 * pr), dw.fcProjw, dw.fcProjb, gatherRows(at(d.fcProj, r), gathered_), at(a.fcGelu, 4 * pr),
+    linear(at(d.fcGelu, 4 * pr), dw.fcProjw, dw.fcProjb, tensor_.gatherRows(at(d.fcProj, r)), at(a.fcGelu, 4 * pr),
            w.fcProjw, 4 * part, C);
     if (input) ops_.geluBackward(at(d.fc, 4 * pr), at(d.fcGelu, 4 * pr), at(a.fc, 4 * pr), 4 * partRows);
-    void* mlpInput = input ? partialBuffer(at(d.ln2, r), partial_) : nullptr;  // f's dual: the ranks' parts summed
-    linear(mlpInput, dw.fcw, dw.fcb, at(d.fc, 4 * pr), gatherRows(at(a.ln2, r), gathered_), w.fcw, C, 4 * part);
-    if (input) finishRows(mlpInput, at(d.ln2, r));
+    void* mlpInput = input ? tensor_.partialBuffer(at(d.ln2, r)) : nullptr;  // f's dual: the ranks' parts summed
+    linear(mlpInput, dw.fcw, dw.fcb, at(d.fc, 4 * pr), tensor_.gatherRows(at(a.ln2, r)), w.fcw, C, 4 * part);
+    if (input) tensor_.finishRows(mlpInput, at(d.ln2, r));
   }
   if (input) {
     layernormBackward(at(d.residual2, r), dw.ln2w, at(d.ln2, r), at(a.residual2, r), w.ln2w, a.ln2Mean.f32() + l * R,
                       a.ln2Rstd.f32() + l * R);
     ops_.residualBackward(dx, at(d.attProj, r), at(d.residual2, r), rows);
   }
-  linear(at(d.attY, pr), dw.projw, dw.projb, gatherRows(at(d.attProj, r), gathered_), at(a.attY, pr), w.projw, part, C);
+  linear(at(d.attY, pr), dw.projw, dw.projb, tensor_.gatherRows(at(d.attProj, r)), at(a.attY, pr), w.projw, part, C);
   if (input)
     ops_.attentionBackward(at(d.qkv, 3 * pr), at(d.attY, pr), at(a.qkv, 3 * pr),
                            at(a.att, static_cast<size_t>(l) * B * NH * T * T), B, T, part, NH);
-  void* attentionInput = input ? partialBuffer(at(d.ln1, r), partial_) : nullptr;
-  linear(attentionInput, dw.qkvw, dw.qkvb, at(d.qkv, 3 * pr), gatherRows(at(a.ln1, r), gathered_), w.qkvw, C, 3 * part);
+  void* attentionInput = input ? tensor_.partialBuffer(at(d.ln1, r)) : nullptr;
+  linear(attentionInput, dw.qkvw, dw.qkvb, at(d.qkv, 3 * pr), tensor_.gatherRows(at(a.ln1, r)), w.qkvw, C, 3 * part);
   if (input) {
-    finishRows(attentionInput, at(d.ln1, r));
+    tensor_.finishRows(attentionInput, at(d.ln1, r));
     layernormBackward(dx, dw.ln1w, at(d.ln1, r), x, w.ln1w, a.ln1Mean.f32() + l * R, a.ln1Rstd.f32() + l * R);
   }
 }
@@ -768,7 +563,7 @@ void Gpt::embeddingBackward(Slot& slot) {
   const int C = config_.channels, V = config_.vocab / tp_;
   void* dwte = unitGrads_[embeddingUnit_];
   void* dwpe = at(dwte, static_cast<size_t>(V) * C);
-  ops_.embeddingBackward(dwte, dwpe, gatherRows(slot.grads.encoded.data(), gathered_), slot.tokens.i32(), slot.B,
+  ops_.embeddingBackward(dwte, dwpe, tensor_.gatherRows(slot.grads.encoded.data()), slot.tokens.i32(), slot.B,
                          slot.T, C, V);
 }
 

@@ -53,6 +53,7 @@
 #include "parallel/kernels/ops.h"
 #include "parallel/model/moe.h"
 #include "parallel/scalars.h"
+#include "parallel/strategies/tensor_parallel.h"
 #include "parallel/tensor.h"
 
 namespace loom::parallel {
@@ -265,16 +266,6 @@ class Gpt {
   void* at(Tensor& tensor, size_t elements) { return elementAt(ops_, tensor.data(), elements); }
   void* at(void* unit, size_t elements) const { return elementAt(ops_, unit, elements); }
   Tensor zeros(std::vector<int64_t> shape) { return Tensor::zeros(std::move(shape), ops_.dtype(), &ops_); }
-  // The sum (or maximum) over the tensor-parallel ranks of n elements at `data`, in place; nothing without them.
-  void tensorParallelAllReduce(void* data, size_t n, loomDataType_t type, loomRedOp_t op);
-  // The rows around a tensor-parallel region, C values each. gatherRows: the input of a column-parallel layer, all
-  // B x T rows (`local` itself without sequence parallelism, else this rank's rows gathered into `scratch`).
-  // finishRows: a row-parallel layer's partial output over all rows, summed over the ranks into `out` (in place
-  // without sequence parallelism, else reduce-scattered to this rank's rows). partialBuffer: where that partial
-  // output goes: `out` itself, or `scratch`.
-  void* gatherRows(void* local, Tensor& scratch);
-  void* partialBuffer(void* out, Tensor& scratch);
-  void finishRows(void* partial, void* out);
   // A layernorm's backward over this rank's rows, adding to `dparams` (its weight's gradient, then its bias's); with
   // sequence parallelism the parameters' share of these rows is summed over the ranks first.
   void layernormBackward(void* dinp, void* dparams, const void* dout, const void* inp, const void* weight,
@@ -303,12 +294,12 @@ class Gpt {
 
   GptConfig config_;
   Ops& ops_;
-  loomComm_t tpComm_ = nullptr;
+  // The tensor-parallel ranks' communication around the cut layers (f and g), and its size, rank and whether
+  // sequence parallelism splits the rows outside the cut layers too.
+  TensorParallel tensor_;
   int tp_ = 1, tpRank_ = 0;
   bool sp_ = false;
   int rowsHere_ = 0;  // positions this rank holds outside the tensor-parallel regions
-  loomStream_t tpStream_ = nullptr;
-  std::unique_ptr<Scalars> tpScalars_;  // sums of host values over the tensor-parallel ranks
   loomComm_t ppComm_ = nullptr;
   loomStream_t ppStream_ = nullptr;
   std::unique_ptr<Scalars> ppScalars_;  // and over the pipeline's stages
@@ -330,7 +321,6 @@ class Gpt {
   bool hooksOn_ = true;  // the hooks are for a model that is not pipelined, in unsplit passes
   std::vector<std::unique_ptr<Slot>> slots_;
   Tensor zeroPositions_;       // tensor-parallel ranks other than 0 add no position embedding before the all-reduce
-  Tensor gathered_, partial_;  // sequence parallelism: all B x T rows of C, gathered and before reduce-scatter
   Tensor layernormGrads_;      // sequence parallelism: one layernorm's weight and bias gradients, 2C
   Tensor tiedIncoming_;        // the other stage's token-embedding gradients, while they are summed
   int scratchBT_ = 0;

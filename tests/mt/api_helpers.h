@@ -1,6 +1,6 @@
-// Helpers shared by the mt suite's API tests (api_test.cc, api_args_test.cc): the ApiTest fixture that runs a
-// test once per transport, the sentinel and deadline the tests use, and expectCommUsable, which shows that a
-// communicator still works after a rejected or failed call. No tests here.
+// Helpers shared by the mt suite's API tests (api_test.cc, api_comms_test.cc, api_args_test.cc): the ApiTest
+// fixture that runs a test once per transport, the sentinel and deadline the tests use, and expectCommUsable,
+// which shows that a communicator still works after a rejected or failed call. No tests here.
 #pragma once
 
 #include <gtest/gtest.h>

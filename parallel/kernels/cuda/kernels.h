@@ -19,9 +19,9 @@
 
 namespace loom::parallel::cuda {
 
-// Every template below is instantiated for E = float and E = Bf16 (in kernels.cu), the element type of activations,
-// parameters and gradients. Layernorm's statistics (mean and rstd [N]) and the per-position losses and their
-// gradients [N] are fp32 in both.
+// Every template below is instantiated for E = float and E = Bf16 (in kernels.cu and loss_optimizer.cu), the
+// element type of activations, parameters and gradients. Layernorm's statistics (mean and rstd [N]) and the
+// per-position losses and their gradients [N] are fp32 in both.
 
 template <typename E>
 void embeddingForward(E* out, const int32_t* tokens, const E* wte, const E* wpe, int B, int T, int C, void* stream);
