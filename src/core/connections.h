@@ -8,7 +8,8 @@
 // endpoint. There are two owners:
 //  - Connections, for host calls: the executor's FifoSender and FifoReceiver wrap each endpoint, and it is the
 //    executor's Links (lookup by (peer, channel), failure notes, direct messages, network progress);
-//  - the GPU executor (cuda_device.cc), whose kernels get each endpoint as a PortableEnd in device memory.
+//  - the device path of CUDA communicators (cuda_device.cc), which hands each endpoint to the GPU executor
+//    (src/exec/cuda/device_executor.h), whose kernels get it as a PortableEnd in device memory.
 #pragma once
 
 #include <algorithm>

@@ -1,4 +1,6 @@
-// The GPU executor of CUDA communicators (LOOM_CUDA_PATH=device): a call runs as kernels on the caller's stream,
+// The device path of CUDA communicators (LOOM_CUDA_PATH=device): the communicator's side of the GPU executor
+// (src/exec/cuda/device_executor.h: plans, connections and calls in; kernels out). A call runs as kernels on the
+// caller's stream,
 // over connections whose FIFOs and mailboxes lie in device memory that peers map (transports/cuda_ipc), with no
 // host thread in the way. Small and medium AllReduce push into peers' mailboxes (one-shot, two-shot:
 // src/exec/peer_allreduce.h); every other call, and larger AllReduce, runs the tuner's plan with one CTA per

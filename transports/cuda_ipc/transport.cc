@@ -1,6 +1,6 @@
-// cuda_ipc: connections whose FIFOs lie in CUDA device memory, for the GPU executor (src/core/cuda_device.h) of
-// CUDA communicators whose ranks share a machine: NVLink between GPUs, or one GPU's memory between ranks that
-// share it.
+// cuda_ipc: connections whose FIFOs lie in CUDA device memory, for the GPU executor
+// (src/exec/cuda/device_executor.h) of CUDA communicators whose ranks share a machine: NVLink between GPUs, or
+// one GPU's memory between ranks that share it.
 //
 // The receiver allocates the FIFO on its current device with cudaMalloc, zeroes it, copies the header over, and
 // publishes it in a small file in LOOM_SHM_DIR named by the connection key: its process, device, address and
