@@ -68,7 +68,7 @@ Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequ
       tp_(tensor_.size()),
       tpRank_(tensor_.rank()),
       sp_(tensor_.sequenceParallel()),
-      ppComm_(pipeline),
+      pipeline_(pipeline, ops),
       layout_(GptLayout::of(config, tp_, PipelineStage{countOf(pipeline), rankOf(pipeline), chunks},
                             countOf(expertParallel), rankOf(expertParallel))) {
   std::string problem = config.check();
@@ -86,19 +86,13 @@ Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequ
     std::abort();
   }
   if (tp_ > 1) zeroPositions_ = zeros({config.maxT, config.channels});
-  if (layout_.stage.stages > 1) {
-    ppStream_ = ops_.createStream();
-    ppScalars_ = std::make_unique<Scalars>(ppComm_, ops_);
-  }
   if (config.experts > 0) {
-    epComm_ = expertParallel;
     ep_ = countOf(expertParallel);
     epRank_ = rankOf(expertParallel);
-    if (ep_ > 1) epScalars_ = std::make_unique<Scalars>(epComm_, ops_);
     moe_ = std::make_unique<MoeLayer>(
         MoeShape{config.experts, config.topk, config.channels, config.hidden(), config.capacityFactor,
                  config.dropPolicy, config.auxLossCoefficient, config.expertDispatch},
-        ops_, ep_ > 1 ? epComm_ : nullptr);
+        ops_, ep_ > 1 ? expertParallel : nullptr);
   }
   // The units in GptLayout::of's order.
   const PipelineStage& stage = layout_.stage;
@@ -123,9 +117,7 @@ Gpt::Gpt(const GptConfig& config, Ops& ops, loomComm_t tensorParallel, bool sequ
   bindDefault();
 }
 
-Gpt::~Gpt() {
-  if (ppStream_ != nullptr) ops_.destroyStream(ppStream_);
-}
+Gpt::~Gpt() = default;
 
 void Gpt::layernormBackward(void* dinp, void* dparams, const void* dout, const void* inp, const void* weight,
                             const float* mean, const float* rstd) {
@@ -145,9 +137,8 @@ void Gpt::layernormBackward(void* dinp, void* dparams, const void* dout, const v
 
 double Gpt::sumOverModelParallel(double value) {
   value = tensor_.sum(value);
-  if (ppScalars_) value = ppScalars_->sum(value);
-  if (epScalars_) value = epScalars_->sum(value);
-  return value;
+  value = pipeline_.sum(value);
+  return moe_ ? moe_->sumOverRanks(value) : value;
 }
 
 double Gpt::gradientSquares(const void* grads, size_t begin, size_t end, size_t gradsBase) const {
@@ -563,8 +554,8 @@ void Gpt::embeddingBackward(Slot& slot) {
   const int C = config_.channels, V = config_.vocab / tp_;
   void* dwte = unitGrads_[embeddingUnit_];
   void* dwpe = at(dwte, static_cast<size_t>(V) * C);
-  ops_.embeddingBackward(dwte, dwpe, tensor_.gatherRows(slot.grads.encoded.data()), slot.tokens.i32(), slot.B,
-                         slot.T, C, V);
+  ops_.embeddingBackward(dwte, dwpe, tensor_.gatherRows(slot.grads.encoded.data()), slot.tokens.i32(), slot.B, slot.T,
+                         C, V);
 }
 
 void Gpt::backwardPass(int index, float lossScale, bool weights) {
@@ -625,17 +616,7 @@ void Gpt::synchronizeTiedGradients() {
   const PipelineStage& stage = layout_.stage;
   if (stage.stages == 1 || (!stage.holdsEmbeddings() && !stage.holdsHead())) return;
   const size_t n = static_cast<size_t>(config_.vocab / tp_) * config_.channels;
-  void* mine = unitGrads_[stage.holdsEmbeddings() ? embeddingUnit_ : headUnit_];
-  const int peer = stage.holdsEmbeddings() ? stage.stages - 1 : 0;
-  if (!tiedIncoming_.defined()) tiedIncoming_ = zeros({static_cast<int64_t>(n)});
-  const loomDataType_t type = loomTypeOf(ops_.dtype());
-  ops_.commAfterCompute(ppStream_);
-  LOOM_PAR_CHECK(ppComm_, loomGroupStart());
-  LOOM_PAR_CHECK(ppComm_, loomSend(mine, n, type, peer, ppComm_, ppStream_));
-  LOOM_PAR_CHECK(ppComm_, loomRecv(tiedIncoming_.data(), n, type, peer, ppComm_, ppStream_));
-  LOOM_PAR_CHECK(ppComm_, loomGroupEnd());
-  LOOM_PAR_CHECK(ppComm_, ops_.synchronize(ppStream_, ppComm_));
-  ops_.add(mine, tiedIncoming_.data(), n);  // a + b on one stage, b + a on the other: the same bits
+  pipeline_.sumTied(unitGrads_[stage.holdsEmbeddings() ? embeddingUnit_ : headUnit_], n);
 }
 
 }  // namespace loom::parallel

@@ -9,6 +9,11 @@
 // parameters and gradients from memory of its own (bindUnit), and is told before and after each unit's use
 // (UnitHooks). No dropout (the reference trains without it).
 //
+// The model does the maths; what each kind of parallelism exchanges lives with it: tensor and sequence
+// parallelism's in TensorParallel (strategies/tensor_parallel.h), the pipeline's tied embedding and sums over the
+// stages in StageComm (pipeline/stage_comm.h), expert parallelism's in MoeLayer (moe.h), data parallelism's and
+// ZeRO's in their strategies, through the unit hooks.
+//
 // Tensor parallelism (Megatron's): given a communicator of t ranks, each holds its part of the model
 // (GptLayout::of(config, t)): its heads of every attention (QKV column-parallel, the output projection
 // row-parallel), its quarter of each MLP (the first linear layer column-parallel, the second row-parallel), and its
@@ -52,7 +57,7 @@
 
 #include "parallel/kernels/ops.h"
 #include "parallel/model/moe.h"
-#include "parallel/scalars.h"
+#include "parallel/pipeline/stage_comm.h"
 #include "parallel/strategies/tensor_parallel.h"
 #include "parallel/tensor.h"
 
@@ -300,19 +305,15 @@ class Gpt {
   int tp_ = 1, tpRank_ = 0;
   bool sp_ = false;
   int rowsHere_ = 0;  // positions this rank holds outside the tensor-parallel regions
-  loomComm_t ppComm_ = nullptr;
-  loomStream_t ppStream_ = nullptr;
-  std::unique_ptr<Scalars> ppScalars_;  // and over the pipeline's stages
+  StageComm pipeline_;  // the pipeline's stages: the tied embedding's gradients, and sums over the stages
   GptLayout layout_;
   int layersPerChunk_ = 0;
   // Units by role: the embeddings', block l's (by global layer; -1 when another stage holds it), the final
   // layernorm's, and the one the tied head reads the token embedding from (the embeddings', or their copy).
   int embeddingUnit_ = -1, lnfUnit_ = -1, headUnit_ = -1;
   std::vector<int> blockUnit_, expertUnit_;  // expertUnit_: by global layer, its experts' unit (-1: none here)
-  loomComm_t epComm_ = nullptr;
   int ep_ = 1, epRank_ = 0;
-  std::unique_ptr<Scalars> epScalars_;
-  std::unique_ptr<MoeLayer> moe_;
+  std::unique_ptr<MoeLayer> moe_;  // and expert parallelism's communication
   float lastAuxLoss_ = 0;
   int64_t routed_ = 0, dropped_ = 0;
   Tensor params_, grads_;
@@ -322,7 +323,6 @@ class Gpt {
   std::vector<std::unique_ptr<Slot>> slots_;
   Tensor zeroPositions_;       // tensor-parallel ranks other than 0 add no position embedding before the all-reduce
   Tensor layernormGrads_;      // sequence parallelism: one layernorm's weight and bias gradients, 2C
-  Tensor tiedIncoming_;        // the other stage's token-embedding gradients, while they are summed
   int scratchBT_ = 0;
 };
 

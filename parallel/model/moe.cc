@@ -58,6 +58,7 @@ MoeLayer::MoeLayer(const MoeShape& shape, Ops& ops, loomComm_t expertParallel)
   }
   if (ep_ > 1) {
     stream_ = ops_.createStream();
+    scalars_ = std::make_unique<Scalars>(comm_, ops_);
     counts_ = Tensor::zeros({2 * static_cast<int64_t>(shape.experts)}, DType::kInt32, &ops_);
   }
 }

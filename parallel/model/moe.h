@@ -24,12 +24,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "loom/loom.h"
 #include "loom/loom_ep.h"
 #include "parallel/kernels/ops.h"
+#include "parallel/scalars.h"
 #include "parallel/tensor.h"
 
 namespace loom::parallel {
@@ -103,6 +105,8 @@ class MoeLayer {
   // load-balancing loss's gradient.
   void backward(MoeState& state, void* dx, const void* dout, const void* x, const MoeParams& params,
                 const MoeGrads& grads, float lossScale, bool input, bool weights);
+  // A host value summed over the expert-parallel ranks (itself without expert parallelism).
+  double sumOverRanks(double value) { return scalars_ ? scalars_->sum(value) : value; }
 
  private:
   void route(MoeState& state, int N);
@@ -121,6 +125,7 @@ class MoeLayer {
   loomComm_t comm_;
   int ep_ = 1, epRank_ = 0;
   loomStream_t stream_ = nullptr;
+  std::unique_ptr<Scalars> scalars_;
   Tensor counts_;  // the per-expert counts' exchange, int32 [2 ep E/ep]
   loomEp_t epObject_ = nullptr;  // MoeShape::dispatch's EP object, made for up to epTokens_ tokens per rank
   int epTokens_ = 0;
