@@ -3,23 +3,31 @@
 # machine's drift from one minute to the next falls on both alike, and prints each side's median time per size
 # and rank count with the ratio new / old (below 1: the new build is faster). Out-of-place times.
 #
-#   perf/compare_builds.sh OLD_BUILD NEW_BUILD [--rounds N] [--ranks "2 4"] [--sizes "8 1M 64M 256M"]
+#   perf/compare_builds.sh OLD_BUILD NEW_BUILD [--rounds N] [--ranks "2 4"] [--sizes "8 1M 64M 256M"] [--pin]
+#                            [--iters-factor F]
+#
+# --pin binds rank r to CPU r mod (the CPUs this script may use), with taskset: where ranks outnumber cores, or
+# other work shares them, the scheduler's placement of the ranks otherwise moves single runs by 2x and more.
+# Passing OLD_BUILD twice measures that noise floor (an A/A comparison). --iters-factor F runs F times the
+# iterations below per run, so that one preemption weighs less in each run's mean.
 #
 # Each build directory must hold tools/loomrun and perf/all_reduce_perf. Every call's data is checked (-c 1), so
 # a build that computes a wrong sum fails the comparison. Iterations: 2000 below 64 KiB, 20 below 64 MiB, 5 above.
 set -euo pipefail
 if [ $# -lt 2 ]; then
-  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 old=$1 new=$2
 shift 2
-rounds=3 ranks="2 4" sizes="8 1M 64M 256M"
+rounds=3 ranks="2 4" sizes="8 1M 64M 256M" pin=0 factor=1
 while [ $# -gt 0 ]; do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
     --sizes) sizes=$2; shift 2 ;;
+    --pin) pin=1; shift ;;
+    --iters-factor) factor=$2; shift 2 ;;
     *) echo "compare_builds: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -29,6 +37,9 @@ for build in "$old" "$new"; do
   done
 done
 case $rounds in '' | *[!0-9]* | 0) echo "compare_builds: --rounds must be a positive integer" >&2; exit 2 ;; esac
+case $factor in '' | *[!0-9]* | 0) echo "compare_builds: --iters-factor must be a positive integer" >&2; exit 2 ;; esac
+if ((pin)) && ! command -v taskset > /dev/null; then echo "compare_builds: --pin needs taskset (util-linux)" >&2; exit 2; fi
+cpus=$(nproc)
 
 bytesOf() {  # 1M -> 1048576
   local v=$1
@@ -42,19 +53,21 @@ bytesOf() {  # 1M -> 1048576
 itersFor() {
   local b
   b=$(bytesOf "$1")
-  if [ "$b" -lt 65536 ]; then echo 2000; elif [ "$b" -lt 67108864 ]; then echo 20; else echo 5; fi
+  if [ "$b" -lt 65536 ]; then echo $((2000 * factor)); elif [ "$b" -lt 67108864 ]; then echo $((20 * factor)); else echo $((5 * factor)); fi
 }
 # One run: the out-of-place time (us) of all_reduce_perf at SIZE on N ranks of BUILD.
 timeOf() {
-  local build=$1 n=$2 size=$3 out
-  out=$("$build/tools/loomrun" -n "$n" "$build/perf/all_reduce_perf" -b "$size" -e "$size" -n "$(itersFor "$size")" \
-    -w 2 -c 1 2>&1) || { echo "compare_builds: $build failed at $size on $n ranks:" >&2; echo "$out" >&2; exit 1; }
+  local build=$1 n=$2 size=$3 out program=()
+  # loomrun gives each rank its LOOM_RANK; a pinned rank binds itself before it starts the program.
+  ((pin)) && program=(bash -c 'exec taskset -c $((LOOM_RANK % $0)) "$@"' "$cpus")
+  out=$("$build/tools/loomrun" -n "$n" "${program[@]}" "$build/perf/all_reduce_perf" -b "$size" -e "$size" \
+    -n "$(itersFor "$size")" -w 2 -c 1 2>&1) || { echo "compare_builds: $build failed at $size on $n ranks:" >&2; echo "$out" >&2; exit 1; }
   echo "$out" | awk -v want="$(bytesOf "$size")" '$1 == want && $9 == 0 { print $6; found = 1 } END { exit !found }' ||
     { echo "compare_builds: no checked result for $size in:" >&2; echo "$out" >&2; exit 1; }
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-echo "# compare_builds: old $old, new $new; $rounds rounds; $(nproc) CPUs; $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "# compare_builds: old $old, new $new; $rounds rounds; $cpus CPUs$( ((pin)) && echo ', ranks pinned'); iterations x$factor; $(date -u '+%Y-%m-%d %H:%M UTC')"
 printf '%-6s %-8s %14s %14s %8s   %s\n' ranks size "old (us)" "new (us)" new/old "rounds (old/new)"
 for n in $ranks; do
   for size in $sizes; do
