@@ -11,8 +11,10 @@ namespace loom::params {
 
 using Int = int64_t;
 using Str = std::string;
+using Enum = std::string;  // the table's spelling of the word given, matched in any case
+using List = std::string;  // a comma list of such words, in the order given
 
-#define LOOM_PARAM(name, env, type, def, doc) type name();
+#define LOOM_PARAM(name, env, type, def, accepts, doc) type name();
 #include "params.def"
 #undef LOOM_PARAM
 
@@ -20,10 +22,19 @@ struct ParamInfo {
   const char* env;
   const char* type;
   const char* defaultText;
+  const char* accepts;
   const char* doc;
 };
 
 // Every row of the table, in table order.
 std::span<const ParamInfo> all();
+
+// Checks every variable of the table that is set: false, with one line per bad variable in *why (each naming the
+// variable, its value and what it accepts), when an Int is not an integer or an Enum or List word is not one the
+// table accepts. Out-of-range integers are not errors: their accessors clamp them, with one WARN.
+bool check(std::string* why);
+
+// "A, B or C" for an Enum's or List's accepted values, "2..64" style for an Int's; for messages and --help.
+std::string describeAccepted(const ParamInfo& param);
 
 }  // namespace loom::params

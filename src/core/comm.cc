@@ -139,29 +139,25 @@ size_t networkSlotBytes() {
 loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfig_t* config) {
   comm->rank = rank;
   comm->nranks = nranks;
-  comm->settings.timeoutMs = params::timeoutMs();
-  comm->settings.nChannels = static_cast<int>(clampParam(params::nChannels(), 1, kMaxChannels));
-  comm->settings.algorithm = params::algo();
   std::string why;
+  if (!params::check(&why)) return LOOM_FAIL(loomInvalidArgument, INIT, "%s", why.c_str());
+  comm->settings.timeoutMs = params::timeoutMs();
+  static_assert(kMaxChannels == 32, "LOOM_NCHANNELS accepts 1..32 in params.def");
+  comm->settings.nChannels = static_cast<int>(params::nChannels());
+  comm->settings.algorithm = params::algo();
   if (!parseAlgorithmRules(comm->settings.algorithm, &comm->settings.algorithmRules, &why))
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_ALGO=\"%s\": %s", comm->settings.algorithm.c_str(), why.c_str());
   comm->settings.torusText = params::torusDims();
   if (!comm->settings.torusText.empty() && !parseTorusDims(comm->settings.torusText, nranks, comm->settings.torusDims, &comm->settings.torusDimCount, &why))
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_TORUS_DIMS=\"%s\": %s", comm->settings.torusText.c_str(), why.c_str());
   if (netChoiceError(&why)) return LOOM_FAIL(loomInvalidArgument, INIT, "%s", why.c_str());
-  std::string proto = params::proto();
-  if (!proto.empty() && proto != "LL" && proto != "Simple")
-    return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_PROTO=\"%s\" is neither LL nor Simple", proto.c_str());
+  const std::string proto = params::proto();
   comm->settings.forcedProtocol = proto == "LL" ? static_cast<int>(Protocol::kLL) : proto == "Simple" ? 0 : -1;
-  comm->settings.llThresholdBytes = static_cast<size_t>(std::max<int64_t>(0, params::llThreshold()));
-  int64_t chunk = params::chunkBytes();
-  if (chunk != 0 && chunk < 1024)
-    return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_CHUNK_BYTES=%lld: 0 lets the tuner choose, else at least 1024",
-                     static_cast<long long>(chunk));
-  comm->settings.chunkBytes = static_cast<size_t>(chunk);
-  comm->settings.peerCheckMs = clampParam(params::peerCheckMs(), 1, 60000);
-  comm->settings.streamingBytes = static_cast<size_t>(std::max<int64_t>(0, params::streamingBytes()));
-  comm->settings.directForwardBytes = static_cast<size_t>(std::max<int64_t>(0, params::directForwardBytes()));
+  comm->settings.llThresholdBytes = static_cast<size_t>(params::llThreshold());
+  comm->settings.chunkBytes = static_cast<size_t>(params::chunkBytes());
+  comm->settings.peerCheckMs = params::peerCheckMs();
+  comm->settings.streamingBytes = static_cast<size_t>(params::streamingBytes());
+  comm->settings.directForwardBytes = static_cast<size_t>(params::directForwardBytes());
   comm->settings.checkCalls = params::checkColl() != 0;
   if (config != nullptr) {
     if (config->timeoutMs != LOOM_CONFIG_UNDEF_INT && config->timeoutMs > 0) comm->settings.timeoutMs = config->timeoutMs;
@@ -247,9 +243,9 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   comm->bootstrapUp.store(comm->bootstrap.get());
   startStatusService(comm);
   comm->commHash = comm->bootstrap->commHash();
-  comm->settings.fifoShape = {static_cast<int>(clampParam(params::fifoDepth(), 2, kMaxFifoDepth)),
-                     simpleSlotBytes(params::simpleSlotBytes()),
-                     static_cast<size_t>(clampParam(params::llSlotBytes(), 256, 1 << 20)) / 64 * 64};
+  static_assert(kMaxFifoDepth == 64, "LOOM_FIFO_DEPTH accepts 2..64 in params.def");
+  comm->settings.fifoShape = {static_cast<int>(params::fifoDepth()), simpleSlotBytes(params::simpleSlotBytes()),
+                              static_cast<size_t>(params::llSlotBytes()) / 64 * 64};
 
   std::vector<RankSetup> setups(nranks);
   RankSetup& mine = setups[rank];

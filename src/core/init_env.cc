@@ -55,6 +55,9 @@ std::string localRootFor(const std::string& identity) {
 }
 
 loomResult_t readWorld(WorldEnv* env) {
+  // The launcher's own variables are read first: a malformed one is said as such, not as a rank of -1.
+  std::string why;
+  if (!params::check(&why)) return LOOM_FAIL(loomInvalidArgument, INIT, "loomCommInitFromEnv: %s", why.c_str());
   if (params::rank() >= 0) {
     *env = {"loomrun", static_cast<int>(params::rank()), static_cast<int>(params::nranks()), "", "loomrun"};
   } else if (params::torchRank() >= 0) {

@@ -243,9 +243,33 @@ TEST(Collectives, SmallChunksUnderEveryAlgorithm) {
   }
 }
 
-TEST(Collectives, BadChunkBytesFailInit) { expectInitRefuses("LOOM_CHUNK_BYTES", {"100", "-1", "1023"}); }
+// Settings as NCCL reads them: a malformed integer or a word a setting does not accept fails init, naming the
+// variable; words in any case and out-of-range integers (clamped) do not.
+TEST(Collectives, BadSettingsFailInit) {
+  expectInitRefuses("LOOM_CHUNK_BYTES", {"5x", "lots"});
+  expectInitRefuses("LOOM_FIFO_DEPTH", {"eight"});
+  expectInitRefuses("LOOM_PROTO", {"fast", "LL128"});
+  expectInitRefuses("LOOM_TRANSPORTS", {"carrier-pigeon", "shm,nvlink"});
+  expectInitRefuses("LOOM_DEBUG", {"garbage"});
+  expectInitRefuses("LOOM_DEBUG_SUBSYS", {"INIT,NOPE"});
+}
 
-TEST(Collectives, BadNetFailsInit) { expectInitRefuses("LOOM_NET", {"carrier-pigeon", "shm", "TCP"}); }
+TEST(Collectives, SettingsInAnyCaseAndClampedValuesInit) {
+  const std::pair<const char*, const char*> accepted[] = {
+      {"LOOM_PROTO", "simple"},  {"LOOM_TRANSPORTS", "SHM,Tcp"}, {"LOOM_DEBUG", "warn"},
+      {"LOOM_NET", "TCP"},       {"LOOM_CHUNK_BYTES", "5"},      {"LOOM_FIFO_DEPTH", "0"},
+      {"LOOM_NCHANNELS", "1000"}, {"LOOM_SIMPLE_SLOT_BYTES", "1"}};
+  for (const auto& [variable, value] : accepted) {
+    loomtest::ScopedEnv setting(variable, value);
+    loomUniqueId id;
+    ASSERT_EQ(loomGetUniqueId(&id), loomSuccess);
+    loomComm_t comm = nullptr;
+    EXPECT_EQ(loomCommInitRank(&comm, 1, id, 0), loomSuccess) << variable << "=" << value << ": " << loomGetLastError(nullptr);
+    if (comm != nullptr) loomCommDestroy(comm);
+  }
+}
+
+TEST(Collectives, BadNetFailsInit) { expectInitRefuses("LOOM_NET", {"carrier-pigeon", "shm"}); }
 
 // ib's port choice and the topology's record of it. softib shows two devices: without LOOM_IB_HCA rank r takes
 // device r mod 2; LOOM_IB_HCA keeps one ("=softib1", or all but "^softib0"); a filter that keeps none, or a GID
