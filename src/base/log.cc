@@ -29,6 +29,39 @@ struct Settings {
 std::atomic<bool> gLoaded{false};
 std::mutex gMutex;
 Settings gSettings;
+
+// The last line printed and how often it came again since (under gMutex).
+struct Repeats {
+  std::string last;
+  int prefixBytes = 0;     // host:pid:rank [loom] LEVEL SUBSYS
+  unsigned long long count = 0;  // repeats since it was printed
+  unsigned long long said = 0;   // the count last reported
+};
+Repeats gRepeats;
+
+bool isPowerOfTen(unsigned long long n) {
+  while (n >= 10 && n % 10 == 0) n /= 10;
+  return n == 1;
+}
+
+// Says how often the last line repeated since it, or since the last report, if it did.
+void flushRepeatsLocked() {
+  if (gRepeats.count > gRepeats.said)
+    std::fprintf(gSettings.out, "%.*slast message repeated %llu times in all\n", gRepeats.prefixBytes,
+                 gRepeats.last.c_str(), static_cast<unsigned long long>(gRepeats.count));
+  gRepeats = Repeats{};
+}
+
+// At exit, the count of a line that was still repeating.
+struct FlushRepeatsAtExit {
+  ~FlushRepeatsAtExit() {
+    std::lock_guard<std::mutex> lock(gMutex);
+    if (gRepeats.count > gRepeats.said) {
+      flushRepeatsLocked();
+      std::fflush(gSettings.out);
+    }
+  }
+} gFlushAtExit;
 thread_local int tRank = -1;
 
 LogLevel parseLevel(const std::string& text) {
@@ -119,6 +152,21 @@ void logMessageV(LogLevel level, Subsys subsys, const char* fmt, va_list args) {
   line[len + 1] = '\0';
   settings();  // loaded
   std::lock_guard<std::mutex> lock(gMutex);
+  // A line the same as the one before it (but for nothing) is counted, not printed: a failure that every poll or
+  // every queued call meets again says so once, with how often it repeated.
+  if (gRepeats.last == line) {
+    ++gRepeats.count;
+    if (isPowerOfTen(gRepeats.count)) {
+      std::fprintf(gSettings.out, "%.*slast message repeated %llu times so far\n", used, line,
+                   static_cast<unsigned long long>(gRepeats.count));
+      std::fflush(gSettings.out);
+      gRepeats.said = gRepeats.count;
+    }
+    return;
+  }
+  flushRepeatsLocked();
+  gRepeats.last = line;
+  gRepeats.prefixBytes = used;
   std::fputs(line, gSettings.out);
   std::fflush(gSettings.out);
 }
