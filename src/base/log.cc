@@ -3,9 +3,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <string>
 
@@ -30,36 +32,44 @@ std::atomic<bool> gLoaded{false};
 std::mutex gMutex;
 Settings gSettings;
 
-// The last line printed and how often it came again since (under gMutex).
-struct Repeats {
-  std::string last;
-  int prefixBytes = 0;     // host:pid:rank [loom] LEVEL SUBSYS
+// The last few distinct lines printed, and how often each came again since (under gMutex). A failure met by every
+// queued call says two or three lines per call, alternating: a window, not just the last line, catches them.
+struct Recent {
+  std::string line;
+  int prefixBytes = 0;           // host:pid:rank [loom] LEVEL SUBSYS
   unsigned long long count = 0;  // repeats since it was printed
   unsigned long long said = 0;   // the count last reported
 };
-Repeats gRepeats;
+constexpr size_t kRecentLines = 4;
+std::deque<Recent> gRecent;
 
+// 10, 100, 1000, ...: when a count is said while a line repeats.
 bool isPowerOfTen(unsigned long long n) {
-  while (n >= 10 && n % 10 == 0) n /= 10;
+  if (n < 10) return false;
+  while (n % 10 == 0) n /= 10;
   return n == 1;
 }
 
-// Says how often the last line repeated since it, or since the last report, if it did.
-void flushRepeatsLocked() {
-  if (gRepeats.count > gRepeats.said)
-    std::fprintf(gSettings.out, "%.*slast message repeated %llu times in all\n", gRepeats.prefixBytes,
-                 gRepeats.last.c_str(), static_cast<unsigned long long>(gRepeats.count));
-  gRepeats = Repeats{};
+// "<prefix>repeated N times <when>: <the line's start>".
+void sayRepeats(const Recent& recent, const char* when) {
+  constexpr int kExcerpt = 160;
+  const int body = static_cast<int>(recent.line.size()) - recent.prefixBytes - 1;  // without the newline
+  std::fprintf(gSettings.out, "%.*srepeated %llu times %s: %.*s%s\n", recent.prefixBytes, recent.line.c_str(),
+               static_cast<unsigned long long>(recent.count), when, std::min(body, kExcerpt),
+               recent.line.c_str() + recent.prefixBytes, body > kExcerpt ? "..." : "");
 }
 
-// At exit, the count of a line that was still repeating.
+void flushRecentLocked(Recent& recent) {
+  if (recent.count > recent.said) sayRepeats(recent, "in all");
+  recent.said = recent.count;
+}
+
+// At exit, the counts of lines still repeating.
 struct FlushRepeatsAtExit {
   ~FlushRepeatsAtExit() {
     std::lock_guard<std::mutex> lock(gMutex);
-    if (gRepeats.count > gRepeats.said) {
-      flushRepeatsLocked();
-      std::fflush(gSettings.out);
-    }
+    for (Recent& recent : gRecent) flushRecentLocked(recent);
+    std::fflush(gSettings.out);
   }
 } gFlushAtExit;
 thread_local int tRank = -1;
@@ -152,21 +162,22 @@ void logMessageV(LogLevel level, Subsys subsys, const char* fmt, va_list args) {
   line[len + 1] = '\0';
   settings();  // loaded
   std::lock_guard<std::mutex> lock(gMutex);
-  // A line the same as the one before it (but for nothing) is counted, not printed: a failure that every poll or
-  // every queued call meets again says so once, with how often it repeated.
-  if (gRepeats.last == line) {
-    ++gRepeats.count;
-    if (isPowerOfTen(gRepeats.count)) {
-      std::fprintf(gSettings.out, "%.*slast message repeated %llu times so far\n", used, line,
-                   static_cast<unsigned long long>(gRepeats.count));
+  // A line the same as one of the last few is counted, not printed: a failure that every poll or every queued call
+  // meets again is said once, with how often it repeated (at each power of ten, and when it leaves the window).
+  for (Recent& recent : gRecent) {
+    if (recent.line != line) continue;
+    if (isPowerOfTen(++recent.count)) {
+      sayRepeats(recent, "so far");
       std::fflush(gSettings.out);
-      gRepeats.said = gRepeats.count;
+      recent.said = recent.count;
     }
     return;
   }
-  flushRepeatsLocked();
-  gRepeats.last = line;
-  gRepeats.prefixBytes = used;
+  if (gRecent.size() == kRecentLines) {
+    flushRecentLocked(gRecent.back());
+    gRecent.pop_back();
+  }
+  gRecent.push_front(Recent{line, used, 0, 0});
   std::fputs(line, gSettings.out);
   std::fflush(gSettings.out);
 }
