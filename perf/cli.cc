@@ -1,7 +1,12 @@
-// Command-line values and table cells shared by the perf and peer programs (see cli.h).
+// Command-line values, output paths and table cells shared by loom's programs (see cli.h).
 #include "perf/cli.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -43,10 +48,83 @@ size_t parseSizeArg(const char* text, const char* name) {
   return static_cast<size_t>(bytes);
 }
 
+bool sameCollectiveName(const char* a, const char* b) {
+  auto fold = [](const char* text) {
+    std::string folded;
+    for (; *text != '\0'; ++text)
+      if (*text != '_' && *text != '-') folded += static_cast<char>(tolower(static_cast<unsigned char>(*text)));
+    return folded;
+  };
+  return fold(a) == fold(b);
+}
+
 std::optional<int> findName(const char* text, const char* const* names, int count) {
   for (int i = 0; i < count; i++)
     if (strcmp(text, names[i]) == 0) return i;
   return std::nullopt;
+}
+
+int launcherRank() {
+  for (const char* name : {"LOOM_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "RANK"}) {
+    const char* text = getenv(name);
+    if (text != nullptr && *text != '\0') return atoi(text);
+  }
+  return 0;
+}
+
+bool underLauncher() {
+  for (const char* name : {"LOOM_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    if (getenv(name)) return true;
+  }
+  return getenv("RANK") && getenv("WORLD_SIZE");
+}
+
+bool checkOutputPath(const std::string& path, std::string* why) {
+  if (path.empty()) {
+    *why = "an empty file name";
+    return false;
+  }
+  // Tried, not judged from the permission bits: root may write where the bits say no and not where a file system
+  // is read-only or a folder is not real (/proc).
+  struct stat info {};
+  if (stat(path.c_str(), &info) == 0) {
+    if (S_ISDIR(info.st_mode)) {
+      *why = path + " is a directory";
+      return false;
+    }
+    const int fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);  // neither truncated nor changed
+    if (fd < 0) {
+      *why = "cannot write " + path + ": " + strerror(errno);
+      return false;
+    }
+    close(fd);
+    return true;
+  }
+  const size_t slash = path.find_last_of('/');
+  const std::string folder = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (stat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    *why = "cannot write " + path + ": its folder " + folder + " does not exist";
+    return false;
+  }
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    *why = "cannot write " + path + ": " + strerror(errno);
+    return false;
+  }
+  close(fd);
+  unlink(path.c_str());  // the program writes it when it has something to write
+  return true;
+}
+
+void exitOnce(const char* program, const std::string& message, int status) {
+  if (launcherRank() == 0) {
+    fprintf(stderr, "%s: %s\n", program, message.c_str());
+    fflush(stderr);
+  } else {
+    // A launcher stops the job when its first rank exits: let rank 0, which says why, be that one.
+    usleep(500 * 1000);
+  }
+  exit(status);
 }
 
 std::string formatCell(double value, int width) {

@@ -286,7 +286,7 @@ class RankRunner {
   Half measure(const Row& row, loomDataType_t type, loomRedOp_t op, int root, bool inPlace);
   std::string cells(const Half& half) const;
   void reportMemory();
-  void writeJson(const char* programName, int64_t failed, double avgBusBw) const;
+  bool writeJson(const char* programName, int64_t failed, double avgBusBw) const;
   void sweep(loomDataType_t type, loomRedOp_t op, int root);
   // What a rank is doing, for the watchdog's message.
   std::string describe(const Row& row, loomDataType_t type, const char* phase) const {
@@ -625,11 +625,11 @@ void RankRunner::reportMemory() {
 }
 
 // -J: the run as one JSON object; rank 0 writes it.
-void RankRunner::writeJson(const char* programName, int64_t failed, double avgBusBw) const {
+bool RankRunner::writeJson(const char* programName, int64_t failed, double avgBusBw) const {
   std::ofstream out(o_.jsonFile);
   if (!out) {
     fprintf(stderr, "cannot write %s: %s\n", o_.jsonFile.c_str(), strerror(errno));
-    return;
+    return false;
   }
   // JSON strings: quotes and backslashes escaped, control characters as \u00XX, bytes that are not ASCII as
   // \u00XX too (a command line need not be UTF-8), so the file always parses.
@@ -676,6 +676,9 @@ void RankRunner::writeJson(const char* programName, int64_t failed, double avgBu
         << ", \"out_of_place\": " << half(r.outOfPlace) << ", \"in_place\": " << half(r.inPlace) << "}";
   }
   out << "\n  ],\n  \"out_of_bounds\": " << failed << ",\n  \"avg_busbw_gbps\": " << avgBusBw << "\n}\n";
+  out.flush();
+  if (!out) fprintf(stderr, "cannot write %s: %s\n", o_.jsonFile.c_str(), strerror(errno));
+  return static_cast<bool>(out);
 }
 
 int64_t RankRunner::run(const char* programName) {
@@ -719,7 +722,8 @@ int64_t RankRunner::run(const char* programName) {
   }
   if (o_.memoryReport) reportMemory();
   if (printer_) {
-    if (!o_.jsonFile.empty()) writeJson(programName, failed, busBwCount_ ? busBwSum_ / busBwCount_ : 0);
+    // A results file that could not be written fails the run as a wrong result would.
+    if (!o_.jsonFile.empty() && !writeJson(programName, failed, busBwCount_ ? busBwSum_ / busBwCount_ : 0)) ++failed;
     printf("#\n# Collective test concluded: %s\n#\n", programName);
   }
   release();

@@ -4,9 +4,10 @@
 //   loomrun -n 2 build/perf/ep_perf                     loom's two modes
 //   mpirun -n 2 --oversubscribe build/perf/ep_perf      the same, plus the same dispatch built from MPI
 //                                                       (MPI_Alltoall of the counts, then MPI_Alltoallv)
-// Flags: -t tokens per rank (128), -H hidden (7168), -k top-k (8), -e experts (256, or the largest multiple of the
-// rank count up to it), -c expert capacity (0: full), -w warm-up iterations (5), -n timed iterations (20),
-// -m modes (ll,normal,mpi), -C MiB each rank copies for the copy rate (256).
+// Flags (--help): --tokens per rank (128), --hidden (7168), --topk (8), --experts (256, or the largest multiple of
+// the rank count up to it), --capacity per expert (0: full), --modes (ll,normal,mpi), --copy-mib each rank copies
+// for the copy rate (256); -w warm-up and -n timed iterations (5, 20) as nccl-tests spells them. nccl-tests'
+// other letters (-t, -e, -c, -m, -C, ...) are refused by name: they mean something else there.
 //
 // Each rank routes its tokens to top-k distinct experts drawn uniformly (seeded), in bfloat16. Every iteration is
 // barrier, dispatch, barrier, identity experts, combine; a call's time is the slowest rank's. The table gives, per
@@ -17,6 +18,7 @@
 // x * sum(weights) by more than bfloat16's rounding.
 #include <loom/loom.h>
 #include <loom/loom_ep.h>
+#include <getopt.h>
 
 #include <algorithm>
 #include <chrono>
@@ -28,6 +30,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "perf/cli.h"
 
 #if LOOM_EP_PERF_MPI
 #include <mpi.h>
@@ -413,34 +417,96 @@ double copyRate(Ranks& ranks, size_t bytes) {
   return bytes / (best * 1e-6);
 }
 
+const char kUsage[] =
+    "usage: ep_perf [--tokens N] [--hidden H] [--topk K] [--experts E] [--capacity C] [--modes ll,normal,mpi]\n"
+    "               [--copy-mib M] [-n iters] [-w warmup_iters] [-h]\n"
+    "  --tokens N      tokens per rank (128)\n"
+    "  --hidden H      hidden size, bfloat16 elements per token (7168)\n"
+    "  --topk K        experts each token goes to, distinct (8); at most --experts\n"
+    "  --experts E     experts in all, a multiple of the rank count (256, or the largest multiple up to it)\n"
+    "  --capacity C    rows each expert takes (0: every token of every rank)\n"
+    "  --modes LIST    a comma list of ll, normal and mpi (mpi under mpirun only)\n"
+    "  --copy-mib M    MiB each rank copies for the copy ceiling (256)\n"
+    "  -n, --iters N   timed iterations (20); -w, --warmup_iters N: warm-up iterations (5), as nccl-tests\n";
+
+// A command line ep_perf refuses: said by rank 0 (every rank reads the same one), then exit status 2.
+[[noreturn]] void usageError(const std::string& message) {
+  perf::exitOnce("ep_perf", message + " (see --help)");
+}
+
+int intValue(const char* text, const char* flag, int min, int max) {
+  try {
+    return perf::parseIntArg(text, flag, min, max);
+  } catch (const perf::UsageError& error) {
+    usageError(error.what());
+  }
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   bool expertsGiven = false;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string flag = argv[i];
-    const char* value = argv[i + 1];
-    if (flag == "-t")
-      o.tokens = std::atoi(value);
-    else if (flag == "-H")
-      o.hidden = std::atoi(value);
-    else if (flag == "-k")
-      o.topk = std::atoi(value);
-    else if (flag == "-e")
-      o.experts = std::atoi(value), expertsGiven = true;
-    else if (flag == "-c")
-      o.capacity = std::atoi(value);
-    else if (flag == "-w")
-      o.warmup = std::atoi(value);
-    else if (flag == "-n")
-      o.iterations = std::atoi(value);
-    else if (flag == "-m")
-      o.modes = value;
-    else if (flag == "-C")
-      o.ceilingBytes = std::strtoull(value, nullptr, 10) << 20;
-    else
-      die("unknown flag", argv[i]);
+  enum { kTokens = 1000, kHidden, kTopk, kExperts, kCapacity, kModes, kCopyMib };
+  static const option longOptions[] = {{"tokens", required_argument, nullptr, kTokens},
+                                       {"hidden", required_argument, nullptr, kHidden},
+                                       {"topk", required_argument, nullptr, kTopk},
+                                       {"experts", required_argument, nullptr, kExperts},
+                                       {"capacity", required_argument, nullptr, kCapacity},
+                                       {"modes", required_argument, nullptr, kModes},
+                                       {"copy-mib", required_argument, nullptr, kCopyMib},
+                                       {"iters", required_argument, nullptr, 'n'},
+                                       {"warmup_iters", required_argument, nullptr, 'w'},
+                                       {"help", no_argument, nullptr, 'h'},
+                                       {nullptr, 0, nullptr, 0}};
+  // Letters that nccl-tests gives other meanings, which ep_perf once used for its shape: named, not guessed.
+  const std::pair<char, const char*> renamed[] = {{'t', "--tokens"}, {'H', "--hidden"},  {'k', "--topk"},
+                                                  {'e', "--experts"}, {'c', "--capacity"}, {'m', "--modes"},
+                                                  {'C', "--copy-mib"}};
+  opterr = 0;
+  for (int c; (c = getopt_long(argc, argv, ":hn:w:t:H:k:e:c:m:C:", longOptions, nullptr)) != -1;) {
+    constexpr int kBig = 1 << 30;
+    switch (c) {
+      case kTokens: o.tokens = intValue(optarg, "--tokens", 1, 1 << 24); break;
+      case kHidden: o.hidden = intValue(optarg, "--hidden", 1, 1 << 20); break;
+      case kTopk: o.topk = intValue(optarg, "--topk", 1, 1024); break;
+      case kExperts: o.experts = intValue(optarg, "--experts", 1, 1 << 20), expertsGiven = true; break;
+      case kCapacity: o.capacity = intValue(optarg, "--capacity", 0, kBig); break;
+      case kCopyMib: o.ceilingBytes = static_cast<size_t>(intValue(optarg, "--copy-mib", 1, 1 << 16)) << 20; break;
+      case 'n': o.iterations = intValue(optarg, "-n", 1, kBig); break;
+      case 'w': o.warmup = intValue(optarg, "-w", 0, kBig); break;
+      case kModes: {
+        o.modes = optarg;
+        std::string word;
+        for (size_t i = 0; i <= o.modes.size(); ++i) {
+          if (i < o.modes.size() && o.modes[i] != ',') {
+            word += o.modes[i];
+            continue;
+          }
+          if (word != "ll" && word != "normal" && word != "mpi")
+            usageError("--modes " + o.modes + ": \"" + word + "\" is none of ll, normal and mpi");
+          word.clear();
+        }
+        break;
+      }
+      case 'h':
+        if (perf::launcherRank() == 0) std::fputs(kUsage, stdout);
+        std::exit(0);
+      case ':':
+        usageError(std::string("option ") + (optopt != 0 ? std::string("-") + static_cast<char>(optopt) : argv[optind - 1]) +
+                   " needs a value");
+      case '?':
+        usageError(std::string("unknown option ") +
+                   (optopt != 0 ? std::string("-") + static_cast<char>(optopt) : std::string(argv[optind - 1])));
+      default:
+        for (const auto& [letter, name] : renamed)
+          if (c == letter)
+            usageError(std::string("-") + letter + " is nccl-tests' flag for something else; ep_perf's is " + name);
+        usageError("unknown option");
+    }
   }
-  if (argc % 2 == 0) die("flag without a value", argv[argc - 1]);
+  if (optind < argc) usageError(std::string("unexpected argument ") + argv[optind]);
+  if (expertsGiven && o.topk > o.experts)
+    usageError("--topk " + std::to_string(o.topk) + " is more than the " + std::to_string(o.experts) +
+               " experts: each token goes to distinct experts");
   if (!expertsGiven) o.experts = -o.experts;  // 256 scaled to the rank count once it is known
   return o;
 }
@@ -483,6 +549,13 @@ int main(int argc, char** argv) {
   loomCommUserRank(comm, &ranks.rank);
   loomCommCount(comm, &ranks.nranks);
   if (o.experts < 0) o.experts = std::max(ranks.nranks, -o.experts / ranks.nranks * ranks.nranks);
+  // Known only once the ranks are counted; every rank finds the same, and rank 0 says it.
+  if (o.experts % ranks.nranks != 0)
+    usageError("--experts " + std::to_string(o.experts) + " does not split over " + std::to_string(ranks.nranks) +
+               " ranks: give a multiple of the rank count");
+  if (o.topk > o.experts)
+    usageError("--topk " + std::to_string(o.topk) + " is more than the " + std::to_string(o.experts) +
+               " experts: each token goes to distinct experts");
   Inputs in = makeInputs(o, ranks.rank);
   std::vector<Run> runs;
   if (o.modes.find("ll") != std::string::npos) runs.push_back(runLoom(o, ranks, in, loomEpLowLatency));

@@ -4,6 +4,7 @@
 
 #include <getopt.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,8 +18,7 @@
 namespace perf {
 
 [[noreturn]] void usageError(const std::string& message) {
-  fprintf(stderr, "%s (see -h)\n", message.c_str());
-  exit(2);
+  exitOnce(program_invocation_short_name, message + " (see -h)");  // glibc: the program's name
 }
 
 namespace {
@@ -119,7 +119,8 @@ Options parseOptions(int argc, char** argv) {
       if (parseIntArg(optarg, "-G", 0, kBig) > 0)
         usageError("-G: CUDA graphs need a CUDA communicator; host runs take -G 0");
     } else if (c == 'J') {
-      if (*optarg == '\0') usageError("-J needs a file name");
+      std::string why;
+      if (!checkOutputPath(optarg, &why)) usageError("-J " + std::string(optarg) + ": " + why);
       o.jsonFile = optarg;
     } else if (c == 'D') {
       std::string why;
@@ -148,11 +149,4 @@ Options parseOptions(int argc, char** argv) {
   return o;
 }
 
-// A launcher started this process as one rank of many: loomCommInitFromEnv knows these variables.
-bool underLauncher() {
-  for (const char* name : {"LOOM_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
-    if (getenv(name)) return true;
-  }
-  return getenv("RANK") && getenv("WORLD_SIZE");
-}
 }  // namespace perf

@@ -30,10 +30,7 @@ struct Options {
 // the usage text.
 Options parseOptions(int argc, char** argv);
 
-// Ends the program with `message` and a pointer to -h (exit status 2).
+// Ends the program with `message` and a pointer to -h (exit status 2), said by the job's rank 0 only.
 [[noreturn]] void usageError(const std::string& message);
-
-// Whether a launcher started this process as one rank of many: loomCommInitFromEnv knows its variables.
-bool underLauncher();
 
 }  // namespace perf

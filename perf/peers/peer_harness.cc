@@ -101,7 +101,8 @@ struct PeerOptions {
 
 const char kUsage[] =
     "usage: %s [options]   (a subset of nccl-tests' flags; sizes take K, M or G)\n"
-    "  -C,--collective <all_reduce/reduce_scatter/all_gather/broadcast/alltoall>  (default all_reduce)\n"
+    "  -C,--collective <all_reduce/reduce_scatter/all_gather/broadcast/alltoall>  (default all_reduce; allreduce,\n"
+    "                  AllReduce, ... too)\n"
     "  -b,--minbytes <size>       smallest size (default 32M)\n"
     "  -e,--maxbytes <size>       largest size (default 32M)\n"
     "  -i,--stepbytes <size>      size increment (default 1M)\n"
@@ -155,8 +156,11 @@ PeerOptions parseOptions(int argc, char** argv) {
     switch (c) {
       case 'C': {
         auto found = std::find_if(std::begin(kCollectives), std::end(kCollectives),
-                                  [](const PeerCollective& p) { return strcmp(p.flagName, optarg) == 0; });
-        if (found == std::end(kCollectives)) throw UsageError(std::string("invalid collective '") + optarg + "'");
+                                  [](const PeerCollective& p) { return sameCollectiveName(p.flagName, optarg); });
+        if (found == std::end(kCollectives))
+          throw UsageError(std::string("invalid collective '") + optarg +
+                           "' (all_reduce, reduce_scatter, all_gather, broadcast or alltoall; any case, with or "
+                           "without _)");
         o.collective = found;
         break;
       }

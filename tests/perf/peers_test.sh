@@ -55,7 +55,7 @@ done
 # ep_perf under mpirun sets the two MPI dispatches beside loom's; it exits 0 only if no combine was wrong.
 if [[ " ${launchers[*]} " == *" mpi "* ]] && [ -x "$build/perf/ep_perf" ]; then
   output=$(timeout 300 mpirun -n 2 --oversubscribe --allow-run-as-root --bind-to none "$build/perf/ep_perf" \
-    -t 16 -H 200 -k 3 -e 12 -n 3 -w 1 -C 8 2>&1)
+    --tokens 16 --hidden 200 --topk 3 --experts 12 -n 3 -w 1 --copy-mib 8 2>&1)
   if [ $? -eq 0 ] && grep -q "^  MPI per expert dispatch" <<<"$output" && grep -q "^  MPI per rank" <<<"$output"; then
     echo "ok: mpirun -n 2 ep_perf"
   else

@@ -53,7 +53,7 @@ TEST(EpPerf, ExactTableUnderLoomrun) {
   ASSERT_TRUE(loomrun && perfDir) << "LOOMRUN and PERF_DIR must name the built launcher and perf/";
   for (int nranks : {1, 2, 3, 4}) {
     std::string command = std::string(loomrun) + " -n " + std::to_string(nranks) + " --timeout 300 " + perfDir +
-                          "/ep_perf -t 16 -H 200 -k 3 -e 12 -n 3 -w 1 -C 8 2>&1";
+                          "/ep_perf --tokens 16 --hidden 200 --topk 3 --experts 12 -n 3 -w 1 --copy-mib 8 2>&1";
     int status = 0;
     std::string text = output(command, &status);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << text;
