@@ -116,6 +116,10 @@ int main(int argc, char** argv) {
     }
   }
 
+  const int T = o.seq > 0 ? o.seq : config.maxT;
+  if (T > config.maxT)
+    usage(("--seq " + std::to_string(T) + " is longer than the model's " + std::to_string(config.maxT)).c_str());
+
   // Data: the synthetic source, or a text file's tokens.
   std::unique_ptr<MarkovSource> synthetic;
   std::unique_ptr<TextData> text;
@@ -141,12 +145,20 @@ int main(int argc, char** argv) {
       tokens = ByteTokenizer().encode(content);
     }
     text = std::make_unique<TextData>(std::move(tokens), o.seed);
+    // A sequence is T inputs and their T next tokens: fewer would train on padding, over and over.
+    const size_t needed = static_cast<size_t>(T) + 1;
+    if (text->trainTokens() < needed || (o.evalEvery > 0 && text->validationTokens() < needed)) {
+      if (rank == 0)
+        std::fprintf(stderr,
+                     "loom-train: --data %s: %zu tokens to train and %zu to validate (the last tenth), but a sequence "
+                     "needs %zu (--seq %d, plus its next token)%s\n",
+                     o.data.c_str(), text->trainTokens(), text->validationTokens(), needed, T,
+                     o.evalEvery > 0 ? " in each" : "; use a longer file or a shorter --seq");
+      return 2;
+    }
     dataLine = o.data + ", " + o.tokenizer + " tokens: " + std::to_string(text->trainTokens()) + " to train, " +
                std::to_string(text->validationTokens()) + " to validate";
   }
-  const int T = o.seq > 0 ? o.seq : config.maxT;
-  if (T > config.maxT)
-    usage(("--seq " + std::to_string(T) + " is longer than the model's " + std::to_string(config.maxT)).c_str());
 
   // Where the model runs: the CPU's Ops and the world communicator, or a CUDA device's and a CUDA communicator over
   // the same ranks.
@@ -240,10 +252,20 @@ int main(int argc, char** argv) {
         *values = std::move(local);
       }
     }
+    if (checkpoint.dataPosition >= static_cast<uint64_t>(o.steps)) {
+      if (rank == 0)
+        std::fprintf(stderr,
+                     "loom-train: --resume %s is at step %llu, and --steps %d leaves nothing to train: give --steps "
+                     "more than %llu\n",
+                     o.resume.c_str(), static_cast<unsigned long long>(checkpoint.dataPosition), o.steps,
+                     static_cast<unsigned long long>(checkpoint.dataPosition));
+      return 2;
+    }
     trainer->importState(checkpoint.params, checkpoint.m, checkpoint.v, static_cast<int>(checkpoint.step));
     firstStep = static_cast<int>(checkpoint.dataPosition);
   }
 
+  bool outputsFailed = false;  // a checkpoint, metrics, plot or timeline that could not be written: exit status 1
   auto save = [&](int stepsDone) {
     Checkpoint checkpoint;
     checkpoint.config = config;
@@ -271,8 +293,10 @@ int main(int argc, char** argv) {
     checkpoint.step = static_cast<uint64_t>(trainer->steps());
     checkpoint.dataPosition = static_cast<uint64_t>(stepsDone);
     std::string error;
-    if (rank == 0 && !writeCheckpoint(o.save, checkpoint, &error))
+    if (rank == 0 && !writeCheckpoint(o.save, checkpoint, &error)) {
       std::fprintf(stderr, "loom-train: --save: %s\n", error.c_str());
+      outputsFailed = true;
+    }
   };
 
   const MemoryReport memory = trainer->memory();
@@ -424,24 +448,19 @@ int main(int argc, char** argv) {
           "these costs, %.3f by the formula for %s at p=%d m=%d%s\n",
           measured, bubbles.size(), simulated, formula, plan::scheduleName(schedule), o.pp, o.accumulation,
           o.ppChunks > 1 ? (" v=" + std::to_string(o.ppChunks)).c_str() : "");
-      if (o.ppTimeline.ends_with(".png"))
-        plotTimeline(o.ppTimeline, timeline,
+      if (o.ppTimeline.ends_with(".png") &&
+          !plotTimeline(o.ppTimeline, timeline,
                      std::string(plan::scheduleName(schedule)) + ", p=" + std::to_string(o.pp) +
                          ", m=" + std::to_string(o.accumulation) + ": bubble " + fixed(timeline.bubble(), 3) +
-                         " measured in this step, " + fixed(formula, 3) + " by the formula");
-      if (o.ppTimeline.ends_with(".txt")) {
-        FILE* file = std::fopen(o.ppTimeline.c_str(), "w");
-        if (file == nullptr) {
-          std::fprintf(stderr, "loom-train: cannot write %s\n", o.ppTimeline.c_str());
-        } else {
-          std::fprintf(file, "%s", timeline.render(1, timeline.makespan / 120).c_str());
-          std::fclose(file);
-        }
-      }
+                         " measured in this step, " + fixed(formula, 3) + " by the formula"))
+        outputsFailed = true;
+      if (o.ppTimeline.ends_with(".txt") && !writeText(o.ppTimeline, timeline.render(1, timeline.makespan / 120)))
+        outputsFailed = true;
     }
-    if (!o.metrics.empty()) writeMetrics(o.metrics, metrics);
-    if (!o.plot.empty()) plotLoss(o.plot, metrics, synthetic ? synthetic->entropyRate() : 0.0);
+    if (!o.metrics.empty() && !writeMetrics(o.metrics, metrics)) outputsFailed = true;
+    if (!o.plot.empty() && !plotLoss(o.plot, metrics, synthetic ? synthetic->entropyRate() : 0.0))
+      outputsFailed = true;
   }
   loomStreamDestroy(evalStream);
-  return 0;  // the trainer, the model, the groups' communicators, then the world's, in that order
+  return outputsFailed ? 1 : 0;  // the trainer, the model, the groups' communicators, then the world's, in that order
 }

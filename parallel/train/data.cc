@@ -1,6 +1,8 @@
 // Tokenizers and data sources (data.h).
 #include "parallel/train/data.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -132,6 +134,15 @@ Batch TextData::batch(uint64_t index, int rank, int nranks, int B, int T, bool v
 }
 
 bool readFile(const std::string& path, std::string* content, std::string* error) {
+  struct stat info {};
+  if (stat(path.c_str(), &info) != 0) {
+    *error = "cannot open " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  if (!S_ISREG(info.st_mode)) {
+    *error = path + " is " + (S_ISDIR(info.st_mode) ? "a directory" : "not a regular file");
+    return false;
+  }
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     *error = "cannot open " + path + ": " + std::strerror(errno);
@@ -139,7 +150,15 @@ bool readFile(const std::string& path, std::string* content, std::string* error)
   }
   std::ostringstream buffer;
   buffer << file.rdbuf();
+  if (file.bad()) {
+    *error = "cannot read " + path + ": " + std::strerror(errno);
+    return false;
+  }
   *content = buffer.str();
+  if (content->empty()) {
+    *error = path + " is empty";
+    return false;
+  }
   return true;
 }
 

@@ -71,7 +71,7 @@ class TextData {
   uint64_t seed_;
 };
 
-// The whole content of a file; false with *error when it cannot be read.
+// The whole content of a regular file; false with *error when it cannot be read, is not a file or is empty.
 bool readFile(const std::string& path, std::string* content, std::string* error);
 
 }  // namespace loom::parallel

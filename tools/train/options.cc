@@ -8,13 +8,14 @@
 #include <string>
 
 #include "parallel/plan/accounting.h"
+#include "perf/cli.h"
 
 namespace loom::train {
 
 using namespace loom::parallel;
 
 [[noreturn]] void usage(const char* problem) {
-  if (problem != nullptr) std::fprintf(stderr, "loom-train: %s\n", problem);
+  if (problem != nullptr) perf::exitOnce("loom-train", std::string(problem) + " (see --help)");
   std::fprintf(
       stderr,
       "usage: loom-train [--model gpt-tiny|gpt2-124m|moe-tiny] [--layers L] [--device cpu|cuda]\n"
@@ -25,9 +26,9 @@ using namespace loom::parallel;
       "                  [--pp-timeline FILE.png|FILE.txt] [--steps N] [--batch B]\n"
       "                  [--seq T] [--accumulation K] [--lr X] [--seed S] [--data synthetic|FILE]\n"
       "                  [--tokenizer byte|char] [--log-every N] [--metrics FILE.csv|FILE.json]\n"
-      "                  [--plot FILE.png] [--save FILE] [--save-every N] [--resume FILE]\n"
+      "                  [--plot FILE.png|FILE.svg] [--save FILE] [--save-every N] [--resume FILE]\n"
       "                  [--eval-every N] [--eval-batches K]\n");
-  std::exit(problem != nullptr ? 2 : 0);
+  std::exit(0);
 }
 
 namespace {
@@ -216,6 +217,16 @@ Options parse(int argc, char** argv) {
   if (o.pp > 1 && o.evalEvery > 0) usage("--eval-every runs the whole model on each rank: not with --pp");
   if (!o.ppTimeline.empty() && (o.pp == 1 || (!o.ppTimeline.ends_with(".png") && !o.ppTimeline.ends_with(".txt"))))
     usage("--pp-timeline: a file name ending in .png or .txt, with --pp 2 or more");
+  if (!o.plot.empty() && !o.plot.ends_with(".png") && !o.plot.ends_with(".svg"))
+    usage("--plot: a file name ending in .png or .svg");
+  // Every output is checked before the run, not found unwritable at its end.
+  const std::pair<const char*, const std::string*> outputs[] = {
+      {"--metrics", &o.metrics}, {"--plot", &o.plot}, {"--save", &o.save}, {"--pp-timeline", &o.ppTimeline}};
+  for (const auto& [flag, path] : outputs) {
+    std::string why;
+    if (!path->empty() && !perf::checkOutputPath(*path, &why)) usage((std::string(flag) + " " + why).c_str());
+  }
+  if (o.saveEvery > 0 && o.save.empty()) usage("--save-every: with --save FILE");
   return o;
 }
 

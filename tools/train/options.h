@@ -38,7 +38,7 @@ struct Options {
   int evalBatches = 8;
 };
 
-// The usage text on stderr, after `problem` when there is one; exits with status 2, or 0 for --help.
+// `problem` on stderr (from the job's rank 0 only) and exit status 2; without one the usage text and status 0.
 [[noreturn]] void usage(const char* problem);
 
 // The options of `argv`; a bad flag or value ends the program with a message naming it (usage).

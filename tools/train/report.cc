@@ -40,12 +40,36 @@ std::string duration(double seconds) {
   return text;
 }
 
-void writeMetrics(const std::string& path, const std::vector<Metric>& metrics) {
-  FILE* file = std::fopen(path.c_str(), "w");
-  if (file == nullptr) {
+namespace {
+
+// Closes `file`, false (said on stderr) when anything written to it was lost.
+bool closeWritten(FILE* file, const std::string& path) {
+  const bool good = std::ferror(file) == 0;
+  if (std::fclose(file) != 0 || !good) {
     std::fprintf(stderr, "loom-train: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
-    return;
+    return false;
   }
+  return true;
+}
+
+FILE* openForWriting(const std::string& path) {
+  FILE* file = std::fopen(path.c_str(), "w");
+  if (file == nullptr) std::fprintf(stderr, "loom-train: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+  return file;
+}
+
+}  // namespace
+
+bool writeText(const std::string& path, const std::string& text) {
+  FILE* file = openForWriting(path);
+  if (file == nullptr) return false;
+  std::fputs(text.c_str(), file);
+  return closeWritten(file, path);
+}
+
+bool writeMetrics(const std::string& path, const std::vector<Metric>& metrics) {
+  FILE* file = openForWriting(path);
+  if (file == nullptr) return false;
   const bool json = path.ends_with(".json");
   if (json)
     std::fprintf(file, "[\n");
@@ -65,18 +89,19 @@ void writeMetrics(const std::string& path, const std::vector<Metric>& metrics) {
       std::fprintf(file, "%d,%.9g,%.3f,%.1f,%s\n", m.step, m.loss, m.milliseconds, m.tokensPerSecond, validation);
   }
   if (json) std::fprintf(file, "]\n");
-  std::fclose(file);
+  return closeWritten(file, path);
 }
 
-void plotLoss(const std::string& path, const std::vector<Metric>& metrics, double floor) {
+bool plotLoss(const std::string& path, const std::vector<Metric>& metrics, double floor) {
   const std::string data = path + ".dat", validation = path + ".val.dat";
   FILE* file = std::fopen(data.c_str(), "w");
   FILE* validationFile = std::fopen(validation.c_str(), "w");
   if (file == nullptr || validationFile == nullptr) {
     if (file != nullptr) std::fclose(file);
     if (validationFile != nullptr) std::fclose(validationFile);
+    std::remove(data.c_str());
     std::fprintf(stderr, "loom-train: cannot write the plot's data beside %s\n", path.c_str());
-    return;
+    return false;
   }
   bool anyValidation = false;
   for (const Metric& m : metrics) {
@@ -88,19 +113,21 @@ void plotLoss(const std::string& path, const std::vector<Metric>& metrics, doubl
   }
   std::fclose(file);
   std::fclose(validationFile);
-  std::string script = "set terminal pngcairo size 800,500; set output '" + path +
+  const char* terminal = path.ends_with(".svg") ? "svg" : "pngcairo";
+  std::string script = "set terminal " + std::string(terminal) + " size 800,500; set output '" + path +
                        "'; set xlabel 'step'; set ylabel 'loss (nats)'; set grid; plot '" + data +
                        "' with lines title 'training loss'";
   if (anyValidation) script += ", '" + validation + "' with linespoints title 'validation loss'";
   if (floor > 0) script += ", " + std::to_string(floor) + " with lines dashtype 2 title 'entropy rate'";
   const std::string command = "gnuplot -e \"" + script + "\" 2>&1";
-  if (std::system(command.c_str()) != 0)
-    std::fprintf(stderr, "loom-train: gnuplot could not draw %s (is gnuplot installed?)\n", path.c_str());
+  const bool drawn = std::system(command.c_str()) == 0;
+  if (!drawn) std::fprintf(stderr, "loom-train: gnuplot could not draw %s (is gnuplot installed?)\n", path.c_str());
   std::remove(data.c_str());
   std::remove(validation.c_str());
+  return drawn;
 }
 
-void plotTimeline(const std::string& path, const pipeline::Timeline& timeline, const std::string& title) {
+bool plotTimeline(const std::string& path, const pipeline::Timeline& timeline, const std::string& title) {
   int stages = 0;
   for (const pipeline::Span& span : timeline.spans) stages = std::max(stages, span.stage + 1);
   std::string script = "set terminal pngcairo size 1200," + std::to_string(160 + 60 * stages) + "; set output '" +
@@ -122,16 +149,11 @@ void plotTimeline(const std::string& path, const pipeline::Timeline& timeline, c
       "'W' lc rgb "
       "'#e08a2c' lw 8";
   const std::string scriptPath = path + ".gp";
-  FILE* file = std::fopen(scriptPath.c_str(), "w");
-  if (file == nullptr) {
-    std::fprintf(stderr, "loom-train: cannot write %s\n", scriptPath.c_str());
-    return;
-  }
-  std::fprintf(file, "%s\n", script.c_str());
-  std::fclose(file);
-  if (std::system(("gnuplot '" + scriptPath + "' 2>&1").c_str()) != 0)
-    std::fprintf(stderr, "loom-train: gnuplot could not draw %s (is gnuplot installed?)\n", path.c_str());
+  if (!writeText(scriptPath, script + "\n")) return false;
+  const bool drawn = std::system(("gnuplot '" + scriptPath + "' 2>&1").c_str()) == 0;
+  if (!drawn) std::fprintf(stderr, "loom-train: gnuplot could not draw %s (is gnuplot installed?)\n", path.c_str());
   std::remove(scriptPath.c_str());
+  return drawn;
 }
 
 }  // namespace loom::train

@@ -22,12 +22,16 @@ struct Metric {
   float validationLoss;  // NaN: not evaluated at this step
 };
 
-void writeMetrics(const std::string& path, const std::vector<Metric>& metrics);
+// Each writer returns false, having said why on stderr, when its file could not be written.
+bool writeMetrics(const std::string& path, const std::vector<Metric>& metrics);
 
-void plotLoss(const std::string& path, const std::vector<Metric>& metrics, double floor);
+// The loss curve through gnuplot: PNG, or SVG for a path ending in .svg.
+bool plotLoss(const std::string& path, const std::vector<Metric>& metrics, double floor);
 
 // The measured timeline as a PNG (through gnuplot): a row per stage, a box per action (F blue, B green, W orange).
-void plotTimeline(const std::string& path, const loom::parallel::pipeline::Timeline& timeline,
+bool plotTimeline(const std::string& path, const loom::parallel::pipeline::Timeline& timeline,
                   const std::string& title);
+
+bool writeText(const std::string& path, const std::string& text);
 
 }  // namespace loom::train
