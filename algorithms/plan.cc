@@ -3,6 +3,7 @@
 
 #include <cctype>
 #include <cstdio>
+#include <string>
 
 namespace loom {
 
@@ -34,18 +35,36 @@ const char* collectiveName(Collective collective) {
   return "?";
 }
 
+namespace {
+
+// A name folded for comparison: lower case, without "_" and "-".
+std::string foldName(std::string_view name) {
+  std::string folded;
+  for (char c : name)
+    if (c != '_' && c != '-') folded += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return folded;
+}
+
+}  // namespace
+
 bool parseCollectiveName(std::string_view name, Collective* collective) {
+  const std::string folded = foldName(name);
   for (int c = 0; c <= static_cast<int>(Collective::kBarrier); ++c) {
-    std::string_view known = collectiveName(static_cast<Collective>(c));
-    bool same = known.size() == name.size();
-    for (size_t i = 0; same && i < name.size(); ++i)
-      same = std::tolower(static_cast<unsigned char>(known[i])) == std::tolower(static_cast<unsigned char>(name[i]));
-    if (same) {
-      *collective = static_cast<Collective>(c);
-      return true;
-    }
+    if (foldName(collectiveName(static_cast<Collective>(c))) != folded) continue;
+    *collective = static_cast<Collective>(c);
+    return true;
   }
   return false;
+}
+
+std::string collectiveHelpName(Collective collective) {
+  const std::string name = foldName(collectiveName(collective));
+  // nccl-tests' program names (all_reduce_perf, ...) where they put "_" between words.
+  const char* ncclTests = collective == Collective::kAllReduce       ? "all_reduce"
+                          : collective == Collective::kAllGather     ? "all_gather"
+                          : collective == Collective::kReduceScatter ? "reduce_scatter"
+                                                                     : nullptr;
+  return ncclTests != nullptr ? name + " (" + ncclTests + ")" : name;
 }
 
 const char* actionName(Action action) {

@@ -44,8 +44,12 @@ enum class Collective : uint8_t {
   kBarrier,
 };
 const char* collectiveName(Collective collective);
-// The collective named `name` ("allreduce", "AllReduce"; not case sensitive). False when there is none.
+// The collective named `name`: loom's name in any case, with or without "_" or "-" between its words
+// ("AllReduce", "allreduce", "all_reduce" as nccl-tests spells it). False when there is none.
 bool parseCollectiveName(std::string_view name, Collective* collective);
+// The names every tool lists in its --help: "allreduce (all_reduce)", lower case, with nccl-tests' spelling beside
+// where it differs.
+std::string collectiveHelpName(Collective collective);
 
 enum class Buffer : uint8_t { kInput, kOutput, kScratch };
 

@@ -5,6 +5,7 @@
 #include <malloc.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -58,6 +59,13 @@ std::string lower(std::string text) {
   return text;
 }
 
+// The collectives loom-sim times, as --help lists them.
+std::string collectiveNames() {
+  std::string names;
+  for (Collective collective : kCollectives) names += (names.empty() ? "" : ", ") + collectiveHelpName(collective);
+  return names;
+}
+
 void usage(std::FILE* out) {
   std::fprintf(
       out,
@@ -70,7 +78,7 @@ void usage(std::FILE* out) {
       "Times every algorithm of a collective (or those named) on a topology, for sizes from -b to -e\n"
       "(default 8 to 128M, times -f 2), and prints nccl-tests' table. docs/SIMULATION.md has the model.\n"
       "  --topo          a preset (below) or a topology XML file (docs/TOPOLOGY.md)\n"
-      "  --collective    allreduce (default), broadcast, reduce, allgather, reducescatter, alltoall, gather, scatter\n"
+      "  --collective    %s; default allreduce, any case\n"
       "  --nranks        the first N ranks of the topology take part (default: all)\n"
       "  --channels      channels per call (default LOOM_NCHANNELS: %lld)\n"
       "  --mode          fast (default: runs of steps, extrapolated rounds) or exact (every slice; small calls)\n"
@@ -87,7 +95,7 @@ void usage(std::FILE* out) {
       "                  and time them with the exact engine; one row\n"
       "  --dump-plan     write every rank's plan of one algorithm for a call of -b bytes to a plan file\n"
       "Presets:\n",
-      static_cast<long long>(params::nChannels()));
+      collectiveNames().c_str(), static_cast<long long>(params::nChannels()));
   for (const std::string& line : presetUsage()) std::fprintf(out, "  %s\n", line.c_str());
 }
 
@@ -101,11 +109,11 @@ double parseDoubleArg(const char* text, const char* name, double min, double max
 }
 
 Collective parseCollective(const char* text) {
-  for (Collective collective : kCollectives)
-    if (lower(collectiveName(collective)) == lower(text)) return collective;
-  throw UsageError(std::string("invalid value '") + text +
-                   "' for --collective (allreduce, broadcast, reduce, allgather, reducescatter, alltoall, "
-                   "gather, scatter)");
+  Collective collective;
+  if (parseCollectiveName(text, &collective) &&
+      std::find(std::begin(kCollectives), std::end(kCollectives), collective) != std::end(kCollectives))
+    return collective;
+  throw UsageError(std::string("invalid value '") + text + "' for --collective (" + collectiveNames() + ")");
 }
 
 void parseEfficiency(const char* text, sim::Params* params) {

@@ -19,15 +19,27 @@
 namespace loom {
 namespace {
 
+// The collectives the tuner chooses for, as --help lists them.
+std::string tunableNames() {
+  std::string names;
+  for (int c = 0; c <= static_cast<int>(Collective::kBarrier); ++c) {
+    if (!tunable(static_cast<Collective>(c))) continue;
+    names += (names.empty() ? "" : ", ") + collectiveHelpName(static_cast<Collective>(c));
+  }
+  return names;
+}
+
 [[noreturn]] void usage(const std::string& error) {
-  if (!error.empty()) std::fprintf(stderr, "loom-tune: %s\n", error.c_str());
-  std::fprintf(stderr,
-               "usage: loom-tune -n NRANKS [-c COLLECTIVE] [-b MINBYTES] [-e MAXBYTES] [-f FACTOR]\n"
-               "                 [--topo PRESET|FILE.xml] [--channels C] [--algo LOOM_ALGO-rules]\n"
-               "                 [--costs NAME=VALUE,...] [--show-costs]\n"
-               "  Without --topo the ranks share this host, as discovered. --costs changes the executor's costs\n"
-               "  (docs/TUNING.md names them); --show-costs prints them all.\n");
-  std::exit(error.empty() ? 0 : 2);
+  if (!error.empty()) perf::exitOnce("loom-tune", error + " (see --help)");
+  std::printf(
+      "usage: loom-tune -n NRANKS [-c COLLECTIVE] [-b MINBYTES] [-e MAXBYTES] [-f FACTOR]\n"
+      "                 [--topo PRESET|FILE.xml] [--channels C] [--algo LOOM_ALGO-rules]\n"
+      "                 [--costs NAME=VALUE,...] [--show-costs]\n"
+      "  -c              %s (default allreduce); any case\n"
+      "  Without --topo the ranks share this host, as discovered. --costs changes the executor's costs\n"
+      "  (docs/TUNING.md names them); --show-costs prints them all.\n",
+      tunableNames().c_str());
+  std::exit(0);
 }
 
 // This host as discovered, with ranks 0..n-1 on its first NUMA node; or a preset or XML file as given.
@@ -98,7 +110,11 @@ int run(int argc, char** argv) {
   if (nranks < 1) usage("-n NRANKS is required");
   if (minBytes > maxBytes) usage("-b is larger than -e");
   Collective collective;
-  if (!parseCollectiveName(collectiveText, &collective)) usage("unknown collective \"" + collectiveText + "\"");
+  if (!parseCollectiveName(collectiveText, &collective))
+    usage("-c " + collectiveText + ": expected one of " + tunableNames());
+  if (!tunable(collective))
+    usage("-c " + collectiveText + ": the tuner does not choose for " + collectiveName(collective) +
+          " (one algorithm, or plans that depend on each rank's counts); it chooses for " + tunableNames());
   AlgorithmRules rules;
   std::string error;
   if (!parseAlgorithmRules(rulesText, &rules, &error)) usage("--algo \"" + rulesText + "\": " + error);
@@ -131,15 +147,30 @@ int run(int argc, char** argv) {
   std::printf("%12s", "bytes");
   for (const std::string& name : names) std::printf(" %13s", name.c_str());
   std::printf("  %s\n", "pick");
+  bool keptEarlier = false;
   for (size_t bytes = minBytes; bytes <= maxBytes; bytes *= factor) {
     std::printf("%12zu", bytes);
+    double fastest = -1;
     for (size_t a = 0; a < names.size(); ++a) {
       const TuneEstimate& estimate = alone[a].choose(collective, bytes, aloneRules[a]);
-      std::printf(" %13.2f", estimate.algorithm == names[a] && estimate.us > 0 ? estimate.us : -1.0);
+      if (estimate.algorithm == names[a] && estimate.us > 0) {
+        std::printf(" %13.2f", estimate.us);
+        if (fastest < 0 || estimate.us < fastest) fastest = estimate.us;
+      } else {
+        std::printf(" %13s", "-");  // no plan for this call
+      }
     }
-    std::printf("  %s\n", tuner.choose(collective, bytes, rules).algorithm.c_str());
+    const TuneEstimate& pick = tuner.choose(collective, bytes, rules);
+    // The pick is the fastest column, or an algorithm earlier in the registry's order within the model's error.
+    const bool notFastest = fastest > 0 && pick.us > fastest * (1 + 1e-9);
+    keptEarlier |= notFastest;
+    std::printf("  %s%s\n", pick.algorithm.c_str(), notFastest ? "*" : "");
     if (bytes > maxBytes / factor) break;
   }
+  if (keptEarlier)
+    std::printf("# *: within %.0f%% of the fastest prediction, so the algorithm earlier in the registry's order (the "
+                "ring first) keeps the call: the model's errors are about that size (docs/TUNING.md)\n",
+                kPreferEarlierWithin * 100);
   return 0;
 }
 

@@ -225,14 +225,7 @@ class PlanTimer {
   std::map<std::pair<int, int>, Hop> hops_;
 };
 
-constexpr double kPreferEarlierWithin = 0.10;
 constexpr size_t kMinChunkBytes = 16384;  // smaller Simple chunks cost more in overhead than they pipeline
-
-// Collectives the tuner chooses for: the others have one algorithm, or plans that depend on per-rank counts.
-bool tunable(Collective collective) {
-  return collective != Collective::kAllToAllv && collective != Collective::kSendRecv &&
-         collective != Collective::kBarrier;
-}
 
 // The element size a call of `bytes` is estimated with: plans depend on counts, costs on bytes, so 4-byte
 // elements (1-byte ones below 4 bytes).
@@ -250,6 +243,11 @@ std::string sizeText(size_t bytes) {
 }
 
 }  // namespace
+
+bool tunable(Collective collective) {
+  return collective != Collective::kAllToAllv && collective != Collective::kSendRecv &&
+         collective != Collective::kBarrier;
+}
 
 Slicing defaultSlicing(const TuneContext& context) {
   Slicing slicing{context.llThresholdBytes, context.simpleSliceBytes};

@@ -99,6 +99,14 @@ double estimateCall(const TuneContext& context, const HostCosts& costs, Collecti
 // back, and a call's cost then includes how well it overlaps its neighbours.
 constexpr int kTunedCalls = 3;
 
+// Collectives the tuner chooses for: the others have one algorithm, or plans that depend on per-rank counts.
+bool tunable(Collective collective);
+
+// The model's errors are about this size (docs/TUNING.md): an algorithm earlier in the registry's order (the ring
+// first) predicted within this share of the cheapest keeps the call, and a finer slicing must be predicted this
+// much faster to be taken.
+constexpr double kPreferEarlierWithin = 0.10;
+
 class Tuner {
  public:
   void configure(TuneContext context, HostCosts costs = {});
