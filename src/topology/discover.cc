@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -305,8 +306,29 @@ class HwlocDiscovery {
   std::map<hwloc_obj_t, int> switches_;
 };
 
+// Why the file at `path` is no hwloc XML export, said before hwloc reports only "Invalid argument": it cannot be
+// read, it is loom's own topology XML (whose root element is also <topology>), or it holds no hwloc object.
+// Empty when it looks like one.
+std::string notAnHwlocExport(const char* path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return std::string("cannot open ") + path + ": " + std::strerror(errno);
+  std::string head(64 * 1024, '\0');
+  file.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(file.gcount()));
+  if (head.empty()) return std::string(path) + " is empty";
+  if (head.find("<object") != std::string::npos) return "";
+  if (head.find("loom topology") != std::string::npos || head.find("<node") != std::string::npos)
+    return std::string(path) +
+           " is loom's topology XML, not an hwloc export: read it with loom-topo --file (or LOOM_TOPO_FILE)";
+  return std::string(path) + " is not an hwloc XML export (lstopo --of xml writes one): it has no <object> element";
+}
+
 // This host, or the machine an hwloc XML export describes when `xmlPath` is not null.
 loomResult_t discoverHwloc(const char* xmlPath, Topology* topo) {
+  if (xmlPath != nullptr) {
+    const std::string why = notAnHwlocExport(xmlPath);
+    if (!why.empty()) return LOOM_FAIL(loomInvalidUsage, TOPO, "%s", why.c_str());
+  }
   hwloc_topology_t hw;
   if (hwloc_topology_init(&hw) != 0) return LOOM_FAIL(loomSystemError, TOPO, "hwloc_topology_init failed: %m");
   hwloc_topology_set_io_types_filter(hw, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
@@ -316,6 +338,8 @@ loomResult_t discoverHwloc(const char* xmlPath, Topology* topo) {
   }
   if (hwloc_topology_load(hw) != 0) {
     hwloc_topology_destroy(hw);
+    if (xmlPath != nullptr)
+      return LOOM_FAIL(loomInvalidUsage, TOPO, "hwloc cannot load %s as an hwloc XML export: %m", xmlPath);
     return LOOM_FAIL(loomSystemError, TOPO, "hwloc_topology_load failed: %m");
   }
   loomResult_t result = HwlocDiscovery(hw, xmlPath == nullptr).run(topo);

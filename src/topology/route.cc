@@ -432,7 +432,7 @@ bool isSwitch(NodeKind kind) { return kind == NodeKind::kNvSwitch || kind == Nod
 // to both neighbours by links of the same kinds) carry their share: sum over the twins of the narrower side.
 // Candidates come from the neighbour with fewer links (a NIC's one leaf, not a spine's hundreds of leaves).
 double stageBandwidth(const Topology& topo, const Topology::Index& index, int before, int center, int after,
-                      LinkKind kindBefore, LinkKind kindAfter) {
+                      LinkKind kindBefore, LinkKind kindAfter, int* twinCount = nullptr) {
   struct Twin {
     int node;
     double near, far;  // bandwidth to the neighbour the candidates came from, and to the other one
@@ -458,7 +458,10 @@ double stageBandwidth(const Topology& topo, const Topology::Index& index, int be
     if (found != twins.end()) found->far += link.bandwidth;
   }
   double total = 0;
-  for (const Twin& twin : twins) total += std::min(twin.near, twin.far);
+  int joined = 0;
+  for (const Twin& twin : twins)
+    if (twin.far > 0) total += std::min(twin.near, twin.far), ++joined;
+  if (twinCount != nullptr) *twinCount = joined;
   return total;
 }
 
@@ -499,6 +502,24 @@ PathInfo Topology::path(int rankA, int rankB) const {
   int from = rankNode(rankA), to = rankNode(rankB);
   if (from < 0 || to < 0) return PathInfo{};
   return pathBetween(from, to);
+}
+
+std::vector<PathStage> Topology::pathStages(int rankA, int rankB) const {
+  std::vector<PathStage> stages;
+  int from = rankNode(rankA), to = rankNode(rankB);
+  if (from < 0 || to < 0) return stages;
+  std::vector<int> links = route(from, to);
+  std::vector<int> visited = nodesAlong(from, links);
+  const Index& idx = index();
+  for (size_t k = 1; k + 1 < visited.size(); ++k) {
+    if (!isSwitch(nodes_[visited[k]].kind)) continue;
+    PathStage stage;
+    stage.hop = static_cast<int>(k - 1);
+    stage.bandwidth = stageBandwidth(*this, idx, visited[k - 1], visited[k], visited[k + 1], links_[links[k - 1]].kind,
+                                     links_[links[k]].kind, &stage.twins);
+    stages.push_back(stage);
+  }
+  return stages;
 }
 
 }  // namespace loom

@@ -86,6 +86,13 @@ struct PathInfo {
   LinkKind slowest = LinkKind::kSharedMemory;  // the largest link kind on the route (see LinkKind)
 };
 
+// One switch a route crosses, with the twins that share its stage (PathInfo::bandwidth).
+struct PathStage {
+  int hop = 0;           // the switch is the node after the route's link `hop` (from 0)
+  int twins = 1;         // switches of the stage, this one included
+  double bandwidth = 0;  // GB/s the stage offers over all its twins
+};
+
 class Topology {
  public:
   Topology();
@@ -154,6 +161,8 @@ class Topology {
   std::vector<int> nodesAlong(int from, std::span<const int> links) const;
   PathInfo pathBetween(int from, int to) const;
   PathInfo path(int rankA, int rankB) const;
+  // The switch stages of the route from rank A to rank B, in route order (for loom-topo --path).
+  std::vector<PathStage> pathStages(int rankA, int rankB) const;
   // Where `node`'s traffic to other hosts leaves its host: the nearest NIC with a network link (fewest hops,
   // then widest; ties spread over the host's nodes of one kind), or the host node when only it has one. -1 when
   // the host has no way out.
