@@ -2,10 +2,11 @@
 // its shape), a global batch, a cluster topology and a parallel layout it prints what each GPU holds (parameters,
 // gradients and optimizer states at every ZeRO stage; activations by Korthikanti et al. with and without tensor
 // and sequence parallelism and recomputation), the bytes each parallelism moves per step, and the pipeline bubble
-// of every schedule. With --recommend it applies the prescription (tensor or expert parallelism within the NVLink
-// domain, at most 8; pipeline parallelism across nodes; data parallelism for the rest; gradient accumulation when
-// a GPU's share of the batch is more than one micro-batch) and predicts each candidate's step time, its
-// collectives timed by loom's simulator (tools/sim) on the topology's own links.
+// of every schedule. With --recommend it applies Megatron's rule of thumb (tensor or expert parallelism within the
+// NVLink domain, at most 8; pipeline parallelism across nodes; data parallelism for the rest; gradient
+// accumulation when a GPU's share of the batch is more than one micro-batch) and predicts each candidate's step
+// time, its collectives timed by loom's simulator (tools/sim) on the topology's own links. Without --topo the
+// cluster is a fat tree of DGX H100 nodes sized to the layout (fattree:4 for --recommend).
 //
 //   loom-plan --model gpt3-175b --topo fattree:128 --batch 1536 --recommend
 //   loom-plan --model gpt2-124m --tp 4 --sp --pp 2 --dp 4 --zero 1 --batch 64 --recompute selective
@@ -36,7 +37,7 @@ struct Options {
   Layout layout;
   bool layoutGiven = false;
   int batch = 0;  // global batch in sequences; 0: one micro-batch per data-parallel rank
-  std::string topo = "fattree:4";
+  std::string topo;  // "": sized from the layout (fattree of 8-GPU nodes), or fattree:4 for --recommend
   Precision precision = Precision::mixed();
   bool recommend = false;
   double gpuMemoryGB = 80;  // H100 SXM
@@ -375,8 +376,10 @@ void printLayout(const Options& o, const Layout& l, const Estimate& e) {
     const double perLayer = activationBytesPerLayer(s, l.microBatch, m.hidden, m.heads, row.t, row.sp, row.recompute);
     std::printf("  %-36s %14s %14s\n", row.name, gb(perLayer).c_str(), gb(perLayer * layers * inFlight).c_str());
   }
-  std::printf("\nper GPU: %s of model states + %s of activations = %s (of %g GB)\n", gb(e.states.total()).c_str(),
-              gb(e.activations).c_str(), gb(e.memory).c_str(), o.gpuMemoryGB);
+  const bool fits = e.memory <= o.gpuMemoryGB * 1e9;
+  std::printf("\nper GPU: %s of model states + %s of activations = %s (of %g GB: %s)\n", gb(e.states.total()).c_str(),
+              gb(e.activations).c_str(), gb(e.memory).c_str(), o.gpuMemoryGB,
+              fits ? "fits" : "DOES NOT FIT");
   const Communication& c = e.communication;
   std::printf("\ncommunication per GPU per step: data parallel %s, tensor parallel %s, pipeline %s, expert %s\n",
               gb(c.dataParallel).c_str(), gb(c.tensorParallel).c_str(), gb(c.pipeline).c_str(), gb(c.expert).c_str());
@@ -406,6 +409,14 @@ int microBatchesFor(int batch, int microBatch, int dp) {
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
+  std::string topoNote;
+  if (o.topo.empty() && o.recommend) {
+    o.topo = "fattree:4";
+    topoNote = " (the default for --recommend; --topo names another)";
+  } else if (o.topo.empty()) {  // the layout's GPUs on 8-GPU nodes
+    o.topo = "fattree:" + std::to_string(std::max(1, (o.layout.gpus() + 7) / 8));
+    topoNote = " (sized to the layout; --topo names another)";
+  }
   Cluster cluster;
   std::string error;
   if (!loom::loadTopologySpec(o.topo, &cluster.topo, &error)) usage("--topo " + o.topo + ": " + error);
@@ -413,8 +424,8 @@ int main(int argc, char** argv) {
   for (int r = 0; r < cluster.gpus; ++r) cluster.gpusPerNode += cluster.topo.rankHost(r) == cluster.topo.rankHost(0);
   Timing timing(cluster, o.channels);
   printModel(o, estimate(o.model, o.layout, o.precision));
-  std::printf("# cluster: %s: %d GPUs, %d per node; %g GB and %g TFLOP/s per GPU at %.0f%% of peak\n", o.topo.c_str(),
-              cluster.gpus, cluster.gpusPerNode, o.gpuMemoryGB, o.gpuTflops, 100 * o.efficiency);
+  std::printf("# cluster: %s%s: %d GPUs, %d per node; %g GB and %g TFLOP/s per GPU at %.0f%% of peak\n",
+              o.topo.c_str(), topoNote.c_str(), cluster.gpus, cluster.gpusPerNode, o.gpuMemoryGB, o.gpuTflops, 100 * o.efficiency);
 
   if (!o.recommend) {
     Layout& l = o.layout;
@@ -429,14 +440,29 @@ int main(int argc, char** argv) {
     const Estimate e = estimate(o.model, l, o.precision);
     std::printf("# global batch: %d sequences of %d tokens\n", batch, o.model.seq);
     printLayout(o, l, e);
-    if (e.problem.empty()) printStep(predict(o.model, l, e, timing, o));
-    return e.problem.empty() ? 0 : 1;
+    if (!e.problem.empty()) return 1;
+    if (e.memory > o.gpuMemoryGB * 1e9) {
+      std::printf(
+          "\ndoes not fit: %s per GPU is more than its %g GB. More model parallelism (--tp, --pp), a higher "
+          "--zero stage, a smaller --micro-batch or --recompute full would lower it; --recommend finds a layout "
+          "that fits\n",
+          gb(e.memory).c_str(), o.gpuMemoryGB);
+      return 1;
+    }
+    printStep(predict(o.model, l, e, timing, o));
+    return 0;
   }
 
   // --recommend: tensor (or expert) parallel within a node, at most 8; pipeline stages across nodes, as few as
   // make it fit; data parallel for the rest; ZeRO-1, sequence parallelism and selective recomputation on.
   const int batch = o.batch > 0 ? o.batch : cluster.gpus;
   std::printf("# global batch: %d sequences of %d tokens\n", batch, o.model.seq);
+  std::printf(
+      "# the rule (Megatron-LM's, docs/PLANNING.md): tensor%s parallelism within a node, at most 8; pipeline stages "
+      "across nodes, as few as make the model fit; data parallelism for the rest; ZeRO-1, sequence parallelism and "
+      "selective recomputation on. Of the layouts that fit, the one with the least model parallelism is "
+      "recommended: it moves the fewest bytes outside data parallelism\n",
+      o.model.experts > 0 ? " (and expert)" : "");
   struct Candidate {
     Layout layout;
     Estimate estimate;
@@ -473,7 +499,7 @@ int main(int argc, char** argv) {
         o.gpuMemoryGB, cluster.gpus);
     return 1;
   }
-  // The prescription: the least model parallelism that fits (tensor before pipeline), then the fastest of those.
+  // The rule's pick: the least model parallelism that fits (tensor before pipeline), then the fastest of those.
   std::sort(fits.begin(), fits.end(), [](const Candidate& a, const Candidate& b) {
     return a.layout.tp * a.layout.pp != b.layout.tp * b.layout.pp
                ? a.layout.tp * a.layout.pp < b.layout.tp * b.layout.pp
@@ -492,7 +518,7 @@ int main(int argc, char** argv) {
     return a.step.total() < b.step.total();
   });
   if (fastest != fits.begin())
-    std::printf("  (the fastest of these: %s, %.3f s a step, with more model parallelism than the prescription's)\n",
+    std::printf("  (the fastest of these: %s, %.3f s a step, with more model parallelism than the rule's pick)\n",
                 fastest->layout.describe().c_str(), fastest->step.total());
   const Candidate& chosen = fits.front();
   std::printf("\n## recommended\n");
