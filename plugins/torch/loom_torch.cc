@@ -41,10 +41,43 @@ c10::intrusive_ptr<Base> create(const c10::intrusive_ptr<c10d::Store>& store, in
 
 }  // namespace loom_torch
 
+namespace loom_torch {
+namespace {
+
+// The torch this module was compiled against, "major.minor".
+const std::string kBuiltFor = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR);
+
+// torch.distributed, or an ImportError that says which torch this build needs and what this Python has, in place
+// of pybind11's bare "initialization failed". The installed torch's version is read from its metadata first: a
+// torch of another version must not be imported into a process holding this build's libtorch.
+void importTorch() {
+  std::string installed;
+  try {
+    installed = py::str(py::module_::import("importlib.metadata").attr("version")("torch"));
+  } catch (py::error_already_set&) {
+    // No metadata (a torch on PYTHONPATH only, or none): the import below says which.
+  }
+  const std::string hint =
+      " (PYTHONPATH=build/plugins/torch is the build for Debian's torch 1.13 and /usr/bin/python3, "
+      "build/plugins/torch/torch2 the build for torch 2.x and /opt/loom-torch2/bin/python; docs/TORCH.md)";
+  if (!installed.empty() && installed.rfind(kBuiltFor + ".", 0) != 0)
+    throw py::import_error("loom_torch: this build is for torch " + kBuiltFor + ", but this Python has torch " +
+                           installed + hint);
+  try {
+    py::module_::import("torch.distributed");
+  } catch (py::error_already_set& error) {
+    throw py::import_error("loom_torch: this build is for torch " + kBuiltFor +
+                           ", which this Python cannot import: " + error.what() + hint);
+  }
+}
+
+}  // namespace
+}  // namespace loom_torch
+
 PYBIND11_MODULE(loom_torch, module) {
   module.doc() = "loom as a torch.distributed backend: import it, then init_process_group(backend=\"loom\")";
   // torch's bindings of the base class, which the class below derives from in Python too.
-  py::module_::import("torch.distributed");
+  loom_torch::importTorch();
   py::class_<loom_torch::ProcessGroupLoom, loom_torch::Base, c10::intrusive_ptr<loom_torch::ProcessGroupLoom>>(
       module, "ProcessGroupLoom")
       .def(py::init(
