@@ -233,7 +233,7 @@ def main():
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     if os.path.exists(torchrun):
         job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrun_job.py")
-        run = subprocess.run([torchrun, "--nproc-per-node", "4", job], capture_output=True, text=True, timeout=300,
+        run = subprocess.run([torchrun, "--nproc_per_node", "4", job], capture_output=True, text=True, timeout=300,
                              env=dict(os.environ, PYTHONWARNINGS="ignore"))
         said = [line for line in run.stdout.splitlines() if line.startswith("torchrun job:")]
         print(said[0] if said else "torchrun: FAILED (exit %d)\n%s" % (run.returncode, run.stderr[-3000:]))
