@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "src/base/params.h"
 #include "src/topology/presets.h"
 #include "src/topology/xml.h"
+#include "src/tuner/tuner.h"
 #include "tools/sim/sim.h"
 
 namespace loom {
@@ -48,6 +50,9 @@ struct Options {
   sim::Params params;
   std::string planFile;  // --plan: time this file's plans instead of loom's algorithms
   std::string dumpPlan;  // --dump-plan: write the plans of one algorithm at -b bytes, then exit
+  // What the command line set; the rest follows the tuner (contextFor, HostCosts, Tuner::choose per row).
+  bool channelsGiven = false, sliceGiven = false, thresholdGiven = false, llOverheadGiven = false,
+       simpleOverheadGiven = false, copyGiven = false, efficiencyGiven = false;
 };
 
 const Collective kCollectives[] = {Collective::kAllReduce, Collective::kBroadcast,     Collective::kReduce,
@@ -193,6 +198,7 @@ Options parseOptions(int argc, char** argv) {
       options.root = perf::parseIntArg(value, name, 0, 1 << 24);
     } else if (flag == "--channels") {
       options.channels = perf::parseIntArg(value, name, 1, 1024);
+      options.channelsGiven = true;
     } else if (flag == "--nranks") {
       options.nranks = perf::parseIntArg(value, name, 1, 1 << 24);
     } else if (flag == "--mode") {
@@ -203,15 +209,17 @@ Options parseOptions(int argc, char** argv) {
       else
         throw UsageError(std::string("invalid value '") + value + "' for --mode (fast or exact)");
     } else if (flag == "--ll-overhead") {
-      options.params.llOverheadUs = parseDoubleArg(value, name, 0, 1e6);
+      options.params.llOverheadUs = parseDoubleArg(value, name, 0, 1e6), options.llOverheadGiven = true;
     } else if (flag == "--simple-overhead") {
-      options.params.simpleOverheadUs = parseDoubleArg(value, name, 0, 1e6);
+      options.params.simpleOverheadUs = parseDoubleArg(value, name, 0, 1e6), options.simpleOverheadGiven = true;
     } else if (flag == "--copy-bw") {
-      options.params.copyBandwidth = parseDoubleArg(value, name, 1e-3, 1e9);
+      options.params.copyBandwidth = parseDoubleArg(value, name, 1e-3, 1e9), options.copyGiven = true;
     } else if (flag == "--efficiency") {
       parseEfficiency(value, &options.params);
+      options.efficiencyGiven = true;
     } else if (flag == "--slice-bytes") {
       options.params.simpleSliceBytes = perf::parseSizeArg(value, name);
+      options.sliceGiven = true;
       if (options.params.simpleSliceBytes == 0) throw UsageError("invalid value '0' for --slice-bytes");
     } else if (flag == "--ll-slot-bytes") {
       options.params.llSlotBytes = perf::parseSizeArg(value, name);
@@ -219,6 +227,7 @@ Options parseOptions(int argc, char** argv) {
         throw UsageError(std::string("invalid value '") + value + "' for --ll-slot-bytes (at least 16)");
     } else if (flag == "--ll-threshold") {
       options.params.llThresholdBytes = perf::parseSizeArg(value, name);
+      options.thresholdGiven = true;
     } else if (flag == "--fifo-depth") {
       options.params.fifoDepth = perf::parseIntArg(value, name, 1, 1 << 16);
     } else if (flag == "--max-steps") {
@@ -360,15 +369,37 @@ int run(const Options& given) {
     options.minBytes = options.maxBytes = sim::rowBytesFor(options.collective, planFile.count, elementBytes, nranks);
   }
 
-  std::printf("# loom-sim: %s on %s: %d ranks on %zu host%s, %d channel%s, %s engine\n",
-              collectiveName(options.collective), options.topo.c_str(), nranks, hosts.size(),
-              hosts.size() == 1 ? "" : "s", options.channels, options.channels == 1 ? "" : "s",
+  // One cost model with loom-tune: unless the command line says otherwise, the costs are the tuner's (HostCosts:
+  // the GPU executor's where every rank is a GPU, the host executor's elsewhere), and each row's channels and
+  // slicing are what the tuner chooses for that algorithm and size on this topology (contextFor).
+  const TuneContext context = contextFor(topo, nranks, options.channelsGiven ? options.channels : 0);
+  const HostCosts costs;
+  const bool gpus = isGpuContext(context);
+  sim::Params& p = options.params;
+  if (!options.llOverheadGiven) p.llOverheadUs = gpus ? costs.deviceLlSliceUs : costs.llSliceUs;
+  if (!options.simpleOverheadGiven) p.simpleOverheadUs = gpus ? costs.deviceSimpleSliceUs : costs.simpleSliceUs;
+  if (!options.copyGiven) p.copyBandwidth = gpus ? costs.deviceCopyGBps : costs.copyGBps;
+  if (!options.efficiencyGiven)
+    for (int kind = 0; kind < kLinkKinds; ++kind) p.efficiency[kind] = linkShare(costs, static_cast<LinkKind>(kind));
+  if (!options.sliceGiven) p.simpleSliceBytes = context.simpleSliceBytes;
+  if (!options.thresholdGiven) p.llThresholdBytes = context.llThresholdBytes;
+  const bool followTuner = !fromFile && (!options.channelsGiven || !options.sliceGiven || !options.thresholdGiven);
+  // One tuner per algorithm, restricted to it as LOOM_ALGO=<name> would (a tuner remembers one choice per size).
+  std::map<std::string, Tuner> tuners;
+
+  std::printf("# loom-sim: %s on %s: %d ranks on %zu host%s, %s engine\n", collectiveName(options.collective),
+              options.topo.c_str(), nranks, hosts.size(), hosts.size() == 1 ? "" : "s",
               options.mode == sim::Mode::kFast ? "fast" : "exact");
+  std::printf("# channels and chunks: %s (up to %d channels, %zu KiB slots: %s)\n",
+              followTuner ? "the tuner's choice for each row, as loom-tune's" : "as given", context.nChannels,
+              context.simpleSliceBytes >> 10,
+              gpus ? "the GPU executor's, LOOM_CUDA_NCHANNELS and LOOM_CUDA_SLOT_BYTES"
+                   : "LOOM_NCHANNELS and LOOM_SIMPLE_SLOT_BYTES");
   std::fputs(describeParams(options.params).c_str(), stdout);
-  std::printf("#\n# %10s  %12s  %8s  %6s  %6s  %13s  %9s  %7s  %7s%s\n", "size", "count", "type", "redop", "root",
-              "algorithm", "time", "algbw", "busbw", options.timing ? "  sim(s)" : "");
-  std::printf("# %10s  %12s  %8s  %6s  %6s  %13s  %9s  %7s  %7s%s\n", "(B)", "(elements)", "", "", "", "", "(us)",
-              "(GB/s)", "(GB/s)", options.timing ? "        " : "");
+  std::printf("#\n# %10s  %12s  %8s  %6s  %6s  %13s  %9s  %7s  %7s  %4s  %6s%s\n", "size", "count", "type", "redop",
+              "root", "algorithm", "time", "algbw", "busbw", "ch", "chunk", options.timing ? "  sim(s)" : "");
+  std::printf("# %10s  %12s  %8s  %6s  %6s  %13s  %9s  %7s  %7s  %4s  %6s%s\n", "(B)", "(elements)", "", "", "", "",
+              "(us)", "(GB/s)", "(GB/s)", "", "(KiB)", options.timing ? "        " : "");
   std::fflush(stdout);
 
   sim::Simulator simulator(topo, options.params);
@@ -386,6 +417,19 @@ int run(const Options& given) {
       call.nranks = nranks;
       call.algorithm = fromFile ? "" : algorithm;
       call.plans = fromFile ? &planFile.plans : nullptr;
+      if (followTuner) {
+        AlgorithmRules only;
+        only.allowed[static_cast<int>(options.collective)] = {algorithm};
+        auto [entry, added] = tuners.try_emplace(algorithm);
+        if (added) entry->second.configure(context, costs);
+        const TuneEstimate& choice = entry->second.choose(options.collective, call.count * elementBytes, only);
+        if (choice.algorithm == algorithm) {
+          if (!options.channelsGiven) call.nChannels = choice.nChannels;
+          if (!options.sliceGiven) call.simpleSliceBytes = choice.slicing.simpleSliceBytes;
+          if (!options.thresholdGiven) call.llThresholdBytes = choice.slicing.llThresholdBytes;
+        }
+      }
+      const size_t chunkBytes = call.simpleSliceBytes > 0 ? call.simpleSliceBytes : p.simpleSliceBytes;
       auto started = std::chrono::steady_clock::now();
       sim::Result result = simulator.run(call, options.mode);
       double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -406,6 +450,7 @@ int run(const Options& given) {
                   hasOp ? perf::kOpNames[options.op] : "none", hasRoot ? options.root : -1, algorithm.c_str(),
                   perf::formatCell(result.timeUs, 9).c_str(), perf::formatCell(algbw, 7).c_str(),
                   perf::formatCell(busbw, 7).c_str());
+      std::printf("  %4d  %6zu", call.nChannels, chunkBytes >> 10);
       if (options.timing) std::printf("  %6.2f", wall);
       if (!result.converged) std::printf("  (times had not settled)");
       std::printf("\n");

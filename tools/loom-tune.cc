@@ -62,7 +62,8 @@ Topology topologyFor(const std::string& spec, int nranks) {
 }
 
 int run(int argc, char** argv) {
-  int nranks = -1, channels = 1;
+  int nranks = -1, channels = 0;
+  bool channelsGiven = false;
   size_t minBytes = 8, maxBytes = size_t{256} << 20, factor = 2;
   std::string collectiveText = "allreduce", topoSpec, rulesText, costsText;
   bool showCosts = false;
@@ -89,7 +90,7 @@ int run(int argc, char** argv) {
       else if (flag == "--topo")
         topoSpec = value;
       else if (flag == "--channels")
-        channels = perf::parseIntArg(value, "--channels", 1, 32);
+        channels = perf::parseIntArg(value, "--channels", 1, 32), channelsGiven = true;
       else if (flag == "--algo")
         rulesText = value;
       else if (flag == "--costs")
@@ -120,16 +121,7 @@ int run(int argc, char** argv) {
   if (!parseAlgorithmRules(rulesText, &rules, &error)) usage("--algo \"" + rulesText + "\": " + error);
 
   Topology topo = topologyFor(topoSpec, nranks);
-  TuneContext context;
-  context.topology = &topo;
-  context.nranks = nranks;
-  for (int r = 0; r < nranks; ++r) context.hostOf.push_back(topo.rankHost(r));
-  context.nChannels = channels;
-  context.llThresholdBytes = static_cast<size_t>(params::llThreshold());
-  FifoShape shape{static_cast<int>(params::fifoDepth()), static_cast<size_t>(params::simpleSlotBytes()),
-                  static_cast<size_t>(params::llSlotBytes())};
-  context.llSliceBytes = fifoPayloadBytes(shape, Protocol::kLL);
-  context.simpleSliceBytes = fifoPayloadBytes(shape, Protocol::kSimple);
+  TuneContext context = contextFor(topo, nranks, channelsGiven ? channels : 0);
   Tuner tuner;
   tuner.configure(context, costs);
 
@@ -144,6 +136,10 @@ int run(int argc, char** argv) {
   }
   std::printf("# loom-tune: %s on %d ranks, %s; predicted time of one call in us\n", collectiveName(collective), nranks,
               topoSpec.empty() ? "this host" : topoSpec.c_str());
+  std::printf("# up to %d channel(s), %zu KiB Simple slots, LL up to %zu B (%s); loom-sim takes the same\n",
+              context.nChannels, context.simpleSliceBytes >> 10, context.llThresholdBytes,
+              isGpuContext(context) ? "the GPU executor's: LOOM_CUDA_NCHANNELS, LOOM_CUDA_SLOT_BYTES"
+                                    : "LOOM_NCHANNELS, LOOM_SIMPLE_SLOT_BYTES");
   std::printf("%12s", "bytes");
   for (const std::string& name : names) std::printf(" %13s", name.c_str());
   std::printf("  %s\n", "pick");
@@ -154,7 +150,11 @@ int run(int argc, char** argv) {
     for (size_t a = 0; a < names.size(); ++a) {
       const TuneEstimate& estimate = alone[a].choose(collective, bytes, aloneRules[a]);
       if (estimate.algorithm == names[a] && estimate.us > 0) {
-        std::printf(" %13.2f", estimate.us);
+        // The column: one call, as loom-sim and a single timed call see it. The tuner ranks by a stream of
+        // kTunedCalls back-to-back calls (estimate.us), in which calls that end unevenly overlap.
+        const size_t elementBytes = bytes >= 4 ? 4 : 1;
+        std::printf(" %13.2f", estimateCall(context, costs, collective, bytes / elementBytes, elementBytes, 0, names[a],
+                                            estimate.nChannels, &estimate.slicing, 1));
         if (fastest < 0 || estimate.us < fastest) fastest = estimate.us;
       } else {
         std::printf(" %13s", "-");  // no plan for this call
@@ -167,6 +167,10 @@ int run(int argc, char** argv) {
     std::printf("  %s%s\n", pick.algorithm.c_str(), notFastest ? "*" : "");
     if (bytes > maxBytes / factor) break;
   }
+  std::printf("# columns: one call's predicted time with the channels and chunk the tuner takes for that algorithm (as "
+              "loom-sim times it); the pick is the fastest of a stream of %d back-to-back calls, where calls that end "
+              "unevenly overlap\n",
+              kTunedCalls);
   if (keptEarlier)
     std::printf("# *: within %.0f%% of the fastest prediction, so the algorithm earlier in the registry's order (the "
                 "ring first) keeps the call: the model's errors are about that size (docs/TUNING.md)\n",

@@ -60,8 +60,9 @@ struct RankSetup {
   char transports[48];      // the transports this rank would use (LOOM_TRANSPORTS, LOOM_NET or the automatic
   uint64_t transportsHash;  // choice between hosts), likewise: a sender on ib and its receiver on tcp never meet
   int cuda;                 // a CUDA communicator's rank; then the GPU executor's settings, which its CUDA ranks
-  char cudaPath[16];        // must share (LOOM_CUDA_PATH, LOOM_CUDA_ONESHOT_BYTES, LOOM_CUDA_TWOSHOT_BYTES)
-  uint64_t oneShotBytes, twoShotBytes;
+  char cudaPath[16];        // must share (LOOM_CUDA_PATH, LOOM_CUDA_ONESHOT_BYTES, LOOM_CUDA_TWOSHOT_BYTES,
+  uint64_t oneShotBytes, twoShotBytes;  // LOOM_CUDA_NCHANNELS, LOOM_CUDA_SLOT_BYTES)
+  uint64_t cudaChannels, cudaSlotBytes;
   int checkCalls;  // LOOM_CHECK_COLL: a rank checking waits for the others to check too
   char host[64];   // the host name, for error messages that name a rank
 };
@@ -277,6 +278,8 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
     snprintf(mine.cudaPath, sizeof(mine.cudaPath), "%s", params::cudaPath().c_str());
     mine.oneShotBytes = static_cast<uint64_t>(params::cudaOneShotBytes());
     mine.twoShotBytes = static_cast<uint64_t>(params::cudaTwoShotBytes());
+    mine.cudaChannels = static_cast<uint64_t>(params::cudaNChannels());
+    mine.cudaSlotBytes = static_cast<uint64_t>(params::cudaSlotBytes());
   }
   LOOM_CHECK(comm->bootstrap->allGather(setups.data(), sizeof(RankSetup), deadline.remainingMs()));
   comm->everyRankCuda = true;
@@ -326,6 +329,14 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
                        setup.info.rank, setup.cudaPath, (unsigned long long)setup.oneShotBytes,
                        (unsigned long long)setup.twoShotBytes, rank, mine.cudaPath,
                        (unsigned long long)mine.oneShotBytes, (unsigned long long)mine.twoShotBytes);
+    if (setup.cuda && mine.cuda &&
+        (setup.cudaChannels != mine.cudaChannels || setup.cudaSlotBytes != mine.cudaSlotBytes))
+      return LOOM_FAIL(loomInvalidUsage, INIT,
+                       "rank %d uses LOOM_CUDA_NCHANNELS=%llu and LOOM_CUDA_SLOT_BYTES=%llu, rank %d %llu and %llu: "
+                       "they must match on every rank",
+                       setup.info.rank, (unsigned long long)setup.cudaChannels,
+                       (unsigned long long)setup.cudaSlotBytes, rank, (unsigned long long)mine.cudaChannels,
+                       (unsigned long long)mine.cudaSlotBytes);
     comm->everyRankCuda = comm->everyRankCuda && setup.cuda;
     comm->peers.push_back(setup.info);
     comm->hostNames.emplace_back(setup.host, strnlen(setup.host, sizeof(setup.host)));

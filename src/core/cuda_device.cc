@@ -36,6 +36,28 @@ struct DevicePlanState {
 using DevicePlanner = Planner<DevicePlanState>;
 using DevicePlan = DevicePlanner::Entry;
 
+// The GPU executor's FIFOs: the communicator's, with LOOM_CUDA_SLOT_BYTES slots (NCCL-sized steps in device
+// memory) in place of the host's.
+FifoShape deviceFifoShape(const loomComm* comm) {
+  FifoShape shape = comm->settings.fifoShape;
+  shape.slotBytes = static_cast<size_t>(params::cudaSlotBytes()) / 64 * 64;
+  return shape;
+}
+
+// The device path's tuner: the communicator's context with the GPU executor's channels and slots
+// (LOOM_CUDA_NCHANNELS, LOOM_CUDA_SLOT_BYTES; every rank checked alike at init), as loom-tune and loom-sim model
+// a GPU topology (contextFor).
+Tuner deviceTuner(const loomComm* comm) {
+  const Tuner& host = comm->planner.tuner();
+  TuneContext context = host.context();
+  context.nChannels = static_cast<int>(params::cudaNChannels());
+  context.simpleSliceBytes = fifoPayloadBytes(deviceFifoShape(comm), Protocol::kSimple);
+  context.deviceExecutor = true;
+  Tuner tuner;
+  tuner.configure(context, host.costs());
+  return tuner;
+}
+
 DeviceExecutorConfig executorConfig(const loomComm* comm, int device, const uint32_t* abortFlag) {
   DeviceExecutorConfig config;
   config.device = device;
@@ -43,7 +65,7 @@ DeviceExecutorConfig executorConfig(const loomComm* comm, int device, const uint
   config.nranks = comm->nranks;
   config.maxChannels = kMaxChannels;
   config.timeoutMs = comm->settings.timeoutMs;
-  config.fifoShape = comm->settings.fifoShape;
+  config.fifoShape = deviceFifoShape(comm);
   config.forcedProtocol = comm->settings.forcedProtocol;
   config.abortFlag = abortFlag;
   return config;
@@ -54,7 +76,7 @@ DeviceExecutorConfig executorConfig(const loomComm* comm, int device, const uint
 class DevicePath final : private ConnectionTable::Owner {
  public:
   DevicePath(loomComm* comm, int device, const uint32_t* abortFlag)
-      : comm_(comm), planner_(comm->planner.tuner()), executor_(executorConfig(comm, device, abortFlag)) {}
+      : comm_(comm), planner_(deviceTuner(comm)), executor_(executorConfig(comm, device, abortFlag)) {}
   ~DevicePath();
   loomResult_t start();
   bool takes(const Call& call) const;
@@ -68,7 +90,7 @@ class DevicePath final : private ConnectionTable::Owner {
   // ConnectionTable::Owner: every connection goes through cuda_ipc; each new one's end goes to the executor.
   loomResult_t route(int peer, ConnectionTable::Route* out) override;
   const FifoShape& shapeOf(int channel) override {
-    return channel == kMailboxChannel ? executor_.mailboxShape() : comm_->settings.fifoShape;
+    return channel == kMailboxChannel ? executor_.mailboxShape() : executor_.fifoShape();
   }
   loomResult_t made(bool sender, int peer, int channel, Endpoint& endpoint) override {
     return executor_.setEnd(sender, peer, channel, channel == kMailboxChannel, endpoint);

@@ -55,6 +55,7 @@ class Planner {
   Planner() = default;
   explicit Planner(const Tuner& tuner) : tuner_(tuner) {}
   Tuner& tuner() { return tuner_; }
+  const Tuner& tuner() const { return tuner_; }
 
   // The plan of `call`: cached by shape (*entry set), or, for a call planCacheable refuses, built into `scratch`
   // (*entry null; a null `scratch` makes such a call an error). Pointers stay valid until clear().

@@ -8,9 +8,11 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "src/base/log.h"
+#include "src/base/params.h"
 #include "src/exec/lane_walker.h"
 #include "transports/fifo.h"
 
@@ -42,6 +44,8 @@ struct Hop {
   bool byCpu = true;      // the executors copy it (shared memory); else a NIC or NVLink moves it
   double latencyUs = 0;   // per message
   double bandwidth = 0;   // GB/s available to this rank's flow (shared by the NIC's ranks), when !byCpu
+  std::vector<int> links; // between GPU ranks: the sender's way out and the receiver's way in (2 node, 2 node + 1),
+                          // which messages take in turns
 };
 
 // Times every rank's plan of one call, as tuner.h describes.
@@ -68,6 +72,7 @@ class PlanTimer {
       slowdown_.push_back(std::max(1.0, ranksOnHost[hostOf_[r]] / cores));
       offCore_.push_back(std::max(0.0, 1.0 - cores / ranksOnHost[hostOf_[r]]));
       onDevice_.push_back(placed_ && topo->node(topo->rankNode(r)).kind == NodeKind::kGpu);
+      gpuExecutor_.push_back(onDevice_.back() && context.deviceExecutor);
     }
     // Units per step: enough slices to show pipelining, few enough that large jobs stay cheap to time. A unit
     // pays one message's latency for all its slices, so too few of them favour plans of few large steps: at 64
@@ -88,6 +93,7 @@ class PlanTimer {
       LaneCursor cursor;
       double ready = 0;
     };
+    linkFree_.clear();
     std::vector<std::vector<LaneState>> lanes(n_);
     std::vector<double> busy(n_, 0.0);
     std::vector<int> callOf(n_, 0);
@@ -116,7 +122,9 @@ class PlanTimer {
             state.cursor.next(slicesOf());
             continue;
           }
-          double start = std::max(busy[r], state.ready);
+          // A host rank's executor is one thread: its lanes take turns. A GPU rank runs each lane on a CTA of
+          // its own: they proceed side by side.
+          double start = gpuExecutor_[r] ? state.ready : std::max(busy[r], state.ready);
           if (actionReceives(step.action)) {
             std::deque<double>& in = inFlight[{step.recvPeer, r, lane.channel}];
             if (in.empty()) break;
@@ -129,11 +137,19 @@ class PlanTimer {
             start = std::max(start, in.front() + costs_.switchUs * waits);
             in.pop_front();
           }
-          double end = start + unitCost(step, bytes, state.cursor.round(), onDevice_[r]) * slowdown_[r];
-          busy[r] = state.ready = end;
+          double end = start + unitCost(step, bytes, state.cursor.round(), r) * slowdown_[r];
+          busy[r] = gpuExecutor_[r] ? std::max(busy[r], end) : end;
+          state.ready = end;
           if (actionSends(step.action)) {
             const Hop& hop = hopBetween(r, step.sendPeer);
             double arrival = end + hop.latencyUs + (hop.byCpu ? 0.0 : bytes / (hop.bandwidth * 1e3));
+            if (!hop.links.empty()) {
+              double moving = end;
+              for (int link : hop.links) moving = std::max(moving, linkFree_[link]);
+              const double done = moving + bytes / (hop.bandwidth * 1e3);
+              for (int link : hop.links) linkFree_[link] = done;
+              arrival = done + hop.latencyUs;
+            }
             inFlight[{r, step.sendPeer, lane.channel}].push_back(arrival);
             ready.wake(step.sendPeer);
           }
@@ -179,10 +195,16 @@ class PlanTimer {
   }
 
   // A unit stands for one slice or more (at most maxUnits_ per step): it pays the overhead of each.
-  double unitCost(const Step& step, double bytes, size_t round, bool onDevice) const {
+  double unitCost(const Step& step, double bytes, size_t round, int rank) const {
     if (bytes <= 0) return 0;
     double slicesInUnit = slicesIn(step, round);
     bool communicates = actionSends(step.action) || actionReceives(step.action);
+    const bool onDevice = onDevice_[rank];
+    // The GPU executor's message: the protocol's overhead; its bytes cross the route (hopBetween), not the rank's
+    // memory.
+    if (gpuExecutor_[rank] && communicates)
+      return slicesInUnit * (isLL(step) ? costs_.deviceLlSliceUs : costs_.deviceSimpleSliceUs);
+    if (gpuExecutor_[rank]) return bytes * memoryFactor(step.action) / (costs_.deviceCopyGBps * 1e3);
     double overhead = slicesInUnit *
                       (!communicates ? costs_.localSliceUs : isLL(step) ? costs_.llSliceUs : costs_.simpleSliceUs);
     double factor = communicates && isLL(step) ? memoryFactor(step.action) * costs_.llCopyFactor
@@ -196,10 +218,25 @@ class PlanTimer {
     if (!added) return it->second;
     Hop& hop = it->second;
     hop.latencyUs = costs_.shmLatencyUs;
-    if (!placed_ || hostOf_[from] == hostOf_[to]) return hop;
+    const bool devices = placed_ && gpuExecutor_[from] && gpuExecutor_[to];
+    if (!placed_ || (hostOf_[from] == hostOf_[to] && !devices)) return hop;
     const Topology& topo = *context_.topology;
     PathInfo path = topo.path(from, to);
     if (!path.reachable || path.slowest == LinkKind::kSharedMemory || path.slowest == LinkKind::kSmp) return hop;
+    if (devices) {
+      // The messages of the call that leave the sender's GPU (within its host: its NVLinks or PCIe; between
+      // hosts: its NIC) take turns on those links at the route's payload rate, and so do those entering the
+      // receiver's: the endpoints' links are shared by whichever messages are moving. The links between them are
+      // taken as free: where they are not (a PCIe switch's uplink, a torus's middle hops), loom-sim's max-min
+      // sharing, which sees every link, predicts slower (docs/SIMULATION.md).
+      const bool sameHost = hostOf_[from] == hostOf_[to];
+      hop.links = {2 * (sameHost ? topo.rankNode(from) : topo.egressOf(topo.rankNode(from))),
+                   2 * (sameHost ? topo.rankNode(to) : topo.egressOf(topo.rankNode(to))) + 1};
+      hop.byCpu = false;
+      hop.latencyUs = path.latency;
+      hop.bandwidth = path.bandwidth * linkShare(costs_, path.slowest);
+      return hop;
+    }
     // The ranks of this host that leave it through the same NIC share its bandwidth.
     int egress = topo.egressOf(topo.rankNode(from)), sharing = 0;
     for (int r = 0; r < n_; ++r)
@@ -212,6 +249,7 @@ class PlanTimer {
 
   const TuneContext& context_;
   const HostCosts& costs_;
+  std::map<int, double> linkFree_;  // the ways out and in GPU ranks' messages take (Hop::links): when each is free
   SliceRule rule_;
   size_t elementBytes_;
   int n_;
@@ -220,6 +258,7 @@ class PlanTimer {
   std::vector<double> slowdown_;
   std::vector<double> offCore_;  // per rank: the share of waits that find a peer of its host off its core
   std::vector<bool> onDevice_;    // per rank: a GPU rank, whose copies run at the device's rate
+  std::vector<bool> gpuExecutor_; // ... whose calls the GPU executor runs (TuneContext::deviceExecutor)
   size_t maxUnits_ = 64;
   double copyGBps_ = 11.0;
   std::map<std::pair<int, int>, Hop> hops_;
@@ -243,6 +282,47 @@ std::string sizeText(size_t bytes) {
 }
 
 }  // namespace
+
+double linkShare(const HostCosts& costs, LinkKind kind) {
+  switch (kind) {
+    case LinkKind::kNvLink:
+      return costs.nvlinkShare;
+    case LinkKind::kPcie:
+      return costs.pcieShare;
+    case LinkKind::kNetwork:
+      return costs.networkShare;
+    default:
+      return 1.0;
+  }
+}
+
+bool isGpuContext(const TuneContext& context) {
+  const Topology* topo = context.topology;
+  if (topo == nullptr || context.nranks < 1 || topo->rankCount() < context.nranks) return false;
+  for (int r = 0; r < context.nranks; ++r)
+    if (topo->rankNode(r) < 0 || topo->node(topo->rankNode(r)).kind != NodeKind::kGpu) return false;
+  return true;
+}
+
+TuneContext contextFor(const Topology& topo, int nranks, int channels) {
+  TuneContext context;
+  context.topology = &topo;
+  context.nranks = nranks;
+  for (int r = 0; r < nranks; ++r) context.hostOf.push_back(topo.rankHost(r));
+  const bool allGpus = isGpuContext(context);
+  const int64_t slot = allGpus ? params::cudaSlotBytes() : params::simpleSlotBytes();
+  const FifoShape shape{static_cast<int>(params::fifoDepth()), static_cast<size_t>(slot) / 64 * 64,
+                        static_cast<size_t>(params::llSlotBytes()) / 64 * 64};
+  context.nChannels = channels > 0 ? channels : static_cast<int>(allGpus ? params::cudaNChannels() : params::nChannels());
+  const std::string proto = params::proto();
+  context.forcedProtocol = proto == "LL" ? static_cast<int>(Protocol::kLL) : proto == "Simple" ? 0 : -1;
+  context.llThresholdBytes = static_cast<size_t>(params::llThreshold());
+  context.forcedChunkBytes = static_cast<size_t>(params::chunkBytes());
+  context.llSliceBytes = fifoPayloadBytes(shape, Protocol::kLL);
+  context.simpleSliceBytes = fifoPayloadBytes(shape, Protocol::kSimple);
+  context.deviceExecutor = allGpus;
+  return context;
+}
 
 bool tunable(Collective collective) {
   return collective != Collective::kAllToAllv && collective != Collective::kSendRecv &&
@@ -387,6 +467,9 @@ constexpr CostField kCostFields[] = {
     {"cacheBytes", &HostCosts::cacheBytes},   {"deviceCopyGBps", &HostCosts::deviceCopyGBps},
     {"llCopyFactor", &HostCosts::llCopyFactor}, {"shmLatencyUs", &HostCosts::shmLatencyUs},
     {"switchUs", &HostCosts::switchUs},       {"inputSendFactor", &HostCosts::inputSendFactor},
+    {"deviceLlSliceUs", &HostCosts::deviceLlSliceUs}, {"deviceSimpleSliceUs", &HostCosts::deviceSimpleSliceUs},
+    {"nvlinkShare", &HostCosts::nvlinkShare}, {"pcieShare", &HostCosts::pcieShare},
+    {"networkShare", &HostCosts::networkShare},
 };
 
 }  // namespace

@@ -37,6 +37,11 @@ struct TuneContext {
   size_t llSliceBytes = 8192;      // an LL slot's payload
   size_t simpleSliceBytes = 131072;  // a Simple slot's payload: the largest chunk
   size_t forcedChunkBytes = 0;     // LOOM_CHUNK_BYTES: 0 lets the tuner choose
+  // The GPU executor runs the calls (the device path, LOOM_CUDA_PATH=device): a GPU rank's lanes run side by
+  // side (a CTA each), its messages cost deviceLlSliceUs or deviceSimpleSliceUs and cross their routes (NVLink,
+  // PCIe, a NIC) taking turns on the GPUs' links. Otherwise a GPU rank's calls are staged through the host
+  // executor: one thread, copies at deviceCopyGBps.
+  bool deviceExecutor = false;
 };
 
 // How a call's messages are cut into FIFO slots: decided per call with the algorithm, alike on every rank, since
@@ -59,8 +64,16 @@ struct HostCosts {
   double copyGBps = 19.4;       // one core's memcpy rate from and to memory
   double cachedCopyGBps = 58.8; // ... when the call's buffers fit in the caches
   double cacheBytes = 1 << 20;  // what "fit" means: a core's share of the caches
-  double deviceCopyGBps = 1000; // a GPU rank's copies and reductions (HBM-class), until the CUDA executor's
-                                // own costs are measured
+  // GPU ranks. Under the GPU executor (TuneContext::deviceExecutor; compiled, never run on a GPU, so NCCL-class
+  // figures until its own are measured) a message between GPU ranks goes over its route (NVLink, PCIe, a NIC),
+  // written by the sender's kernel into the peer's FIFO: it costs its sender the protocol's overhead, and its
+  // bytes the route's payload rate, the GPUs' links taken in turns. loom-sim takes these same figures.
+  double deviceCopyGBps = 1000; // local copies and reductions (HBM-class)
+  double deviceLlSliceUs = 1.0;     // per LL message handled by a GPU rank
+  double deviceSimpleSliceUs = 3.0; // per Simple message handled by a GPU rank
+  double nvlinkShare = 0.824;   // payload share of a link's bandwidth: NCCL's own figures (20.6 of 25 GB/s per
+  double pcieShare = 0.76;      // NVLink 4 link, 12 of 15.75 GB/s for PCIe, 12 of 12.5 GB/s per 100 Gb/s of
+  double networkShare = 0.96;   // network); 1 for memory
   double llCopyFactor = 8.4;    // LL moves flags with the payload
   double inputSendFactor = 0.28; // a Simple send of the call's input, per byte: 1 copies it into the slot; 0 is
                                 // a peer reading it in place (LOOM_DIRECT with loomMemAlloc or registered
@@ -71,6 +84,17 @@ struct HostCosts {
                                 // cores: paid per message received, times (1 - cores/ranks) to the power of
                                 // the receiver's active lanes (one of them with work spares the switch)
 };
+
+// The payload share of `kind`'s bandwidth (nvlinkShare, pcieShare, networkShare; 1 for memory).
+double linkShare(const HostCosts& costs, LinkKind kind);
+
+// The tuner's context for ranks 0..nranks-1 of a topology, as a communicator over them would configure it from
+// loom's settings (LOOM_NCHANNELS, the FIFO's slots, LOOM_LL_THRESHOLD, LOOM_PROTO, LOOM_CHUNK_BYTES); where every
+// rank is a GPU, the GPU executor's (LOOM_CUDA_NCHANNELS, LOOM_CUDA_SLOT_BYTES). For loom-tune and loom-sim, which
+// time calls on topologies no one here has; `channels` > 0 replaces the channel count.
+TuneContext contextFor(const Topology& topo, int nranks, int channels = 0);
+// Whether every rank of the context is a GPU (contextFor then took the GPU executor's settings).
+bool isGpuContext(const TuneContext& context);
 
 // Sets the costs named in `text` ("copyGBps=12,switchUs=30"; names as in HostCosts), leaving the others. On a
 // bad name or value returns false with *error set and changes nothing.

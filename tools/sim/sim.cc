@@ -19,15 +19,18 @@ Simulator::Simulator(const Topology& topo, const Params& params) : state_(std::m
 Simulator::~Simulator() = default;
 
 Result Simulator::run(const Call& call, Mode mode) {
+  Params params = state_->params;
+  if (call.simpleSliceBytes > 0) params.simpleSliceBytes = call.simpleSliceBytes;
+  if (call.llThresholdBytes != SIZE_MAX) params.llThresholdBytes = call.llThresholdBytes;
   Result result;
   CallSetup setup;
-  if (!setUpCall(state_->topo, call, state_->params, &setup, &result.error)) return result;
+  if (!setUpCall(state_->topo, call, params, &setup, &result.error)) return result;
   if (call.plans != nullptr) {
     if (call.plans->size() != static_cast<size_t>(call.nranks)) {
       result.error = std::to_string(call.plans->size()) + " plans for " + std::to_string(call.nranks) + " ranks";
       return result;
     }
-    return runExact(setup, *call.plans, state_->network, state_->params);
+    return runExact(setup, *call.plans, state_->network, params);
   }
   if (mode == Mode::kExact) {
     // Every slice is an event: refuse calls that would take minutes, judged by rank 0's plan.
@@ -36,17 +39,17 @@ Result Simulator::run(const Call& call, Mode mode) {
     double slices = 0;
     for (const Lane& lane : first.lanes)
       for (const Step& step : lane.steps) slices += static_cast<double>(setup.slicing.slicesOf(step.count()));
-    if (slices * call.nranks > static_cast<double>(state_->params.maxExactSlices)) {
+    if (slices * call.nranks > static_cast<double>(params.maxExactSlices)) {
       result.error = "about " + std::to_string(static_cast<uint64_t>(slices * call.nranks)) +
-                     " slices, more than the exact engine's limit of " + std::to_string(state_->params.maxExactSlices) +
+                     " slices, more than the exact engine's limit of " + std::to_string(params.maxExactSlices) +
                      " (use the fast engine)";
       return result;
     }
-    return runExact(setup, buildPlans(setup), state_->network, state_->params);
+    return runExact(setup, buildPlans(setup), state_->network, params);
   }
   ShapeSet shapes;
-  if (!buildShapes(setup, state_->params, &shapes, &result.error)) return result;
-  return runFast(setup, shapes, state_->network, state_->cache, state_->params);
+  if (!buildShapes(setup, params, &shapes, &result.error)) return result;
+  return runFast(setup, shapes, state_->network, state_->cache, params);
 }
 
 Params loomParams() {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -61,6 +62,9 @@ struct Call {
   std::string algorithm;  // a registry name; "" = the default
   // Plans given rather than built (a plan file: one per rank, for this call): timed with the exact engine.
   const std::vector<RankPlan>* plans = nullptr;
+  // This call's slicing, as the tuner chose it (loom-sim's rows): 0 and SIZE_MAX keep the Params'.
+  size_t simpleSliceBytes = 0;
+  size_t llThresholdBytes = SIZE_MAX;
 };
 
 struct Result {

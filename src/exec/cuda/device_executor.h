@@ -78,6 +78,7 @@ class DeviceExecutor {
 
   // The shape of the mailboxes' connections, which the caller makes on a channel of their own.
   const FifoShape& mailboxShape() const { return mailboxShape_; }
+  const FifoShape& fifoShape() const { return config_.fifoShape; }  // of every plan connection
   // Whether an AllReduce of `bytes` runs by mailboxes (one-shot or two-shot) rather than a plan.
   bool byMailboxes(size_t bytes) const { return bytes <= std::max(oneShotBytes_, twoShotBytes_); }
 
