@@ -270,6 +270,14 @@ for preset in ["dgx-h100", "pcie-8gpu", "fattree:2", "fattree:64", "torus2d:4x4"
 case("loom-topo --dot x.jpg", [topo, "--preset", "dgx-h100", "--dot", os.path.join(WORK, "x.jpg")], [r"\.dot, \.svg or \.png"])
 case("loom-topo --path 0 999", [topo, "--preset", "dgx-h100", "--path", "0", "999"], ["--path"])
 case("loom-topo --preset nope", [topo, "--preset", "nope"], ["nope"])
+scripts = os.path.join(SOURCE, "tools")
+case("tune-check --save to an unwritable path (checked after the measurements)",
+     [sys.executable, os.path.join(scripts, "tune-check"), "--build", BUILD, "-c", "All_Reduce", "--save", os.path.join(missing_dir, "m.json")],
+     ["--save", "cannot write"], timeout=60)
+case("compare-peers -o an unwritable folder", [sys.executable, os.path.join(scripts, "compare-peers"), "-B", BUILD,
+                                              "-o", "/proc/no-such-folder"], ["-o", "cannot write"], timeout=60)
+case("compare-peers -C nope lists the names", [sys.executable, os.path.join(scripts, "compare-peers"), "-B", BUILD,
+                                               "-C", "nope"], ["nope", "all_reduce"], timeout=60)
 case("loomrun -n 0", [LOOMRUN, "-n", "0", "true"], ["-n"])
 case("loomrun with no program", [LOOMRUN, "-n", "2"], ["usage|program"])
 case("loomrun, a program that does not exist", [LOOMRUN, "-n", "2", os.path.join(missing_dir, "prog")], ["prog"])
