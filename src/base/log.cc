@@ -54,8 +54,8 @@ bool isPowerOfTen(unsigned long long n) {
 void sayRepeats(const Recent& recent, const char* when) {
   constexpr int kExcerpt = 160;
   const int body = static_cast<int>(recent.line.size()) - recent.prefixBytes - 1;  // without the newline
-  std::fprintf(gSettings.out, "%.*srepeated %llu times %s: %.*s%s\n", recent.prefixBytes, recent.line.c_str(),
-               static_cast<unsigned long long>(recent.count), when, std::min(body, kExcerpt),
+  std::fprintf(gSettings.out, "%.*srepeated %llu time%s %s: %.*s%s\n", recent.prefixBytes, recent.line.c_str(),
+               static_cast<unsigned long long>(recent.count), recent.count == 1 ? "" : "s", when, std::min(body, kExcerpt),
                recent.line.c_str() + recent.prefixBytes, body > kExcerpt ? "..." : "");
 }
 

@@ -219,24 +219,41 @@ std::string describeAccepted(const ParamInfo& param) {
   return "text";
 }
 
+namespace {
+
+// What is wrong with `param`'s value, or "".
+std::string problemOf(const ParamInfo& param) {
+  const char* text = envText(param.env);
+  if (text == nullptr) return "";
+  std::string_view type = param.type;
+  std::string problem;
+  Int ignored = 0;
+  std::string canonical, bad;
+  if (type == "Int" && !parseInteger(text, &ignored))
+    problem = "is not an integer";
+  else if (type == "Enum" && canonicalWord(param.accepts, text).empty())
+    problem = "is not accepted";
+  else if (type == "List" && !canonicalList(param.accepts, text, &canonical, &bad))
+    problem = "has \"" + bad + "\", which is not accepted";
+  if (problem.empty()) return "";
+  return std::string(param.env) + "=\"" + text + "\" " + problem + ": expected " + describeAccepted(param);
+}
+
+}  // namespace
+
+std::string problem(const char* env) {
+  for (const ParamInfo& param : all())
+    if (std::string_view(param.env) == env) return problemOf(param);
+  return "";
+}
+
 bool check(std::string* why) {
   why->clear();
   for (const ParamInfo& param : all()) {
-    const char* text = envText(param.env);
-    if (text == nullptr) continue;
-    std::string_view type = param.type;
-    std::string problem;
-    Int ignored = 0;
-    std::string canonical, bad;
-    if (type == "Int" && !parseInteger(text, &ignored))
-      problem = "is not an integer";
-    else if (type == "Enum" && canonicalWord(param.accepts, text).empty())
-      problem = "is not accepted";
-    else if (type == "List" && !canonicalList(param.accepts, text, &canonical, &bad))
-      problem = "has \"" + bad + "\", which is not accepted";
-    if (problem.empty()) continue;
+    const std::string found = problemOf(param);
+    if (found.empty()) continue;
     if (!why->empty()) *why += "; ";
-    *why += std::string(param.env) + "=\"" + text + "\" " + problem + ": expected " + describeAccepted(param);
+    *why += found;
   }
   return why->empty();
 }

@@ -33,6 +33,9 @@ std::span<const ParamInfo> all();
 // variable, its value and what it accepts), when an Int is not an integer or an Enum or List word is not one the
 // table accepts. Out-of-range integers are not errors: their accessors clamp them, with one WARN.
 bool check(std::string* why);
+// check() for one variable: "" when `env` is unset or well formed, else the message check() would give. For code
+// that reads a setting outside a communicator's init (the bootstrap's listening socket, for loomGetUniqueId).
+std::string problem(const char* env);
 
 // "A, B or C" for an Enum's or List's accepted values, "2..64" style for an Int's; for messages and --help.
 std::string describeAccepted(const ParamInfo& param);

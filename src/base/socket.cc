@@ -198,11 +198,11 @@ loomResult_t chooseListenAddress(SocketAddress* out) {
   const std::string spec = params::socketIfname();
   // By default, as NCCL: anything but docker bridges and loopback, unless nothing else is up.
   const InterfaceFilter filter = parseInterfaceFilter(spec.empty() ? "^docker,lo" : spec);
+  // Read here for loomGetUniqueId too, before any communicator's init has checked the settings.
+  if (const std::string why = params::problem("LOOM_SOCKET_FAMILY"); !why.empty())
+    return LOOM_FAIL(loomInvalidArgument, BOOT, "%s", why.c_str());
   const std::string familyName = params::socketFamily();
   int onlyFamily = familyName == "AF_INET" ? AF_INET : familyName == "AF_INET6" ? AF_INET6 : AF_UNSPEC;
-  if (onlyFamily == AF_UNSPEC && !familyName.empty())
-    return LOOM_FAIL(loomInvalidArgument, BOOT, "LOOM_SOCKET_FAMILY=\"%s\": expected AF_INET or AF_INET6",
-                     familyName.c_str());
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) return LOOM_FAIL(loomSystemError, BOOT, "getifaddrs failed: %m");
   // Lower score wins: IPv4, then global IPv6, then link-local IPv6 (which needs its scope to be usable); by

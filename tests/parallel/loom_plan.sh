@@ -23,7 +23,7 @@ expect "1F1B bubble (p-1)/m = 1/16" "1f1b 6\.2%" "$out"
 expect "a predicted step" "^predicted step: [0-9.]+ s" "$out"
 out=$("$plan" --model gpt3-175b --topo fattree:64 --batch 1536 --recommend)
 expect "recommend: a layout within a node's 8 GPUs of tensor parallelism" "^## layout: tp=[1248] sp pp=[0-9]+ dp=" "$out"
-expect "recommend: memory within 80 GB" "^per GPU: .* = [0-9.]+ GB \(of 80 GB\)" "$out"
+expect "recommend: memory within 80 GB" "^per GPU: .* = [0-9.]+ GB \(of 80 GB: fits\)" "$out"
 out=$("$plan" --model gpt2-124m --tp 5 --batch 5 --topo fattree:1 2>&1)
 code=$?
 expect "tp 5 is refused" "does not divide the 12 heads" "$out"
