@@ -63,7 +63,7 @@ DeviceExecutorConfig executorConfig(const loomComm* comm, int device, const uint
   config.device = device;
   config.rank = comm->rank;
   config.nranks = comm->nranks;
-  config.maxChannels = kMaxChannels;
+  config.maxChannels = kMaxChannels * kChannelSets;  // a tree's second set of channels too (algorithms/plan.h)
   config.timeoutMs = comm->settings.timeoutMs;
   config.fifoShape = deviceFifoShape(comm);
   config.forcedProtocol = comm->settings.forcedProtocol;
@@ -164,10 +164,10 @@ loomResult_t DevicePath::planOf(const Call& call, void* stream, DevicePlan** out
   LOOM_CHECK(planner_.plan(call, nullptr, &planned, &plan));
   if (plan->extra.copy.arrays == nullptr) {
     for (const Lane& lane : plan->plan.lanes)
-      if (lane.channel < 0 || lane.channel >= kMaxChannels)
-        return LOOM_FAIL(loomInternalError, CUDA, "%s: plan %s uses channel %d (at most %d)",
+      if (lane.channel < 0 || lane.channel >= kMaxChannels * kChannelSets)
+        return LOOM_FAIL(loomInternalError, CUDA, "%s: plan %s uses channel %d (below %d)",
                          collectiveName(call.collective), planned.choice->algorithm.c_str(), lane.channel,
-                         kMaxChannels);
+                         kMaxChannels * kChannelSets);
     plan->extra.slicing = {planned.choice->slicing.simpleSliceBytes, planned.choice->slicing.llThresholdBytes};
     LOOM_CHECK(executor_.upload(plan->plan, &plan->extra.copy));
   }
