@@ -152,8 +152,7 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
   if (!comm->settings.torusText.empty() && !parseTorusDims(comm->settings.torusText, nranks, comm->settings.torusDims, &comm->settings.torusDimCount, &why))
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_TORUS_DIMS=\"%s\": %s", comm->settings.torusText.c_str(), why.c_str());
   if (netChoiceError(&why)) return LOOM_FAIL(loomInvalidArgument, INIT, "%s", why.c_str());
-  const std::string proto = params::proto();
-  comm->settings.forcedProtocol = proto == "LL" ? static_cast<int>(Protocol::kLL) : proto == "Simple" ? 0 : -1;
+  comm->settings.forcedProtocol = forcedProtocolSetting();
   comm->settings.llThresholdBytes = static_cast<size_t>(params::llThreshold());
   comm->settings.chunkBytes = static_cast<size_t>(params::chunkBytes());
   comm->settings.peerCheckMs = params::peerCheckMs();

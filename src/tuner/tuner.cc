@@ -8,7 +8,6 @@
 #include <deque>
 #include <map>
 #include <optional>
-#include <set>
 #include <tuple>
 
 #include "src/base/log.h"
@@ -296,6 +295,11 @@ double linkShare(const HostCosts& costs, LinkKind kind) {
   }
 }
 
+int forcedProtocolSetting() {
+  const std::string proto = params::proto();
+  return proto == "LL" ? static_cast<int>(Protocol::kLL) : proto == "Simple" ? static_cast<int>(Protocol::kSimple) : -1;
+}
+
 bool isGpuContext(const TuneContext& context) {
   const Topology* topo = context.topology;
   if (topo == nullptr || context.nranks < 1 || topo->rankCount() < context.nranks) return false;
@@ -314,8 +318,7 @@ TuneContext contextFor(const Topology& topo, int nranks, int channels) {
   const FifoShape shape{static_cast<int>(params::fifoDepth()), static_cast<size_t>(slot) / 64 * 64,
                         static_cast<size_t>(params::llSlotBytes()) / 64 * 64};
   context.nChannels = channels > 0 ? channels : static_cast<int>(allGpus ? params::cudaNChannels() : params::nChannels());
-  const std::string proto = params::proto();
-  context.forcedProtocol = proto == "LL" ? static_cast<int>(Protocol::kLL) : proto == "Simple" ? 0 : -1;
+  context.forcedProtocol = forcedProtocolSetting();
   context.llThresholdBytes = static_cast<size_t>(params::llThreshold());
   context.forcedChunkBytes = static_cast<size_t>(params::chunkBytes());
   context.llSliceBytes = fifoPayloadBytes(shape, Protocol::kLL);

@@ -93,6 +93,8 @@ double linkShare(const HostCosts& costs, LinkKind kind);
 // rank is a GPU, the GPU executor's (LOOM_CUDA_NCHANNELS, LOOM_CUDA_SLOT_BYTES). For loom-tune and loom-sim, which
 // time calls on topologies no one here has; `channels` > 0 replaces the channel count.
 TuneContext contextFor(const Topology& topo, int nranks, int channels = 0);
+// LOOM_PROTO as TuneContext::forcedProtocol takes it: -1 lets the tuner choose, else a Protocol.
+int forcedProtocolSetting();
 // Whether every rank of the context is a GPU (contextFor then took the GPU executor's settings).
 bool isGpuContext(const TuneContext& context);
 
