@@ -88,10 +88,12 @@ RankPlan buildDirectAllReduce(const CollArgs& args) {
 }
 
 // Two-shot: chunk p of every channel's part belongs to rank p. Phase 1 sends chunk p to rank p and combines the
-// n copies of this rank's chunk in rank order (a direct reduce-scatter); phase 2 sends the result to every peer
-// and receives theirs (a direct all-gather). Two messages on the critical path instead of one, but each rank
-// sends 2 (n-1)/n of the data instead of n-1 times it: for messages too large for one-shot and too small for
-// the ring's 2(n-1) steps.
+// n copies of this rank's chunk in rank order (a direct reduce-scatter); phase 2 sends the result to every peer,
+// then receives theirs (a direct all-gather). Every send is posted before the first receive, so that no transfer
+// waits behind another peer's; each slice's round still receives before the next round sends, so no FIFO holds
+// more than one round's slices. Two messages on the critical path instead of one, but each rank sends 2 (n-1)/n
+// of the data instead of n-1 times it: for messages too large for one-shot and too small for the ring's 2(n-1)
+// steps.
 RankPlan buildTwoShotAllReduce(const CollArgs& args) {
   RankPlan plan = planShell(args, "twoshot");
   int n = args.nranks, rank = args.rank;
@@ -107,11 +109,10 @@ RankPlan buildTwoShotAllReduce(const CollArgs& args) {
     combineInRankOrder(n, rank, chunk(Buffer::kInput, rank), chunk(Buffer::kScratch, rank),
                        chunk(Buffer::kOutput, rank), &lane);
     lane.startPhase();
-    for (int p = 0; p < n; ++p) {
-      if (p == rank) continue;
-      lane.steps.push_back(send(p, chunk(Buffer::kOutput, rank)));
-      lane.steps.push_back(recv(p, chunk(Buffer::kOutput, p)));
-    }
+    for (int p = 0; p < n; ++p)
+      if (p != rank) lane.steps.push_back(send(p, chunk(Buffer::kOutput, rank)));
+    for (int p = 0; p < n; ++p)
+      if (p != rank) lane.steps.push_back(recv(p, chunk(Buffer::kOutput, p)));
     plan.lanes.push_back(std::move(lane));
   }
   plan.scratchCount = n > 2 || rank != 0 ? args.count : 0;

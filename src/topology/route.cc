@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "src/topology/network.h"
 #include "src/topology/topology.h"
 
 namespace loom {
@@ -105,13 +106,6 @@ struct Scratch {
 Scratch& scratch() {
   thread_local Scratch state;
   return state;
-}
-
-uint64_t mixHash(uint64_t value) {  // splitmix64's finaliser
-  value += 0x9e3779b97f4a7c15ULL;
-  value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  value = (value ^ (value >> 27)) * 0x94d049bb133111ebULL;
-  return value ^ (value >> 31);
 }
 
 class Searcher {

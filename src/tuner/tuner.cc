@@ -13,6 +13,7 @@
 #include "src/base/log.h"
 #include "src/base/params.h"
 #include "src/exec/lane_walker.h"
+#include "src/topology/network.h"
 #include "transports/fifo.h"
 
 namespace loom {
@@ -43,8 +44,10 @@ struct Hop {
   bool byCpu = true;      // the executors copy it (shared memory); else a NIC or NVLink moves it
   double latencyUs = 0;   // per message
   double bandwidth = 0;   // GB/s available to this rank's flow (shared by the NIC's ranks), when !byCpu
-  std::vector<int> links; // between GPU ranks: the sender's way out and the receiver's way in (2 node, 2 node + 1),
-                          // which messages take in turns
+  // Between GPU ranks under the GPU executor: the route's resources (Network: a direction of a link, or a group of
+  // twin links a transfer is striped over), each a server that messages take in turns, busy for the bytes it
+  // carries over its capacity.
+  const NetRoute* route = nullptr;
 };
 
 // Times every rank's plan of one call, as tuner.h describes.
@@ -142,12 +145,12 @@ class PlanTimer {
           if (actionSends(step.action)) {
             const Hop& hop = hopBetween(r, step.sendPeer);
             double arrival = end + hop.latencyUs + (hop.byCpu ? 0.0 : bytes / (hop.bandwidth * 1e3));
-            if (!hop.links.empty()) {
+            if (hop.route != nullptr) {
               double moving = end;
-              for (int link : hop.links) moving = std::max(moving, linkFree_[link]);
-              const double done = moving + bytes / (hop.bandwidth * 1e3);
-              for (int link : hop.links) linkFree_[link] = done;
-              arrival = done + hop.latencyUs;
+              for (const ResourceUse& use : hop.route->uses) moving = std::max(moving, linkFree_[use.resource]);
+              for (const ResourceUse& use : hop.route->uses)
+                linkFree_[use.resource] = moving + bytes * use.weight / (network_->capacity(use.resource) * 1e3);
+              arrival = moving + bytes / (hop.bandwidth * 1e3) + hop.latencyUs;
             }
             inFlight[{r, step.sendPeer, lane.channel}].push_back(arrival);
             ready.wake(step.sendPeer);
@@ -223,17 +226,18 @@ class PlanTimer {
     PathInfo path = topo.path(from, to);
     if (!path.reachable || path.slowest == LinkKind::kSharedMemory || path.slowest == LinkKind::kSmp) return hop;
     if (devices) {
-      // The messages of the call that leave the sender's GPU (within its host: its NVLinks or PCIe; between
-      // hosts: its NIC) take turns on those links at the route's payload rate, and so do those entering the
-      // receiver's: the endpoints' links are shared by whichever messages are moving. The links between them are
-      // taken as free: where they are not (a PCIe switch's uplink, a torus's middle hops), loom-sim's max-min
-      // sharing, which sees every link, predicts slower (docs/SIMULATION.md).
-      const bool sameHost = hostOf_[from] == hostOf_[to];
-      hop.links = {2 * (sameHost ? topo.rankNode(from) : topo.egressOf(topo.rankNode(from))),
-                   2 * (sameHost ? topo.rankNode(to) : topo.egressOf(topo.rankNode(to))) + 1};
+      // The message crosses every link of its route, and each link (or group of twins) carries the messages of
+      // the call that cross it one after another at its payload rate: a GPU's own links, a PCIe switch's uplink,
+      // a torus's middle hops and a fat tree's spines are shared alike, as loom-sim shares them.
+      if (!network_) {
+        double efficiency[kLinkKinds];
+        for (int kind = 0; kind < kLinkKinds; ++kind) efficiency[kind] = linkShare(costs_, static_cast<LinkKind>(kind));
+        network_.emplace(topo, efficiency);
+      }
+      hop.route = &network_->rankRoute(from, to);
       hop.byCpu = false;
       hop.latencyUs = path.latency;
-      hop.bandwidth = path.bandwidth * linkShare(costs_, path.slowest);
+      hop.bandwidth = hop.route->soloRate;
       return hop;
     }
     // The ranks of this host that leave it through the same NIC share its bandwidth.
@@ -248,7 +252,8 @@ class PlanTimer {
 
   const TuneContext& context_;
   const HostCosts& costs_;
-  std::map<int, double> linkFree_;  // the ways out and in GPU ranks' messages take (Hop::links): when each is free
+  std::optional<Network> network_;  // the routes of GPU ranks' messages, built on the first
+  std::map<int, double> linkFree_;  // per resource of network_: when it is next free
   SliceRule rule_;
   size_t elementBytes_;
   int n_;

@@ -39,7 +39,7 @@ struct TuneContext {
   size_t forcedChunkBytes = 0;     // LOOM_CHUNK_BYTES: 0 lets the tuner choose
   // The GPU executor runs the calls (the device path, LOOM_CUDA_PATH=device): a GPU rank's lanes run side by
   // side (a CTA each), its messages cost deviceLlSliceUs or deviceSimpleSliceUs and cross their routes (NVLink,
-  // PCIe, a NIC) taking turns on the GPUs' links. Otherwise a GPU rank's calls are staged through the host
+  // PCIe, a NIC) taking turns on every link of the route. Otherwise a GPU rank's calls are staged through the host
   // executor: one thread, copies at deviceCopyGBps.
   bool deviceExecutor = false;
 };
@@ -67,7 +67,7 @@ struct HostCosts {
   // GPU ranks. Under the GPU executor (TuneContext::deviceExecutor; compiled, never run on a GPU, so NCCL-class
   // figures until its own are measured) a message between GPU ranks goes over its route (NVLink, PCIe, a NIC),
   // written by the sender's kernel into the peer's FIFO: it costs its sender the protocol's overhead, and its
-  // bytes the route's payload rate, the GPUs' links taken in turns. loom-sim takes these same figures.
+  // bytes the route's payload rate, every link of the route taken in turns. loom-sim takes these same figures.
   double deviceCopyGBps = 1000; // local copies and reductions (HBM-class)
   double deviceLlSliceUs = 1.0;     // per LL message handled by a GPU rank
   double deviceSimpleSliceUs = 3.0; // per Simple message handled by a GPU rank

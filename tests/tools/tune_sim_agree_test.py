@@ -14,7 +14,7 @@ tune, sim = build + "/tools/loom-tune", build + "/tools/loom-sim"
 CASES = [  # preset, ranks, bytes
     ("dgx-h100", 8, 8), ("dgx-h100", 8, 2048), ("dgx-h100", 8, 32768), ("dgx-h100", 8, 134217728),
     ("dgx-h100", 8, 1073741824), ("fullmesh:8", 8, 2048), ("fullmesh:8", 8, 134217728), ("pcie-8gpu", 8, 128),
-    ("torus2d:4x4", 16, 2048), ("fattree:2", 16, 2048), ("fattree:4", 32, 8),
+    ("torus2d:4x4", 16, 2048), ("torus2d:4x4", 16, 134217728), ("fattree:2", 16, 2048), ("fattree:4", 32, 8),
 ]
 failed = 0
 for preset, ranks, size in CASES:

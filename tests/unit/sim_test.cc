@@ -12,7 +12,7 @@
 
 #include "algorithms/builders.h"
 #include "src/topology/presets.h"
-#include "tools/sim/network.h"
+#include "src/topology/network.h"
 #include "tools/sim/shapes.h"
 
 namespace loom::sim {
@@ -117,6 +117,24 @@ TEST(SimTime, RingOnFullMeshMatchesAnalytic) {
         EXPECT_NEAR(time, expected, 0.01 * expected) << describe(call, mode) << " overhead " << overhead;
       }
     }
+  }
+}
+
+// Twoshot on a full mesh with no overheads, one slice per chunk: each phase moves every rank's chunks to all its
+// peers at once, over distinct links, so the call takes two transfers. (With its all-gather's receives between the
+// sends, each rank's send to a later peer waited on its receive from an earlier one: a chain of up to n - 1.)
+TEST(SimTime, TwoshotOnFullMeshTakesTwoTransfers) {
+  Topology topo = preset("fullmesh:8");
+  const int n = 8;
+  const double beta = 56, latency = 0.6;
+  Params params = networkOnly();
+  Call call;
+  call.algorithm = "twoshot";
+  call.count = n * (params.simpleSliceBytes / 4);
+  double expected = 2 * (latency + static_cast<double>(params.simpleSliceBytes) / (beta * 1e3));
+  for (Mode mode : {Mode::kExact, Mode::kFast}) {
+    double time = simulate(topo, params, call, mode).timeUs;
+    EXPECT_NEAR(time, expected, 0.01 * expected) << describe(call, mode);
   }
 }
 

@@ -6,7 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tools/sim/network.h"
+#include "src/topology/network.h"
 #include "tools/sim/shapes.h"
 #include "tools/sim/sim.h"
 

@@ -1,12 +1,12 @@
 // Routes as resource loads, and max-min fair rates (see network.h).
-#include "tools/sim/network.h"
+#include "src/topology/network.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <queue>
 
-namespace loom::sim {
+namespace loom {
 namespace {
 
 constexpr double kInfinite = std::numeric_limits<double>::infinity();
@@ -235,4 +235,4 @@ void Network::fairRates(std::span<const FlowDemand> flows, std::vector<double>* 
   }
 }
 
-}  // namespace loom::sim
+}  // namespace loom

@@ -1,6 +1,6 @@
-// The network as the simulator sees it: resources (one direction of a link, or a group of twin links that a
-// transfer is striped over), routes between nodes as the resources they load, and max-min fair rates for a set
-// of flows that all want to send at once.
+// The network as loom-sim and the tuner's model of the GPU executor see it: resources (one direction of a link, or a
+// group of twin links that a transfer is striped over), routes between nodes as the resources they load, and
+// max-min fair rates for a set of flows that all want to send at once.
 //
 // A route is Topology::route's links. Where it crosses a switch with twins (the four NVSwitches of a DGX, the
 // spines of a fat tree: Topology::pathBetween's rule), the transfer is striped over the twins in proportion to
@@ -19,7 +19,7 @@
 
 #include "src/topology/topology.h"
 
-namespace loom::sim {
+namespace loom {
 
 // splitmix64's finaliser: the hash the simulator's tables mix keys with.
 inline uint64_t mixHash(uint64_t value) {
@@ -85,4 +85,4 @@ class Network {
   int stamp_ = 0;
 };
 
-}  // namespace loom::sim
+}  // namespace loom
