@@ -45,7 +45,7 @@ struct Options {
   int root = 0;
   int channels = 1;
   int nranks = 0;  // 0: every rank of the topology
-  sim::Mode mode = sim::Mode::kFast;
+  sim::Mode mode = sim::Mode::kAuto;
   bool timing = false;
   sim::Params params;
   std::string planFile;  // --plan: time this file's plans instead of loom's algorithms
@@ -76,7 +76,7 @@ void usage(std::FILE* out) {
       out,
       "usage: loom-sim --topo SPEC|FILE [--collective NAME] [--algorithm NAME[,NAME...]]\n"
       "                [-b MINBYTES] [-e MAXBYTES] [-f FACTOR | -i STEPBYTES] [-d TYPE] [-o OP] [-r ROOT]\n"
-      "                [--channels C] [--nranks N] [--mode fast|exact] [--timing]\n"
+      "                [--channels C] [--nranks N] [--mode auto|fast|exact] [--timing]\n"
       "                [--ll-overhead US] [--simple-overhead US] [--copy-bw GBPS] [--efficiency KIND=F,...]\n"
       "                [--slice-bytes B] [--ll-slot-bytes B] [--ll-threshold B] [--fifo-depth D]\n"
       "                [--build-all] [--max-steps N] [--threads N] [--plan FILE | --dump-plan FILE]\n"
@@ -87,7 +87,8 @@ void usage(std::FILE* out) {
       "  --nranks        the first N ranks of the topology take part (default: all)\n"
       "  --channels      channels per call (default: the tuner's choice per row, 1 or LOOM_NCHANNELS (%lld);\n"
       "                  where every rank is a GPU, 1 or LOOM_CUDA_NCHANNELS)\n"
-      "  --mode          fast (default: runs of steps, extrapolated rounds) or exact (every slice; small calls)\n"
+      "  --mode          auto (default: exact where the call is small enough, as the tuner times it; else\n"
+      "                  fast), fast (runs of steps, extrapolated rounds) or exact (every slice an event)\n"
       "  --timing        add the wall time each row took to simulate\n"
       "  --ll-overhead, --simple-overhead  software cost of one message per protocol, us (default: the\n"
       "                  tuner's, loom-tune --show-costs: 1, 3 on GPU ranks; 0.09, 0.78 on host ranks)\n"
@@ -209,8 +210,10 @@ Options parseOptions(int argc, char** argv) {
         options.mode = sim::Mode::kFast;
       else if (std::strcmp(value, "exact") == 0)
         options.mode = sim::Mode::kExact;
+      else if (std::strcmp(value, "auto") == 0)
+        options.mode = sim::Mode::kAuto;
       else
-        throw UsageError(std::string("invalid value '") + value + "' for --mode (fast or exact)");
+        throw UsageError(std::string("invalid value '") + value + "' for --mode (auto, fast or exact)");
     } else if (flag == "--ll-overhead") {
       options.params.llOverheadUs = parseDoubleArg(value, name, 0, 1e6), options.llOverheadGiven = true;
     } else if (flag == "--simple-overhead") {
@@ -390,9 +393,11 @@ int run(const Options& given) {
   // One tuner per algorithm, restricted to it as LOOM_ALGO=<name> would (a tuner remembers one choice per size).
   std::map<std::string, Tuner> tuners;
 
-  std::printf("# loom-sim: %s on %s: %d ranks on %zu host%s, %s engine\n", collectiveName(options.collective),
+  std::printf("# loom-sim: %s on %s: %d ranks on %zu host%s, %s\n", collectiveName(options.collective),
               options.topo.c_str(), nranks, hosts.size(), hosts.size() == 1 ? "" : "s",
-              options.mode == sim::Mode::kFast ? "fast" : "exact");
+              options.mode == sim::Mode::kFast    ? "fast engine"
+              : options.mode == sim::Mode::kExact ? "exact engine"
+                                                  : "exact engine where the call is small enough (as the tuner's), else fast");
   std::printf("# channels and chunks: %s (up to %d channels, %zu KiB slots: %s)\n",
               followTuner ? "the tuner's choice for each row, as loom-tune's" : "as given", context.nChannels,
               context.simpleSliceBytes >> 10,
@@ -455,6 +460,7 @@ int run(const Options& given) {
                   perf::formatCell(busbw, 7).c_str());
       std::printf("  %4d  %6zu", call.nChannels, chunkBytes >> 10);
       if (options.timing) std::printf("  %6.2f", wall);
+      if (options.mode == sim::Mode::kAuto && !result.exact) std::printf("  (fast engine)");
       if (!result.converged) std::printf("  (times had not settled)");
       std::printf("\n");
       std::fflush(stdout);

@@ -401,6 +401,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   tune.forcedProtocol = comm->settings.forcedProtocol;
   tune.llThresholdBytes = comm->settings.llThresholdBytes;
   tune.forcedChunkBytes = comm->settings.chunkBytes;
+  tune.fifoDepth = comm->settings.fifoShape.depth;
   tune.llSliceBytes = fifoPayloadBytes(comm->settings.fifoShape, Protocol::kLL);
   tune.simpleSliceBytes = fifoPayloadBytes(comm->settings.fifoShape, Protocol::kSimple);
   comm->planner.tuner().configure(std::move(tune));

@@ -14,30 +14,11 @@
 #include "src/base/params.h"
 #include "src/exec/lane_walker.h"
 #include "src/topology/network.h"
+#include "src/tuner/event_timer.h"
 #include "transports/fifo.h"
 
 namespace loom {
 namespace {
-
-// Bytes each kind of step moves through its rank's memory per byte of payload: a forwarding step copies in and
-// out, a reduction reads two operands and writes one.
-double memoryFactor(Action action) {
-  switch (action) {
-    case Action::kSend:
-    case Action::kRecv:
-    case Action::kCopy:
-      return 1.0;
-    case Action::kRecvReduce:
-    case Action::kRecvReduceSend:
-    case Action::kReduce:
-      return 1.5;
-    case Action::kRecvCopySend:
-      return 2.0;
-    case Action::kRecvReduceCopySend:
-      return 2.5;
-  }
-  return 1.0;
-}
 
 // How a message between two ranks travels.
 struct Hop {
@@ -90,7 +71,21 @@ class PlanTimer {
   // The time of a call, or with calls > 1 the time per call of that many issued back to back (every rank
   // starts its next call when it has finished the one before, as its executor does): so a call that does not
   // need every rank to finish together, like a chain's Broadcast, overlaps the next one.
-  double time(const std::vector<RankPlan>& plans, int calls) {
+  double time(const std::vector<RankPlan>& plans, int nChannels, int calls) {
+    // GPU ranks under the GPU executor: the event timer, links shared by fair shares as loom-sim's exact engine
+    // shares them (the same function), where the call is small enough to take every slice as an event; larger
+    // ones below, messages taking turns on each link.
+    if (placed_ && std::all_of(gpuExecutor_.begin(), gpuExecutor_.end(), [](bool gpu) { return gpu; }) &&
+        eventWork(plans, rule_, nChannels) <= kEventWorkLimit) {
+      EventCosts costs;
+      costs.llOverheadUs = costs_.deviceLlSliceUs;
+      costs.simpleOverheadUs = costs_.deviceSimpleSliceUs;
+      costs.copyGBps = costs_.deviceCopyGBps;
+      costs.fifoDepth = context_.fifoDepth;
+      costs.callUs = costs_.callUs;
+      EventTiming timing = timeByEvents(plans, nChannels, network(), rule_, costs, calls);
+      if (timing.ok) return timing.timeUs;
+    }
     struct LaneState {
       LaneCursor cursor;
       double ready = 0;
@@ -215,6 +210,15 @@ class PlanTimer {
     return overhead + bytes * factor / ((onDevice ? costs_.deviceCopyGBps : copyGBps_) * 1e3);
   }
 
+  Network& network() {
+    if (!network_) {
+      double efficiency[kLinkKinds];
+      for (int kind = 0; kind < kLinkKinds; ++kind) efficiency[kind] = linkShare(costs_, static_cast<LinkKind>(kind));
+      network_.emplace(*context_.topology, efficiency);
+    }
+    return *network_;
+  }
+
   const Hop& hopBetween(int from, int to) {
     auto [it, added] = hops_.try_emplace({from, to});
     if (!added) return it->second;
@@ -229,12 +233,7 @@ class PlanTimer {
       // The message crosses every link of its route, and each link (or group of twins) carries the messages of
       // the call that cross it one after another at its payload rate: a GPU's own links, a PCIe switch's uplink,
       // a torus's middle hops and a fat tree's spines are shared alike, as loom-sim shares them.
-      if (!network_) {
-        double efficiency[kLinkKinds];
-        for (int kind = 0; kind < kLinkKinds; ++kind) efficiency[kind] = linkShare(costs_, static_cast<LinkKind>(kind));
-        network_.emplace(topo, efficiency);
-      }
-      hop.route = &network_->rankRoute(from, to);
+      hop.route = &network().rankRoute(from, to);
       hop.byCpu = false;
       hop.latencyUs = path.latency;
       hop.bandwidth = hop.route->soloRate;
@@ -326,6 +325,7 @@ TuneContext contextFor(const Topology& topo, int nranks, int channels) {
   context.forcedProtocol = forcedProtocolSetting();
   context.llThresholdBytes = static_cast<size_t>(params::llThreshold());
   context.forcedChunkBytes = static_cast<size_t>(params::chunkBytes());
+  context.fifoDepth = shape.depth;
   context.llSliceBytes = fifoPayloadBytes(shape, Protocol::kLL);
   context.simpleSliceBytes = fifoPayloadBytes(shape, Protocol::kSimple);
   context.deviceExecutor = allGpus;
@@ -363,7 +363,7 @@ double estimateCall(const TuneContext& context, const HostCosts& costs, Collecti
   PlanTimer timer(context, costs, slicing ? *slicing : defaultSlicing(context), elementBytes);
   const RankPlan& first = plans.front();
   timer.setFootprint(static_cast<double>(first.inputCount + first.outputCount + first.scratchCount) * elementBytes);
-  return timer.time(plans, std::max(1, calls));
+  return timer.time(plans, nChannels, std::max(1, calls));
 }
 
 void Tuner::configure(TuneContext context, HostCosts costs) {

@@ -37,6 +37,7 @@ struct TuneContext {
   size_t llSliceBytes = 8192;      // an LL slot's payload
   size_t simpleSliceBytes = 131072;  // a Simple slot's payload: the largest chunk
   size_t forcedChunkBytes = 0;     // LOOM_CHUNK_BYTES: 0 lets the tuner choose
+  int fifoDepth = 8;               // LOOM_FIFO_DEPTH: messages a connection may have in flight (the event timer)
   // The GPU executor runs the calls (the device path, LOOM_CUDA_PATH=device): a GPU rank's lanes run side by
   // side (a CTA each), its messages cost deviceLlSliceUs or deviceSimpleSliceUs and cross their routes (NVLink,
   // PCIe, a NIC) taking turns on every link of the route. Otherwise a GPU rank's calls are staged through the host

@@ -13,6 +13,8 @@
 #include "algorithms/builders.h"
 #include "src/topology/presets.h"
 #include "src/topology/network.h"
+#include "src/tuner/event_timer.h"
+#include "src/tuner/tuner.h"
 #include "tools/sim/shapes.h"
 
 namespace loom::sim {
@@ -321,6 +323,72 @@ TEST(SimScale, RingOver16384Ranks) {
   double busBandwidth = bytes / 1e3 / result.timeUs * busBandwidthFactor(Collective::kAllReduce, call.nranks);
   EXPECT_GT(busBandwidth, 0.1);
   EXPECT_LT(busBandwidth, 50 * params.efficiency[static_cast<int>(LinkKind::kNetwork)]);
+}
+
+// The event timer (src/tuner/event_timer.h), which is both the exact engine and the tuner's model of the GPU
+// executor.
+std::vector<RankPlan> ringPlans(int nranks, size_t count, int channels) {
+  std::vector<RankPlan> plans(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    CollArgs args;
+    args.collective = Collective::kAllReduce;
+    args.nranks = nranks;
+    args.rank = r;
+    args.count = count;
+    args.nChannels = channels;
+    EXPECT_TRUE(buildPlan(args, "ring", &plans[r]));
+  }
+  return plans;
+}
+
+TEST(EventTimer, FoldedChannelsTimeAsTheLanesTheyStandFor) {
+  Topology topo = gpusOnSwitch(4, 100, 1);
+  const double nominal[kLinkKinds] = {1, 1, 1, 1, 1};
+  Network network(topo, nominal);
+  const SliceRule rule = SliceRule::of(4, 0, 8192, 131072, -1);
+  std::vector<RankPlan> plans = ringPlans(4, size_t{1} << 20, 4);
+  EventTiming folded = timeByEvents(plans, 4, network, rule, EventCosts{});
+  ASSERT_TRUE(folded.ok) << folded.error;
+  EXPECT_EQ(folded.folded, 4);
+  // Channel 1 two elements shorter per step on every rank (as many slices): no longer copies of channel 0, so every
+  // lane is timed.
+  for (RankPlan& plan : plans)
+    for (Lane& lane : plan.lanes)
+      if (lane.channel == 1)
+        for (Step& step : lane.steps)
+          for (Region* region : {&step.src, &step.src2, &step.dst})
+            if (region->count > 2) region->count -= 2;
+  EventTiming unfolded = timeByEvents(plans, 4, network, rule, EventCosts{});
+  ASSERT_TRUE(unfolded.ok) << unfolded.error;
+  EXPECT_EQ(unfolded.folded, 1);
+  EXPECT_GT(unfolded.events, 3 * folded.events);
+  EXPECT_NEAR(unfolded.timeUs / folded.timeUs, 1.0, 1e-3) << folded.timeUs << " folded, " << unfolded.timeUs;
+}
+
+TEST(EventTimer, AStreamOfEvenCallsTakesOneCallEach) {
+  Topology topo = gpusOnSwitch(4, 100, 1);
+  const double nominal[kLinkKinds] = {1, 1, 1, 1, 1};
+  Network network(topo, nominal);
+  const SliceRule rule = SliceRule::of(4, 0, 8192, 131072, -1);
+  std::vector<RankPlan> plans = ringPlans(4, size_t{1} << 18, 2);
+  EventCosts costs;
+  costs.callUs = 0.5;
+  EventTiming one = timeByEvents(plans, 2, network, rule, costs, 1);
+  EventTiming stream = timeByEvents(plans, 2, network, rule, costs, 3);
+  ASSERT_TRUE(one.ok && stream.ok) << one.error << stream.error;
+  // Every rank of a ring ends together, so each call after the first starts callUs after the one before ended.
+  EXPECT_NEAR(stream.timeUs, one.timeUs, 1e-9 * one.timeUs);
+  EXPECT_GT(one.timeUs, costs.callUs);
+}
+
+TEST(EventTimer, EndsWhenAFlowsTimeLeftIsBelowTheClocksResolution) {
+  // This call once spun forever: a flow whose remaining time, added to the clock, left it unchanged.
+  Topology topo = preset("fattree:4");
+  TuneContext context = contextFor(topo, 32, 1);
+  HostCosts costs;
+  loom::Slicing slicing = defaultSlicing(context);
+  double us = estimateCall(context, costs, Collective::kAllReduce, 32, 4, 0, "hierarchical", 1, &slicing, 3);
+  EXPECT_GT(us, 0);
 }
 
 TEST(SimSetup, ErrorsNameTheProblem) {

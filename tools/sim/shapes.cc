@@ -1,6 +1,8 @@
 // Setting up a call, building its plans, compressing them into runs (see shapes.h).
 #include "tools/sim/shapes.h"
 
+#include "src/tuner/event_timer.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -187,8 +189,7 @@ Slicing::Slicing(const Params& params, size_t elementBytes)
       llPayloadBytes(llPayloadOf(params)) {}
 
 double Slicing::wireBytes(size_t elements, bool ll) const {
-  double bytes = static_cast<double>(elements * elementBytes);
-  return ll ? 2 * 4 * std::ceil(bytes / 4) + 8 : bytes;
+  return loom::wireBytes(static_cast<double>(elements * elementBytes), ll);
 }
 
 CollArgs CallSetup::argsFor(int rank) const {

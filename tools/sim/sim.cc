@@ -3,6 +3,7 @@
 
 #include "algorithms/builders.h"
 #include "src/base/params.h"
+#include "src/tuner/event_timer.h"
 #include "tools/sim/engines.h"
 
 namespace loom::sim {
@@ -30,7 +31,17 @@ Result Simulator::run(const Call& call, Mode mode) {
       result.error = std::to_string(call.plans->size()) + " plans for " + std::to_string(call.nranks) + " ranks";
       return result;
     }
-    return runExact(setup, *call.plans, state_->network, params);
+    result = runExact(setup, *call.plans, state_->network, params);
+    result.exact = true;
+    return result;
+  }
+  if (mode == Mode::kAuto && call.nranks <= params.autoExactMaxRanks) {
+    std::vector<RankPlan> plans = buildPlans(setup);
+    if (eventWork(plans, setup.slicing, setup.base.nChannels) <= params.autoExactWork) {
+      result = runExact(setup, plans, state_->network, params);
+      result.exact = true;
+      return result;
+    }
   }
   if (mode == Mode::kExact) {
     // Every slice is an event: refuse calls that would take minutes, judged by rank 0's plan.
@@ -45,7 +56,9 @@ Result Simulator::run(const Call& call, Mode mode) {
                      " (use the fast engine)";
       return result;
     }
-    return runExact(setup, buildPlans(setup), state_->network, params);
+    result = runExact(setup, buildPlans(setup), state_->network, params);
+    result.exact = true;
+    return result;
   }
   ShapeSet shapes;
   if (!buildShapes(setup, params, &shapes, &result.error)) return result;

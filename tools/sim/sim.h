@@ -20,6 +20,7 @@
 
 #include "algorithms/plan.h"
 #include "src/topology/topology.h"
+#include "src/tuner/event_timer.h"
 
 namespace loom::sim {
 
@@ -44,13 +45,19 @@ struct Params {
   // An algorithm whose plans hold more steps than this over all ranks (after the symmetry above) is refused.
   size_t maxSteps = size_t{1} << 27;
   size_t maxExactSlices = 2000000;  // kExact refuses calls of more slices over all ranks (about a minute)
+  // kAuto takes the exact engine for calls of at most this many ranks and this much of its work (eventWork in
+  // src/tuner/event_timer.h), the fast one for the others: by default, where the tuner stops timing by events.
+  int autoExactMaxRanks = 512;
+  double autoExactWork = kEventWorkLimit;
   int threads = 0;                  // plan building; 0: the machine's cores
 };
 
 // Params with the slicing taken from loom's tunables (the LOOM_* environment, as the executor reads it).
 Params loomParams();
 
-enum class Mode { kFast, kExact };
+// kAuto: the exact engine where the call is small enough (autoExactWork), which is where the tuner times calls
+// the same way; the fast engine beyond.
+enum class Mode { kFast, kExact, kAuto };
 
 struct Call {
   Collective collective = Collective::kAllReduce;
@@ -76,6 +83,7 @@ struct Result {
   size_t evaluations = 0;  // kFast: rounds evaluated until the times settled; kExact: events
   std::string symmetry;    // kFast: "" (every plan built) or how plans were extended ("shift", "torus", "hosts")
   bool converged = true;
+  bool exact = false;      // the exact engine timed it (kExact, kAuto on a small call, a plan file)
 };
 
 // Times calls on one topology. Keeps what carries over between calls (routes, fair shares of flow patterns),
