@@ -21,7 +21,7 @@
 
 namespace loom {
 
-// splitmix64's finaliser: the hash the simulator's tables mix keys with.
+// splitmix64's finaliser: the hash that the network's, the routes' and the simulator's tables mix keys with.
 inline uint64_t mixHash(uint64_t value) {
   value += 0x9e3779b97f4a7c15ULL;
   value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ULL;

@@ -20,7 +20,8 @@
 namespace loom {
 namespace {
 
-// How a message between two ranks travels.
+// How a message between two ranks travels, in the eager chain below (host ranks, and GPU calls beyond the event
+// timer's work limit).
 struct Hop {
   bool byCpu = true;      // the executors copy it (shared memory); else a NIC or NVLink moves it
   double latencyUs = 0;   // per message

@@ -10,7 +10,9 @@
 // ranks/cores times slower. A route's bandwidth is shared by the ranks that leave their host through the same
 // NIC. So the latency terms come from the plan's dependent steps, the bandwidth terms from its bytes per rank,
 // both per hop class of the topology, and the tree's depth, the ring's 2(n-1) steps or recursive halving's
-// log2(n) fall out of the plans. docs/TUNING.md has the constants and the measured check.
+// log2(n) fall out of the plans. Calls of GPU ranks under the GPU executor are timed instead by the event timer
+// (event_timer.h: every slice an event, links shared by max-min fairness), the function loom-sim's exact engine
+// is. docs/TUNING.md has the constants and the measured check.
 #pragma once
 
 #include <array>
@@ -40,7 +42,8 @@ struct TuneContext {
   int fifoDepth = 8;               // LOOM_FIFO_DEPTH: messages a connection may have in flight (the event timer)
   // The GPU executor runs the calls (the device path, LOOM_CUDA_PATH=device): a GPU rank's lanes run side by
   // side (a CTA each), its messages cost deviceLlSliceUs or deviceSimpleSliceUs and cross their routes (NVLink,
-  // PCIe, a NIC) taking turns on every link of the route. Otherwise a GPU rank's calls are staged through the host
+  // PCIe, a NIC) sharing every link by max-min fairness (the event timer, event_timer.h; beyond its work limit,
+  // taking turns on each link). Otherwise a GPU rank's calls are staged through the host
   // executor: one thread, copies at deviceCopyGBps.
   bool deviceExecutor = false;
 };
@@ -68,7 +71,8 @@ struct HostCosts {
   // GPU ranks. Under the GPU executor (TuneContext::deviceExecutor; compiled, never run on a GPU, so NCCL-class
   // figures until its own are measured) a message between GPU ranks goes over its route (NVLink, PCIe, a NIC),
   // written by the sender's kernel into the peer's FIFO: it costs its sender the protocol's overhead, and its
-  // bytes the route's payload rate, every link of the route taken in turns. loom-sim takes these same figures.
+  // bytes the route's payload rate, every link of the route shared fairly (TuneContext::deviceExecutor). loom-sim
+  // takes these same figures.
   double deviceCopyGBps = 1000; // local copies and reductions (HBM-class)
   double deviceLlSliceUs = 1.0;     // per LL message handled by a GPU rank
   double deviceSimpleSliceUs = 3.0; // per Simple message handled by a GPU rank

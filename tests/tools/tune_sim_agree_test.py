@@ -28,6 +28,7 @@ def run(command):
 
 
 failed = checked = unchecked = 0
+ratios = []
 for preset, ranks, low, high, factor in PRESETS:
     sizes = ["-b", low, "-e", high, "-f", factor]
     out = run([tune, "-n", str(ranks), "--topo", preset] + sizes).splitlines()
@@ -53,6 +54,7 @@ for preset, ranks, low, high, factor in PRESETS:
         ok = 0.9 <= ratio <= 1.1 if exact else not pick
         if exact:
             checked += 1
+            ratios.append(ratio)
         else:
             unchecked += 1
         failed += not ok
@@ -60,5 +62,6 @@ for preset, ranks, low, high, factor in PRESETS:
             print("%s: %s %d B %s%s: loom-tune %.2f us, loom-sim %.2f us (%.2fx)%s" % (
                 "ok" if ok else "FAILED", preset, size, name, " (the pick)" if pick else "", tuned[(size, name)],
                 simulated, ratio, "" if exact else ", beyond the event timer: not compared"))
-print("%d cells compared, %d failed; %d beyond the event timer" % (checked, failed, unchecked))
+print("%d cells compared (sim/tune %.3f to %.3f), %d failed; %d beyond the event timer" % (
+    checked, min(ratios, default=0), max(ratios, default=0), failed, unchecked))
 sys.exit(1 if failed or checked == 0 else 0)
