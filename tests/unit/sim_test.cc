@@ -327,27 +327,29 @@ TEST(SimScale, RingOver16384Ranks) {
 
 // The event timer (src/tuner/event_timer.h), which is both the exact engine and the tuner's model of the GPU
 // executor.
-std::vector<RankPlan> ringPlans(int nranks, size_t count, int channels) {
-  std::vector<RankPlan> plans(nranks);
-  for (int r = 0; r < nranks; ++r) {
-    CollArgs args;
-    args.collective = Collective::kAllReduce;
-    args.nranks = nranks;
-    args.rank = r;
-    args.count = count;
-    args.nChannels = channels;
-    EXPECT_TRUE(buildPlan(args, "ring", &plans[r]));
+// Four GPUs on a switch at nominal bandwidth, Simple slices of 128 KiB, and a ring AllReduce's plans there.
+struct FourGpus {
+  Topology topo = gpusOnSwitch(4, 100, 1);
+  Network network{topo, networkOnly().efficiency};
+  SliceRule rule = SliceRule::of(4, 0, 8192, 131072, -1);
+
+  std::vector<RankPlan> ringPlans(size_t count, int channels) {
+    Call call;
+    call.count = count;
+    call.nChannels = channels;
+    call.nranks = 4;
+    call.algorithm = "ring";
+    CallSetup setup;
+    std::string error;
+    EXPECT_TRUE(setUpCall(topo, call, Params{}, &setup, &error)) << error;
+    return buildPlans(setup);
   }
-  return plans;
-}
+};
 
 TEST(EventTimer, FoldedChannelsTimeAsTheLanesTheyStandFor) {
-  Topology topo = gpusOnSwitch(4, 100, 1);
-  const double nominal[kLinkKinds] = {1, 1, 1, 1, 1};
-  Network network(topo, nominal);
-  const SliceRule rule = SliceRule::of(4, 0, 8192, 131072, -1);
-  std::vector<RankPlan> plans = ringPlans(4, size_t{1} << 20, 4);
-  EventTiming folded = timeByEvents(plans, 4, network, rule, EventCosts{});
+  FourGpus gpus;
+  std::vector<RankPlan> plans = gpus.ringPlans(size_t{1} << 20, 4);
+  EventTiming folded = timeByEvents(plans, 4, gpus.network, gpus.rule, EventCosts{});
   ASSERT_TRUE(folded.ok) << folded.error;
   EXPECT_EQ(folded.folded, 4);
   // Channel 1 two elements shorter per step on every rank (as many slices): no longer copies of channel 0, so every
@@ -358,7 +360,7 @@ TEST(EventTimer, FoldedChannelsTimeAsTheLanesTheyStandFor) {
         for (Step& step : lane.steps)
           for (Region* region : {&step.src, &step.src2, &step.dst})
             if (region->count > 2) region->count -= 2;
-  EventTiming unfolded = timeByEvents(plans, 4, network, rule, EventCosts{});
+  EventTiming unfolded = timeByEvents(plans, 4, gpus.network, gpus.rule, EventCosts{});
   ASSERT_TRUE(unfolded.ok) << unfolded.error;
   EXPECT_EQ(unfolded.folded, 1);
   EXPECT_GT(unfolded.events, 3 * folded.events);
@@ -366,15 +368,12 @@ TEST(EventTimer, FoldedChannelsTimeAsTheLanesTheyStandFor) {
 }
 
 TEST(EventTimer, AStreamOfEvenCallsTakesOneCallEach) {
-  Topology topo = gpusOnSwitch(4, 100, 1);
-  const double nominal[kLinkKinds] = {1, 1, 1, 1, 1};
-  Network network(topo, nominal);
-  const SliceRule rule = SliceRule::of(4, 0, 8192, 131072, -1);
-  std::vector<RankPlan> plans = ringPlans(4, size_t{1} << 18, 2);
+  FourGpus gpus;
+  std::vector<RankPlan> plans = gpus.ringPlans(size_t{1} << 18, 2);
   EventCosts costs;
   costs.callUs = 0.5;
-  EventTiming one = timeByEvents(plans, 2, network, rule, costs, 1);
-  EventTiming stream = timeByEvents(plans, 2, network, rule, costs, 3);
+  EventTiming one = timeByEvents(plans, 2, gpus.network, gpus.rule, costs, 1);
+  EventTiming stream = timeByEvents(plans, 2, gpus.network, gpus.rule, costs, 3);
   ASSERT_TRUE(one.ok && stream.ok) << one.error << stream.error;
   // Every rank of a ring ends together, so each call after the first starts callUs after the one before ended.
   EXPECT_NEAR(stream.timeUs, one.timeUs, 1e-9 * one.timeUs);
