@@ -85,35 +85,46 @@ bool checkOutputPath(const std::string& path, std::string* why) {
     return false;
   }
   // Tried, not judged from the permission bits: root may write where the bits say no and not where a file system
-  // is read-only or a folder is not real (/proc).
-  struct stat info {};
-  if (stat(path.c_str(), &info) == 0) {
-    if (S_ISDIR(info.st_mode)) {
-      *why = path + " is a directory";
-      return false;
-    }
-    const int fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);  // neither truncated nor changed
-    if (fd < 0) {
+  // is read-only or a folder is not real (/proc). Every rank of a job checks the same path at once, so a file that
+  // another rank's probe creates or removes between two of these steps is looked at again (a few times, then the
+  // last answer stands).
+  int lastErrno = 0;
+  for (int attempt = 0; attempt < 8; attempt++) {
+    struct stat info {};
+    if (stat(path.c_str(), &info) == 0) {
+      if (S_ISDIR(info.st_mode)) {
+        *why = path + " is a directory";
+        return false;
+      }
+      const int fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);  // neither truncated nor changed
+      if (fd >= 0) {
+        close(fd);
+        return true;
+      }
+      lastErrno = errno;
+      if (errno == ENOENT) continue;  // another rank's probe, removed since the stat
       *why = "cannot write " + path + ": " + strerror(errno);
       return false;
     }
-    close(fd);
-    return true;
-  }
-  const size_t slash = path.find_last_of('/');
-  const std::string folder = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  if (stat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
-    *why = "cannot write " + path + ": its folder " + folder + " does not exist";
-    return false;
-  }
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
+    const size_t slash = path.find_last_of('/');
+    const std::string folder = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    if (stat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+      *why = "cannot write " + path + ": its folder " + folder + " does not exist";
+      return false;
+    }
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      close(fd);
+      unlink(path.c_str());  // the program writes it when it has something to write
+      return true;
+    }
+    lastErrno = errno;
+    if (errno == EEXIST) continue;  // another rank's probe, made since the stat
     *why = "cannot write " + path + ": " + strerror(errno);
     return false;
   }
-  close(fd);
-  unlink(path.c_str());  // the program writes it when it has something to write
-  return true;
+  *why = "cannot write " + path + ": " + strerror(lastErrno) + " (it kept appearing and disappearing)";
+  return false;
 }
 
 void exitOnce(const char* program, const std::string& message, int status) {
