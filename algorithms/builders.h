@@ -27,6 +27,8 @@ RankPlan buildDirectScatter(const CollArgs& args);
 RankPlan buildDirectBroadcast(const CollArgs& args);
 RankPlan buildDirectAllReduce(const CollArgs& args);
 RankPlan buildTwoShotAllReduce(const CollArgs& args);
+RankPlan buildDirectReduceScatter(const CollArgs& args);
+RankPlan buildDirectReduce(const CollArgs& args);
 RankPlan buildTreeAllReduce(const CollArgs& args);
 RankPlan buildTreeBroadcast(const CollArgs& args);
 RankPlan buildTreeReduce(const CollArgs& args);
@@ -75,6 +77,17 @@ bool parseAlgorithmRules(const std::string& spec, AlgorithmRules* rules, std::st
 // The algorithm for a call: `preferred` ("" = the registry's first) when the rules allow it, else the first they
 // allow.
 std::string_view chooseAlgorithm(const AlgorithmRules& rules, Collective collective, std::string_view preferred);
+
+// Whether AllReduce, ReduceScatter or Reduce (the collectives that reduce elements) is `collective`.
+bool reducesElements(Collective collective);
+// Whether `algorithm` combines every element it reduces in rank order, ((x0 op x1) op x2) ... op x(n-1), whatever
+// the call's count, channels and slicing, so that its bits depend on the inputs alone (LOOM_DETERMINISTIC).
+bool reducesInRankOrder(Collective collective, std::string_view algorithm);
+// Those algorithms of `collective`, comma-separated ("direct,twoshot").
+std::string rankOrderAlgorithms(Collective collective);
+// Keeps, for each collective that reduces elements, only the algorithms `rules` allow that reduce in rank order
+// (LOOM_DETERMINISTIC). False with *error, `rules` unchanged, when LOOM_ALGO's rules leave one of them none.
+bool restrictToRankOrder(AlgorithmRules* rules, std::string* error);
 
 // LOOM_TORUS_DIMS: sizes separated by 'x' ("4x4x2"), at most kMaxTorusDims, multiplying to nranks. On bad
 // text returns false with *error saying what is wrong.

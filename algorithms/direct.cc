@@ -11,6 +11,13 @@
 //              instead of the ring's 2(n-1).
 //              two-shot ("twoshot"): a direct reduce-scatter (chunk p to rank p),  2(n-1)/n * count: mid-sized
 //              then a direct all-gather of the reduced chunks. Two messages.      messages.
+//   ReduceScatter: every rank sends block p of its input to rank p, which         each rank sends and receives
+//              combines the n copies in rank order: twoshot's first half.         (n-1)/n of the input.
+//   Reduce:    every rank sends its buffer to root, which combines them in        root receives (n-1)*count.
+//              rank order.
+// Every reduction here combines the ranks' operands in rank order, (x0 op x1) op x2 ..., whatever the count,
+// channels or slicing: the order LOOM_DETERMINISTIC keeps to (docs/RELIABILITY.md), which the verifier proves
+// (VerifyOptions::rankOrder).
 #include "algorithms/builders.h"
 
 namespace loom {
@@ -117,6 +124,47 @@ RankPlan buildTwoShotAllReduce(const CollArgs& args) {
   }
   plan.scratchCount = n > 2 || rank != 0 ? args.count : 0;
   plan.reducedOutput = output(0, args.count);
+  return plan;
+}
+
+// Direct reduce-scatter: one lane per channel, the sends of the peers' blocks first, then this rank's block
+// combined in rank order (its own operand is in the input, the others arrive from their ranks).
+RankPlan buildDirectReduceScatter(const CollArgs& args) {
+  RankPlan plan = planShell(args, "direct");
+  int n = args.nranks, rank = args.rank;
+  for (int c = 0; c < args.nChannels; ++c) {
+    size_t offset = partOffset(args.count, args.nChannels, c), part = partCount(args.count, args.nChannels, c);
+    if (part == 0) continue;
+    Lane lane{c, {}};
+    for (int p = 0; p < n; ++p)
+      if (p != rank) lane.steps.push_back(send(p, blockPart(Buffer::kInput, args.count, args.nChannels, c, p)));
+    combineInRankOrder(n, rank, blockPart(Buffer::kInput, args.count, args.nChannels, c, rank), scratch(offset, part),
+                       output(offset, part), &lane);
+    plan.lanes.push_back(std::move(lane));
+  }
+  plan.scratchCount = n > 2 || rank != 0 ? args.count : 0;
+  plan.reducedOutput = output(0, args.count);
+  return plan;
+}
+
+// Direct reduce: every other rank sends its buffer to root on each channel; root combines them in rank order.
+RankPlan buildDirectReduce(const CollArgs& args) {
+  RankPlan plan = planShell(args, "direct");
+  int n = args.nranks, rank = args.rank, root = args.root;
+  for (int c = 0; c < args.nChannels; ++c) {
+    size_t offset = partOffset(args.count, args.nChannels, c), part = partCount(args.count, args.nChannels, c);
+    if (part == 0) continue;
+    Lane lane{c, {}};
+    if (rank == root)
+      combineInRankOrder(n, rank, input(offset, part), scratch(offset, part), output(offset, part), &lane);
+    else
+      lane.steps.push_back(send(root, input(offset, part)));
+    plan.lanes.push_back(std::move(lane));
+  }
+  if (rank == root) {
+    plan.scratchCount = n > 2 || rank != 0 ? args.count : 0;
+    plan.reducedOutput = output(0, args.count);
+  }
   return plan;
 }
 

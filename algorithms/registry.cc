@@ -12,12 +12,15 @@ struct Entry {
   Collective collective;
   const char* name;
   RankPlan (*build)(const CollArgs&);
+  // Every element it reduces is combined in rank order, whatever the count, channels and slicing (proven by the
+  // verifier's rankOrder in tests/unit/verifier_test.cc, which also shows every other reducing algorithm is not).
+  bool rankOrder = false;
 };
 
 constexpr Entry kAlgorithms[] = {
     {Collective::kAllReduce, "ring", buildRingAllReduce},
-    {Collective::kAllReduce, "direct", buildDirectAllReduce},
-    {Collective::kAllReduce, "twoshot", buildTwoShotAllReduce},
+    {Collective::kAllReduce, "direct", buildDirectAllReduce, true},
+    {Collective::kAllReduce, "twoshot", buildTwoShotAllReduce, true},
     {Collective::kAllReduce, "tree", buildTreeAllReduce},
     {Collective::kAllReduce, "rabenseifner", buildRabenseifnerAllReduce},
     {Collective::kAllReduce, "torus", buildTorusAllReduce},
@@ -26,6 +29,7 @@ constexpr Entry kAlgorithms[] = {
     {Collective::kReduceScatter, "bruck", buildBruckReduceScatter},
     {Collective::kReduceScatter, "torus", buildTorusReduceScatter},
     {Collective::kReduceScatter, "hierarchical", buildHierarchicalReduceScatter},
+    {Collective::kReduceScatter, "direct", buildDirectReduceScatter, true},
     {Collective::kAllGather, "ring", buildRingAllGather},
     {Collective::kAllGather, "bruck", buildBruckAllGather},
     {Collective::kAllGather, "torus", buildTorusAllGather},
@@ -36,6 +40,7 @@ constexpr Entry kAlgorithms[] = {
     {Collective::kBroadcast, "hierarchical", buildHierarchicalBroadcast},
     {Collective::kReduce, "ring", buildRingReduce},
     {Collective::kReduce, "tree", buildTreeReduce},
+    {Collective::kReduce, "direct", buildDirectReduce, true},
     {Collective::kGather, "direct", buildDirectGather},
     {Collective::kScatter, "direct", buildDirectScatter},
     {Collective::kAllToAll, "pairwise", buildPairwiseAllToAll},
@@ -152,6 +157,46 @@ bool parseAlgorithmRules(const std::string& spec, AlgorithmRules* rules, std::st
     if (!hasClause[c]) parsed.allowed[c] = filtered(static_cast<Collective>(c), global, globalExclude);
   *rules = std::move(parsed);
   return true;
+}
+
+bool reducesInRankOrder(Collective collective, std::string_view algorithm) {
+  for (const Entry& entry : kAlgorithms)
+    if (entry.collective == collective && algorithm == entry.name) return entry.rankOrder;
+  return false;
+}
+
+bool reducesElements(Collective collective) {
+  return collective == Collective::kAllReduce || collective == Collective::kReduceScatter ||
+         collective == Collective::kReduce;
+}
+
+bool restrictToRankOrder(AlgorithmRules* rules, std::string* error) {
+  AlgorithmRules restricted = *rules;
+  for (int c = 0; c < kCollectives; ++c) {
+    const Collective collective = static_cast<Collective>(c);
+    if (!reducesElements(collective)) continue;
+    std::vector<std::string>& allowed = restricted.allowed[c];
+    const bool ruled = !allowed.empty();
+    std::vector<std::string> kept;
+    for (const std::string& algorithm : ruled ? allowed : algorithmsFor(collective))
+      if (reducesInRankOrder(collective, algorithm)) kept.push_back(algorithm);
+    if (kept.empty()) {
+      *error = std::string("LOOM_ALGO leaves ") + collectiveName(collective) +
+               " no algorithm that reduces in rank order (under LOOM_DETERMINISTIC it may use: " +
+               rankOrderAlgorithms(collective) + ")";
+      return false;
+    }
+    allowed = std::move(kept);
+  }
+  *rules = std::move(restricted);
+  return true;
+}
+
+std::string rankOrderAlgorithms(Collective collective) {
+  std::string names;
+  for (const Entry& entry : kAlgorithms)
+    if (entry.collective == collective && entry.rankOrder) names += (names.empty() ? "" : ",") + std::string(entry.name);
+  return names;
 }
 
 std::string_view chooseAlgorithm(const AlgorithmRules& rules, Collective collective, std::string_view preferred) {

@@ -5,6 +5,7 @@
 #include <deque>
 #include <map>
 #include <tuple>
+#include <unordered_map>
 
 #include "algorithms/builders.h"
 
@@ -49,12 +50,14 @@ class RankSet {
   std::vector<uint64_t> words_;
 };
 
-// Position begin+k of a segment holds op over `ranks` of element base+k of their input buffer `inputIndex`.
+// Position begin+k of a segment holds op over `ranks` of element base+k of their input buffer `inputIndex`,
+// combined as reduction tree `tree` (ReductionTrees; tracked only under VerifyOptions::rankOrder).
 struct Value {
   bool defined = false;
   uint32_t inputIndex = 0;
   size_t base = 0;
   RankSet ranks;
+  uint32_t tree = 0;
   Value advanced(size_t delta) const {
     Value value = *this;
     if (defined) value.base += delta;
@@ -125,6 +128,62 @@ class Memory {
   std::map<size_t, Segment> segments_;
 };
 
+// The reduction trees of a call, interned: node r < n is rank r's own operand, every other node the combination
+// of two nodes, one node whichever operand came first (op is commutative for every loomRedOp; only the grouping
+// changes a floating-point result). So two elements hold the same bits exactly when their nodes are equal.
+class ReductionTrees {
+ public:
+  explicit ReductionTrees(int nranks) : n_(static_cast<uint32_t>(nranks)) {}
+  uint32_t leaf(int rank) const { return static_cast<uint32_t>(rank); }
+  uint32_t combine(uint32_t a, uint32_t b) {
+    if (a > b) std::swap(a, b);
+    const uint64_t key = uint64_t{a} << 32 | b;
+    auto [it, added] = ids_.emplace(key, n_ + static_cast<uint32_t>(nodes_.size()));
+    if (added) nodes_.push_back({a, b, std::min(lowest(a), lowest(b))});
+    return it->second;
+  }
+  // ((x0 op x1) op x2) ... op x(n-1).
+  uint32_t rankOrder() {
+    uint32_t tree = leaf(0);
+    for (int r = 1; r < static_cast<int>(n_); ++r) tree = combine(tree, leaf(r));
+    return tree;
+  }
+  // "((0+1)+2)", shortened past about `limit` characters; of two operands, the one holding the lower rank first.
+  std::string text(uint32_t tree, size_t limit = 120) const {
+    std::string out;
+    write(tree, limit, &out);
+    return out;
+  }
+
+ private:
+  void write(uint32_t tree, size_t limit, std::string* out) const {
+    if (out->size() > limit) {
+      if (!out->ends_with("...")) *out += "...";
+      return;
+    }
+    if (tree < n_) {
+      *out += std::to_string(tree);
+      return;
+    }
+    const Node& node = nodes_[tree - n_];
+    const bool aFirst = lowest(node.a) < lowest(node.b);
+    *out += '(';
+    write(aFirst ? node.a : node.b, limit, out);
+    *out += '+';
+    write(aFirst ? node.b : node.a, limit, out);
+    *out += ')';
+  }
+  // The lowest rank a tree holds.
+  uint32_t lowest(uint32_t tree) const { return tree < n_ ? tree : nodes_[tree - n_].lowest; }
+
+  struct Node {
+    uint32_t a, b, lowest;
+  };
+  uint32_t n_;
+  std::vector<Node> nodes_;  // node n_ + i combines nodes_[i].a and .b
+  std::unordered_map<uint64_t, uint32_t> ids_;
+};
+
 // Walks two Data of equal length over their common boundaries.
 template <typename Fn>
 void forEachPiece(const Data& a, const Data& b, Fn fn) {
@@ -138,8 +197,9 @@ void forEachPiece(const Data& a, const Data& b, Fn fn) {
   }
 }
 
-// Elementwise op of two operands; overlapping contributions are an error unless the op is idempotent.
-bool reduceData(const Data& a, const Data& b, bool idempotent, Data* out, std::string* error) {
+// Elementwise op of two operands; overlapping contributions are an error unless the op is idempotent. With
+// `trees`, the result's reduction tree is the combination of the operands'.
+bool reduceData(const Data& a, const Data& b, bool idempotent, ReductionTrees* trees, Data* out, std::string* error) {
   out->clear();
   bool ok = true;
   forEachPiece(a, b, [&](size_t lo, size_t hi, const Value& x, const Value& y) {
@@ -157,6 +217,7 @@ bool reduceData(const Data& a, const Data& b, bool idempotent, Data* out, std::s
     }
     Value value = x;
     value.ranks = x.ranks.united(y.ranks);
+    if (trees) value.tree = trees->combine(x.tree, y.tree);
     out->push_back({lo, hi, value});
   });
   return ok;
@@ -221,7 +282,7 @@ using StoreKey = std::pair<int, uint32_t>;  // (Buffer, bufferIndex)
 class Verifier {
  public:
   Verifier(const std::vector<CollArgs>& perRank, const VerifyOptions& options)
-      : args_(perRank), options_(options), n_(static_cast<int>(perRank.size())) {}
+      : args_(perRank), options_(options), n_(static_cast<int>(perRank.size())), trees_(n_) {}
 
   std::string run(const PlanBuilder& build) {
     plans_.resize(n_);
@@ -241,6 +302,12 @@ class Verifier {
 
  private:
   bool idempotent() const { return args_[0].collective == Collective::kBarrier; }
+  // Whether the call's output holds reductions whose grouping rankOrder checks.
+  bool reduces() const {
+    const Collective c = args_[0].collective;
+    return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kReduce;
+  }
+  ReductionTrees* trackedTrees() { return options_.rankOrder && reduces() ? &trees_ : nullptr; }
 
   size_t bufferSize(int rank, Buffer buffer, uint32_t index) const {
     const CollArgs& args = args_[rank];
@@ -322,7 +389,7 @@ class Verifier {
     if (options_.inPlace) aliases_[rank] = inPlaceAlias(args);
     auto initInput = [&](uint32_t index, size_t count) {
       if (count == 0) return;
-      Value value{true, index, 0, RankSet::single(n_, rank)};
+      Value value{true, index, 0, RankSet::single(n_, rank), trees_.leaf(rank)};
       write(rank, Region{Buffer::kInput, 0, count, index}, Data{{0, count, value}});
     };
     if (args.collective == Collective::kSendRecv) {
@@ -402,7 +469,7 @@ class Verifier {
       case Action::kRecvReduceSend:
       case Action::kRecvReduceCopySend: {
         Data other = step.action == Action::kReduce ? read(rank, sub(step.src2, lo, hi)) : incoming;
-        if (!reduceData(read(rank, sub(step.src, lo, hi)), other, idempotent(), &result, &error))
+        if (!reduceData(read(rank, sub(step.src, lo, hi)), other, idempotent(), trackedTrees(), &result, &error))
           return where(rank, l, cursor.step()) + " (" + actionName(step.action) + ") " + error;
         if (step.action != Action::kRecvReduceSend) write(rank, sub(step.dst, lo, hi), result);
         break;
@@ -535,15 +602,23 @@ class Verifier {
   }
 
   std::string checkResult(int rank) {
+    const bool checkOrder = trackedTrees() != nullptr && n_ > 1;
+    const uint32_t inRankOrder = checkOrder ? trees_.rankOrder() : 0;
     for (const auto& [region, want] : expected(rank)) {
       Data got = read(rank, region);
       std::string error;
+      auto call = [&] {
+        return std::string(collectiveName(args_[rank].collective)) + " (" + plans_[rank].algorithm + ", " +
+               std::to_string(n_) + " ranks, count " + std::to_string(args_[rank].count) +
+               (options_.inPlace ? ", in place" : "") + "): rank " + std::to_string(rank);
+      };
       forEachPiece(got, want, [&](size_t lo, size_t, const Value& x, const Value& y) {
-        if (error.empty() && !x.sameAs(y))
-          error = std::string(collectiveName(args_[rank].collective)) + " (" + plans_[rank].algorithm + ", " +
-                  std::to_string(n_) + " ranks, count " + std::to_string(args_[rank].count) +
-                  (options_.inPlace ? ", in place" : "") + "): rank " + std::to_string(rank) + " element " +
-                  std::to_string(lo) + " holds " + x.text() + ", expected " + y.text();
+        if (!error.empty()) return;
+        if (!x.sameAs(y))
+          error = call() + " element " + std::to_string(lo) + " holds " + x.text() + ", expected " + y.text();
+        else if (checkOrder && x.tree != inRankOrder)
+          error = call() + " element " + std::to_string(lo) + " combines the ranks as " + trees_.text(x.tree) +
+                  ", not in rank order " + trees_.text(inRankOrder);
       });
       if (!error.empty()) return error;
     }
@@ -557,6 +632,7 @@ class Verifier {
   std::vector<std::map<StoreKey, Memory>> stores_;
   std::vector<Alias> aliases_;
   std::map<std::tuple<int, int, int>, Fifo> fifos_;
+  ReductionTrees trees_;
 };
 
 }  // namespace

@@ -96,13 +96,15 @@ typedef struct {
   int device;           /**< loomDeviceHost (default) or loomDeviceCuda. */
   int cudaDevice;       /**< CUDA device ordinal for a CUDA communicator; unset means the current one. */
   int nChannels;        /**< Channels (parallel rings / lanes) per collective; unset means tuned. */
+  int deterministic;    /**< 1: reductions in rank order, the same bits whatever the algorithm (LOOM_DETERMINISTIC);
+                             0: off; unset means LOOM_DETERMINISTIC. */
 } loomConfig_t;
 
 #define LOOM_CONFIG_MAGIC 0x6c6f6f6du /* "loom" */
 #define LOOM_CONFIG_INITIALIZER                                                                                     \
   {                                                                                                                 \
     sizeof(loomConfig_t), LOOM_CONFIG_MAGIC, LOOM_VERSION_CODE, LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_INT, NULL, \
-        LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_INT                                         \
+        LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_INT, LOOM_CONFIG_UNDEF_INT                  \
   }
 
 /** A short, static description of a result code. */

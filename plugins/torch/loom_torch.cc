@@ -26,6 +26,7 @@
 // communicators through the store), process_group.h (ProcessGroupLoom; its collectives in collectives.cc, its
 // messages in p2p.cc, its set-up and shutdown in process_group.cc); here, the module that registers the backend.
 #include "plugins/torch/process_group.h"
+#include "plugins/torch/store.h"
 
 #include <chrono>
 #include <string>
@@ -85,6 +86,17 @@ PYBIND11_MODULE(loom_torch, module) {
                  return c10::make_intrusive<loom_torch::ProcessGroupLoom>(store, rank, size, timeout);
                }),
            py::call_guard<py::gil_scoped_release>());
+  module.def(
+      "set_deterministic", [](bool on) { loom_torch::setDeterministic(on ? 1 : 0); }, py::arg("on") = true,
+      "Groups made after this call reduce in rank order, the same bits whatever loom's choice of algorithm, "
+      "channels or protocol (loom's LOOM_DETERMINISTIC; docs/RELIABILITY.md). Every rank must call it alike.");
+  module.def(
+      "deterministic", []() -> py::object {
+        const int value = loom_torch::deterministicOption();
+        if (value == LOOM_CONFIG_UNDEF_INT) return py::none();
+        return py::bool_(value == 1);
+      },
+      "True or False as set_deterministic last set it; None when it was never called (LOOM_DETERMINISTIC decides).");
   module.def("_create", &loom_torch::create, py::call_guard<py::gil_scoped_release>(),
              "The backend's constructor for torch.distributed: (store, rank, size, timeout).");
   py::object backend = py::module_::import("torch.distributed").attr("Backend");

@@ -33,9 +33,17 @@ loomUniqueId readId(c10d::Store& store, const std::string& key, std::chrono::mil
   return id;
 }
 
+namespace {
+std::atomic<int> deterministic{LOOM_CONFIG_UNDEF_INT};
+}  // namespace
+
+void setDeterministic(int value) { deterministic.store(value); }
+int deterministicOption() { return deterministic.load(); }
+
 loomComm_t join(const loomUniqueId& id, int rank, int size, std::chrono::milliseconds timeout,
                 const std::string& name) {
   loomConfig_t config = LOOM_CONFIG_INITIALIZER;
+  config.deterministic = deterministic.load();
   config.timeoutMs = static_cast<int>(std::min<int64_t>(timeout.count(), INT32_MAX));
   config.commName = name.c_str();
   loomComm_t comm = nullptr;
@@ -48,6 +56,7 @@ loomComm_t joinListening(const loomUniqueId& id, std::chrono::milliseconds timeo
   config.timeoutMs = kListenTimeoutMs;
   config.blocking = 0;
   config.commName = "torch p2p";
+  config.deterministic = deterministic.load();  // as the sending end's join: the two must agree
   loomComm_t comm = nullptr;
   const loomResult_t started = loomCommInitRankConfig(&comm, 2, id, 1, &config);
   if (started != loomInProgress) check(started, nullptr, "loomCommInitRankConfig");

@@ -19,6 +19,11 @@ loomUniqueId publishId(c10d::Store& store, const std::string& key);
 loomUniqueId readId(c10d::Store& store, const std::string& key, std::chrono::milliseconds timeout,
                     const std::atomic<bool>* aborted = nullptr);
 
+// loom_torch.set_deterministic: 1 or 0 for the groups made after it (loomConfig_t.deterministic), or
+// LOOM_CONFIG_UNDEF_INT (never called: LOOM_DETERMINISTIC decides).
+void setDeterministic(int value);
+int deterministicOption();
+
 // Joins communicator `id` as `rank` of `size`, with `timeout` as its deadline.
 loomComm_t join(const loomUniqueId& id, int rank, int size, std::chrono::milliseconds timeout,
                 const std::string& name);

@@ -64,6 +64,7 @@ struct RankSetup {
   uint64_t oneShotBytes, twoShotBytes;  // LOOM_CUDA_NCHANNELS, LOOM_CUDA_SLOT_BYTES)
   uint64_t cudaChannels, cudaSlotBytes;
   int checkCalls;  // LOOM_CHECK_COLL: a rank checking waits for the others to check too
+  int deterministic;  // LOOM_DETERMINISTIC: the ranks must pick the same algorithms
   char host[64];   // the host name, for error messages that name a rank
 };
 
@@ -159,11 +160,17 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
   comm->settings.streamingBytes = static_cast<size_t>(params::streamingBytes());
   comm->settings.directForwardBytes = static_cast<size_t>(params::directForwardBytes());
   comm->settings.checkCalls = params::checkColl() != 0;
+  comm->settings.deterministic = params::deterministic() != 0;
   if (config != nullptr) {
     if (config->timeoutMs != LOOM_CONFIG_UNDEF_INT && config->timeoutMs > 0) comm->settings.timeoutMs = config->timeoutMs;
     if (config->commName != nullptr) comm->settings.name = config->commName;
     if (config->nChannels != LOOM_CONFIG_UNDEF_INT)
       comm->settings.nChannels = static_cast<int>(clampParam(config->nChannels, 1, kMaxChannels));
+    if (config->deterministic != LOOM_CONFIG_UNDEF_INT) {
+      if (config->deterministic != 0 && config->deterministic != 1)
+        return LOOM_FAIL(loomInvalidArgument, INIT, "config deterministic %d is neither 0 nor 1", config->deterministic);
+      comm->settings.deterministic = config->deterministic == 1;
+    }
     if (config->device != LOOM_CONFIG_UNDEF_INT) {
       if (config->device != loomDeviceHost && config->device != loomDeviceCuda)
         return LOOM_FAIL(loomInvalidArgument, INIT,
@@ -172,6 +179,18 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
                          config->device);
       comm->settings.device = static_cast<loomDevice_t>(config->device);
     }
+  }
+  if (comm->settings.deterministic) {
+    if (!restrictToRankOrder(&comm->settings.algorithmRules, &why))
+      return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_ALGO=\"%s\" with LOOM_DETERMINISTIC: %s",
+                       comm->settings.algorithm.c_str(), why.c_str());
+    if (comm->rank == 0)
+      LOOM_INFO(TUNE,
+                "LOOM_DETERMINISTIC: reductions in rank order; AllReduce uses %s, ReduceScatter %s, Reduce %s (the "
+                "other algorithms group the ranks' operands differently by count, channels or position)",
+                rankOrderAlgorithms(Collective::kAllReduce).c_str(),
+                rankOrderAlgorithms(Collective::kReduceScatter).c_str(),
+                rankOrderAlgorithms(Collective::kReduce).c_str());
   }
   if (comm->settings.device == loomDeviceCuda)
     LOOM_CHECK(cudaCommAttach(comm, config != nullptr ? config->cudaDevice : LOOM_CONFIG_UNDEF_INT));
@@ -270,6 +289,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   mine.transportsHash = std::hash<std::string>{}(transports);
   mine.probeAddress = directProbeAddress();
   mine.checkCalls = comm->settings.checkCalls ? 1 : 0;
+  mine.deterministic = comm->settings.deterministic ? 1 : 0;
   if (gethostname(mine.host, sizeof(mine.host)) != 0) snprintf(mine.host, sizeof(mine.host), "unknown");
   mine.host[sizeof(mine.host) - 1] = '\0';
   if (comm->settings.device == loomDeviceCuda) {
@@ -291,6 +311,11 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
       return LOOM_FAIL(loomInvalidUsage, INIT,
                        "rank %d has LOOM_CHECK_COLL=%d, rank %d %d: it must match on every rank", setup.info.rank,
                        setup.checkCalls, rank, mine.checkCalls);
+    if (setup.deterministic != mine.deterministic)
+      return LOOM_FAIL(loomInvalidUsage, INIT,
+                       "rank %d has LOOM_DETERMINISTIC=%d, rank %d %d (environment or config): it must match on every "
+                       "rank",
+                       setup.info.rank, setup.deterministic, rank, mine.deterministic);
     if (setup.torusHash != mine.torusHash)
       return LOOM_FAIL(loomInvalidUsage, INIT,
                        "rank %d uses LOOM_TORUS_DIMS=\"%.32s\", rank %d uses \"%.32s\": it must match on every rank",

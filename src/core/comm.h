@@ -63,6 +63,7 @@ struct CommSettings {
   size_t streamingBytes = 0;           // outputs of at least this many bytes use streaming stores (0: never)
   int64_t spinPolls = kSpinPollsShared;  // polls a collective spins before yielding (see Backoff)
   bool checkCalls = false;             // LOOM_CHECK_COLL (coll_check.h)
+  bool deterministic = false;          // LOOM_DETERMINISTIC: algorithmRules keep reductions in rank order
 };
 
 // What the host keeps beside each cached plan.

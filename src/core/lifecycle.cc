@@ -34,6 +34,7 @@ loomConfig_t childConfig(const loomComm* parent, const loomConfig_t* config) {
   if (options.timeoutMs == LOOM_CONFIG_UNDEF_INT) options.timeoutMs = static_cast<int>(parent->settings.timeoutMs);
   if (options.nChannels == LOOM_CONFIG_UNDEF_INT) options.nChannels = parent->settings.nChannels;
   if (options.device == LOOM_CONFIG_UNDEF_INT) options.device = parent->settings.device;
+  if (options.deterministic == LOOM_CONFIG_UNDEF_INT) options.deterministic = parent->settings.deterministic ? 1 : 0;
   if (options.device == loomDeviceCuda && options.cudaDevice == LOOM_CONFIG_UNDEF_INT)
     options.cudaDevice = parent->settings.cudaDevice;
   options.blocking = 1;

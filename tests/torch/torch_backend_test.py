@@ -12,6 +12,8 @@ Runs, each as processes of one host meeting through a file (torch's FileStore):
   - torch DDP training a small model for 20 steps with backend "loom" and with "gloo" (same seed, data and order):
     the same parameters;
   - on torch 2.x, abort() ending an all_reduce the peer never joins, and split_group into pairs;
+  - loom_torch.set_deterministic(True): all_reduce and reduce at 4 ranks equal the sum in rank order bit for bit
+    (float32, float64), and LOOM_ALGO=allreduce:ring with it is refused when the group is made;
   - a peer killed before an all_reduce: the survivor's all_reduce raises within the group's timeout.
 Exits 77 (skipped) when torch or loom_torch cannot be imported.
 """
@@ -142,6 +144,42 @@ def worker(mode, rank, size, store):
         print("rank %d: pair sum %s (want %s)" % (rank, t[0].item(), want))
         dist.destroy_process_group()
         leave(0 if torch.equal(t, torch.full((16,), want)) else 1)
+    if mode == "deterministic":  # loom_torch.set_deterministic: sums in rank order, bit for bit
+        if loom_torch.deterministic() is not None:
+            print("deterministic() is %r before set_deterministic" % loom_torch.deterministic())
+            leave(1)
+        loom_torch.set_deterministic(True)
+        expect_refusal = sys.argv[6] == "refused"
+        try:
+            init("loom")
+        except RuntimeError as error:
+            said = str(error)
+            print("init refused: %s" % said.splitlines()[0][:300])
+            leave(0 if expect_refusal and "no algorithm that reduces in rank order" in said else 1)
+        if expect_refusal:
+            print("init took LOOM_ALGO=%s with set_deterministic(True)" % os.environ.get("LOOM_ALGO"))
+            leave(1)
+        failures = []
+        for dtype in (torch.float32, torch.float64):
+            inputs = []
+            for r in range(size):  # every rank's input, on every rank: values over six decades, both signs
+                gen = torch.Generator().manual_seed(1000 + r)
+                scale = torch.pow(10.0, torch.randint(-3, 4, (100003,), generator=gen).to(torch.float64))
+                inputs.append((torch.randn(100003, generator=gen, dtype=torch.float64) * scale).to(dtype))
+            want = inputs[0].clone()
+            for r in range(1, size):
+                want += inputs[r]  # ((x0 + x1) + x2) ...: the order loom promises
+            got = inputs[rank].clone()
+            dist.all_reduce(got)
+            if not torch.equal(got, want):
+                failures.append("all_reduce %s: %d elements differ from rank order" % (dtype, int((got != want).sum())))
+            reduced = inputs[rank].clone()
+            dist.reduce(reduced, dst=size - 1)
+            if rank == size - 1 and not torch.equal(reduced, want):
+                failures.append("reduce %s: %d elements differ from rank order" % (dtype, int((reduced != want).sum())))
+        print("rank %d: all_reduce and reduce in rank order: %s" % (rank, "; ".join(failures) or "bit for bit"))
+        dist.destroy_process_group()
+        leave(1 if failures else 0)
     if mode == "kill":
         seconds = int(sys.argv[6])
         init("loom", seconds)
@@ -525,6 +563,16 @@ def main():
             print(outputs[0][-2000:])
         codes, outputs = launch("split", 4, timeout=120)
         print("split_group: %s" % "; ".join(o.strip().splitlines()[-1] for o in outputs if o.strip()))
+        if any(codes):
+            status = 1
+            print("\n".join(o[-2000:] for o in outputs))
+    # loom_torch.set_deterministic(True): rank order at 4 ranks; refused at init under LOOM_ALGO=allreduce:ring.
+    for algo, expect in (("", "taken"), ("allreduce:ring", "refused")):
+        os.environ["LOOM_ALGO"] = algo
+        codes, outputs = launch("deterministic", 4, timeout=300, extra=(expect,))
+        os.environ.pop("LOOM_ALGO")
+        print("set_deterministic%s: %s" % (" with LOOM_ALGO=" + algo if algo else "",
+                                           outputs[0].strip().splitlines()[-1:]))
         if any(codes):
             status = 1
             print("\n".join(o[-2000:] for o in outputs))

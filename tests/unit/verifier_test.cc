@@ -466,6 +466,99 @@ TEST(Verifier, CatchesInPlaceHazard) {
   EXPECT_NE(verifyPlan(args, build, {true, 0, 0}), "");
 }
 
+const Collective kReducing[] = {Collective::kAllReduce, Collective::kReduceScatter, Collective::kReduce};
+
+// LOOM_DETERMINISTIC's promise, proven: every algorithm the registry marks as reducing in rank order combines every
+// output element as ((x0 op x1) op x2) ... at 1..64 ranks, any count, channels and root, sliced with tight FIFOs,
+// in place, and at 1000 ranks (1024 with LOOM_TEST_FULL=1).
+TEST(Verifier, RankOrderAlgorithmsCombineInRankOrder) {
+  VerifyOptions order;
+  order.rankOrder = true;
+  for (Collective collective : kReducing) {
+    const std::vector<std::string> all = algorithmsFor(collective);
+    const int marked = static_cast<int>(
+        std::count_if(all.begin(), all.end(), [&](const std::string& a) { return reducesInRankOrder(collective, a); }));
+    EXPECT_GE(marked, 1) << collectiveName(collective) << " has no algorithm for LOOM_DETERMINISTIC";
+    for (const std::string& algorithm : all) {
+      if (!reducesInRankOrder(collective, algorithm)) continue;
+      for (int n = 1; n <= 64; ++n) {
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}}) {
+          for (int channels : {1, 3}) {
+            for (int root : {0, n / 2, n - 1}) {
+              if (root != 0 && !rooted(collective)) break;
+              expectProven(uniformArgs(collective, n, count, root, channels), algorithm, order);
+              if (HasFatalFailure()) return;
+            }
+          }
+        }
+      }
+      for (int n : {2, 3, 5, 8, 13}) {
+        for (int root : {0, n - 1}) {
+          CollArgs args = uniformArgs(collective, n, 100, root, 2);
+          VerifyOptions sliced = order, inPlace = order;
+          sliced.sliceElems = 3, sliced.fifoDepth = 2;
+          inPlace.inPlace = true, inPlace.sliceElems = 3, inPlace.fifoDepth = 2;
+          expectProven(args, algorithm, sliced);
+          expectProven(args, algorithm, inPlace);
+          if (HasFatalFailure()) return;
+        }
+      }
+      for (int n : {1000, 1024}) {
+        if (n == 1024 && !loomtest::fullMatrix()) continue;
+        expectProven(uniformArgs(collective, n, collective == Collective::kReduceScatter ? 2 : n + 3, n / 3, 1),
+                     algorithm, order);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// ... and the check has teeth: every other reducing algorithm groups some element otherwise at 8 ranks, which is
+// why LOOM_DETERMINISTIC leaves it out; the verifier names the grouping it found.
+TEST(Verifier, OtherReducingAlgorithmsAreNotInRankOrder) {
+  VerifyOptions order;
+  order.rankOrder = true;
+  for (Collective collective : kReducing) {
+    for (const std::string& algorithm : algorithmsFor(collective)) {
+      if (reducesInRankOrder(collective, algorithm)) continue;
+      CollArgs args = uniformArgs(collective, 8, 1000, 3, 1);
+      std::string error = verifyPlan(argsForAllRanks(args), algorithm, order);
+      EXPECT_NE(error.find("not in rank order (((((((0+1)+2)+3)+4)+5)+6)+7)"), std::string::npos)
+          << collectiveName(collective) << " " << algorithm << ": " << error;
+      EXPECT_EQ(verifyPlan(argsForAllRanks(args), algorithm, {}), "") << collectiveName(collective) << " " << algorithm;
+    }
+  }
+}
+
+// LOOM_DETERMINISTIC's rules: the rank-order algorithms of each reducing collective, within LOOM_ALGO's, or an
+// error naming the collective and what it could use.
+TEST(AlgorithmRules, RestrictToRankOrder) {
+  AlgorithmRules rules;
+  std::string error;
+  ASSERT_TRUE(parseAlgorithmRules("", &rules, &error));
+  ASSERT_TRUE(restrictToRankOrder(&rules, &error)) << error;
+  EXPECT_EQ(rules.allowed[static_cast<int>(Collective::kAllReduce)], (std::vector<std::string>{"direct", "twoshot"}));
+  EXPECT_EQ(rules.allowed[static_cast<int>(Collective::kReduceScatter)], (std::vector<std::string>{"direct"}));
+  EXPECT_EQ(rules.allowed[static_cast<int>(Collective::kReduce)], (std::vector<std::string>{"direct"}));
+  EXPECT_TRUE(rules.allowed[static_cast<int>(Collective::kAllGather)].empty());  // not a reduction: any
+  EXPECT_EQ(rankOrderAlgorithms(Collective::kAllReduce), "direct,twoshot");
+
+  ASSERT_TRUE(parseAlgorithmRules("allreduce:^direct", &rules, &error)) << error;
+  ASSERT_TRUE(restrictToRankOrder(&rules, &error)) << error;
+  EXPECT_EQ(rules.allowed[static_cast<int>(Collective::kAllReduce)], (std::vector<std::string>{"twoshot"}));
+
+  for (const char* spec : {"allreduce:ring", "tree", "reducescatter:ring,bruck"}) {
+    ASSERT_TRUE(parseAlgorithmRules(spec, &rules, &error)) << spec << ": " << error;
+    AlgorithmRules before = rules;
+    error.clear();
+    EXPECT_FALSE(restrictToRankOrder(&rules, &error)) << spec;
+    EXPECT_NE(error.find("no algorithm that reduces in rank order"), std::string::npos) << spec << ": " << error;
+    EXPECT_EQ(rules.allowed[static_cast<int>(Collective::kAllReduce)],
+              before.allowed[static_cast<int>(Collective::kAllReduce)])
+        << "a refused restriction changed the rules";
+  }
+}
+
 // LOOM_ALGO's NCCL syntax: lists, exclusions, per-collective clauses, and clear errors for bad input.
 TEST(AlgorithmRules, ParseAndChoose) {
   AlgorithmRules rules;
