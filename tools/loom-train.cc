@@ -82,6 +82,15 @@ int main(int argc, char** argv) {
   int rank = 0, nranks = 1;
   loomCommUserRank(comm, &rank);
   loomCommCount(comm, &nranks);
+  // --deterministic: the world again, reducing in rank order (loomConfig_t.deterministic); every communicator
+  // below is split from it and keeps the setting, so every gradient's sum has the same bits whatever loom's
+  // algorithm, channels or protocol (docs/RELIABILITY.md).
+  loomComm_t launched = comm;
+  if (o.deterministic) {
+    loomConfig_t exact = LOOM_CONFIG_INITIALIZER;
+    exact.deterministic = 1;
+    LOOM_PAR_CHECK(launched, loomCommSplit(launched, 0, rank, &comm, &exact));
+  }
   // The meshes (Megatron's order): tensor-parallel groups of consecutive ranks, data parallelism across them,
   // pipeline stages slowest; the experts' expert-parallel groups of consecutive data-parallel ranks, and the ranks
   // holding the same experts across those.
@@ -165,14 +174,14 @@ int main(int argc, char** argv) {
   Ops* ops = &cpuOps();
   std::unique_ptr<Ops> deviceOps;
   loomComm_t trainComm = comm;
-  // Destroys the world's communicators last, after everything declared below that uses them.
+  // Destroys the world's communicators last, after everything declared below that uses them, the latest first.
   struct Communicators {
-    loomComm_t world, train;
+    std::vector<loomComm_t> owned;
     ~Communicators() {
-      if (train != world) loomCommDestroy(train);
-      loomCommDestroy(world);
+      for (auto it = owned.rbegin(); it != owned.rend(); ++it) loomCommDestroy(*it);
     }
-  } communicators{comm, comm};
+  } communicators{{launched}};
+  if (comm != launched) communicators.owned.push_back(comm);
   if (o.device == "cuda") {
 #ifdef LOOM_PARALLEL_CUDA
     const char* localRank = std::getenv("LOOM_LOCAL_RANK");
@@ -189,7 +198,7 @@ int main(int argc, char** argv) {
     cudaConfig.device = loomDeviceCuda;
     cudaConfig.cudaDevice = device;
     LOOM_PAR_CHECK(comm, loomCommSplit(comm, 0, rank, &trainComm, &cudaConfig));
-    communicators.train = trainComm;
+    communicators.owned.push_back(trainComm);
 #else
     if (rank == 0)
       std::fprintf(stderr, "loom-train: --device cuda: this build has no CUDA kernels (nvcc and cuBLAS)\n");

@@ -172,8 +172,11 @@ loomResult_t loomCommSplit(loomComm_t comm, int color, int key, loomComm_t* newc
   int newRank = 0;
   while (members[newRank].rank != comm->rank) ++newRank;
   loomConfig_t options = childConfig(comm, config);
-  return loomCommInitRankConfig(newcomm, static_cast<int>(members.size()), entries[members.front().rank].id, newRank,
-                                &options);
+  result = loomCommInitRankConfig(newcomm, static_cast<int>(members.size()), entries[members.front().rank].id, newRank,
+                                  &options);
+  // The new communicator's failure is told on the parent too, where a caller looks: loomGetLastError(comm).
+  if (result != loomSuccess) comm->setLastError(loomGetLastError(nullptr));
+  return result;
 }
 
 // The survivors' lowest rank leads, over the parent's bootstrap, point to point, so that the excluded ranks are

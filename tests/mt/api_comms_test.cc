@@ -84,6 +84,12 @@ TEST_P(ApiTest, SplitByParityInReverseOrder) {
         std::memset(&wrong, 0, sizeof(wrong));
         EXPECT_EQ(loomCommSplit(comm, 0, 0, &untouched, &wrong), loomInvalidArgument) << where;
         EXPECT_EQ(untouched, nullptr);
+        // A config the new communicator's init refuses (every rank alike): the reason is on the parent too.
+        loomConfig_t refused = LOOM_CONFIG_INITIALIZER;
+        refused.deterministic = 7;
+        EXPECT_EQ(loomCommSplit(comm, 0, 0, &untouched, &refused), loomInvalidArgument) << where;
+        EXPECT_TRUE(contains(loomGetLastError(comm), "deterministic 7")) << loomGetLastError(comm);
+        EXPECT_EQ(untouched, nullptr);
         expectCommUsable(comm, rank, nranks, "splits");
       },
       &config);

@@ -12,6 +12,8 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -250,6 +252,59 @@ TEST(NcclApi, AllReduceEveryOperator) {
       ASSERT_EQ(__bfloat162float(b[i]), sum);
     }
   }
+}
+
+// LOOM_DETERMINISTIC=1 in an NCCL program's environment: AllReduce and ReduceScatter give the sums in rank order,
+// ((x0 + x1) + x2) + x3, bit for bit, under rules that allow the ring too. The control: without the switch, the
+// ring forced, the same inputs (six decades, both signs) give other bits.
+bool sumsInRankOrder(bool deterministic) {
+  const int n = 4;
+  const size_t count = 10007;
+  setenv("LOOM_DETERMINISTIC", deterministic ? "1" : "0", 1);
+  setenv("LOOM_ALGO", deterministic ? "allreduce:ring,direct;reducescatter:ring,direct" : "allreduce:ring;reducescatter:ring", 1);
+  World world(n);
+  unsetenv("LOOM_DETERMINISTIC");
+  unsetenv("LOOM_ALGO");
+  auto value = [](int r, size_t i) {
+    const uint64_t x = (r + 1) * 2654435761u ^ (i + 1) * 40503u;
+    return static_cast<float>(((x >> 7) & 1 ? -1.0 : 1.0) * (1.0 + (x % 9973) / 9973.0) *
+                              std::pow(10.0, static_cast<int>((x >> 3) % 7) - 3));
+  };
+  auto send = buffers<float>(n, count * n);
+  auto recv = buffers<float>(n, count * n);
+  auto block = buffers<float>(n, count);
+  for (int r = 0; r < n; ++r) {
+    std::vector<float> mine(count * n);
+    for (size_t i = 0; i < count * n; ++i) mine[i] = value(r, i);
+    send[r]->upload(mine);
+  }
+  world.run([&](int r) {
+    return ncclAllReduce(send[r]->get(), recv[r]->get(), count * n, ncclFloat32, ncclSum, world.comms[r],
+                         world.streams[r]);
+  });
+  world.run([&](int r) {
+    return ncclReduceScatter(send[r]->get(), block[r]->get(), count, ncclFloat32, ncclSum, world.comms[r],
+                             world.streams[r]);
+  });
+  std::vector<float> want(count * n);
+  for (size_t i = 0; i < count * n; ++i) {
+    float sum = value(0, i);
+    for (int r = 1; r < n; ++r) sum += value(r, i);
+    want[i] = sum;
+  }
+  bool same = true;
+  for (int r = 0; r < n; ++r) {
+    std::vector<float> got = recv[r]->download(), mine = block[r]->download();
+    same &= std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0;
+    same &= std::memcmp(mine.data(), want.data() + r * count, count * sizeof(float)) == 0;
+  }
+  return same;
+}
+
+TEST(NcclApi, DeterministicFromTheEnvironment) {
+  SKIP_WITHOUT_COMMUNICATORS();
+  EXPECT_TRUE(sumsInRankOrder(true)) << "under LOOM_DETERMINISTIC=1 some sum is not in rank order";
+  EXPECT_FALSE(sumsInRankOrder(false)) << "the ring's sums equal rank order's: the inputs cannot tell orders apart";
 }
 
 TEST(NcclApi, EveryOtherCollective) {

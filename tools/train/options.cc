@@ -27,7 +27,7 @@ using namespace loom::parallel;
       "                  [--seq T] [--accumulation K] [--lr X] [--seed S] [--data synthetic|FILE]\n"
       "                  [--tokenizer byte|char] [--log-every N] [--metrics FILE.csv|FILE.json]\n"
       "                  [--plot FILE.png|FILE.svg] [--save FILE] [--save-every N] [--resume FILE]\n"
-      "                  [--eval-every N] [--eval-batches K]\n");
+      "                  [--eval-every N] [--eval-batches K] [--deterministic]\n");
   std::exit(0);
 }
 
@@ -80,6 +80,7 @@ Options parse(int argc, char** argv) {
                                        {"resume", required_argument, nullptr, 'r'},
                                        {"eval-every", required_argument, nullptr, 'v'},
                                        {"eval-batches", required_argument, nullptr, 'V'},
+                                       {"deterministic", no_argument, nullptr, 'R'},
                                        {"help", no_argument, nullptr, 'h'},
                                        {nullptr, 0, nullptr, 0}};
   for (int c; (c = getopt_long(argc, argv, "h", longOptions, nullptr)) != -1;) {
@@ -122,6 +123,9 @@ Options parse(int argc, char** argv) {
         break;
       case 'Q':
         o.sequenceParallel = true;
+        break;
+      case 'R':
+        o.deterministic = true;
         break;
       case 'Y':
         o.pp = intArg(optarg, "pp", 1, 1 << 16);

@@ -8,6 +8,7 @@ namespace loom::train {
 
 struct Options {
   std::string model = "gpt-tiny";
+  bool deterministic = false;  // communicators that reduce in rank order (LOOM_DETERMINISTIC)
   int layers = 0;  // 0: the preset's
   std::string device = "cpu";
   std::string dtype;  // "": fp32 on the CPU, bf16 on CUDA
