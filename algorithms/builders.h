@@ -86,8 +86,9 @@ bool reducesInRankOrder(Collective collective, std::string_view algorithm);
 // Those algorithms of `collective`, comma-separated ("direct,twoshot").
 std::string rankOrderAlgorithms(Collective collective);
 // Keeps, for each collective that reduces elements, only the algorithms `rules` allow that reduce in rank order
-// (LOOM_DETERMINISTIC). False with *error, `rules` unchanged, when LOOM_ALGO's rules leave one of them none.
-bool restrictToRankOrder(AlgorithmRules* rules, std::string* error);
+// (LOOM_DETERMINISTIC), on `nranks` ranks: at one or two ranks every algorithm does (x0 op x1 is x1 op x0), and
+// `rules` stay as they are. False with *error, `rules` unchanged, when LOOM_ALGO's rules leave one of them none.
+bool restrictToRankOrder(AlgorithmRules* rules, int nranks, std::string* error);
 
 // LOOM_TORUS_DIMS: sizes separated by 'x' ("4x4x2"), at most kMaxTorusDims, multiplying to nranks. On bad
 // text returns false with *error saying what is wrong.

@@ -170,7 +170,8 @@ bool reducesElements(Collective collective) {
          collective == Collective::kReduce;
 }
 
-bool restrictToRankOrder(AlgorithmRules* rules, std::string* error) {
+bool restrictToRankOrder(AlgorithmRules* rules, int nranks, std::string* error) {
+  if (nranks <= 2) return true;  // one combination at most: the same bits in either order
   AlgorithmRules restricted = *rules;
   for (int c = 0; c < kCollectives; ++c) {
     const Collective collective = static_cast<Collective>(c);

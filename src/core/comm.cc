@@ -181,10 +181,10 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
     }
   }
   if (comm->settings.deterministic) {
-    if (!restrictToRankOrder(&comm->settings.algorithmRules, &why))
+    if (!restrictToRankOrder(&comm->settings.algorithmRules, nranks, &why))
       return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_ALGO=\"%s\" with LOOM_DETERMINISTIC: %s",
                        comm->settings.algorithm.c_str(), why.c_str());
-    if (comm->rank == 0)
+    if (comm->rank == 0 && nranks > 2)
       LOOM_INFO(TUNE,
                 "LOOM_DETERMINISTIC: reductions in rank order; AllReduce uses %s, ReduceScatter %s, Reduce %s (the "
                 "other algorithms group the ranks' operands differently by count, channels or position)",

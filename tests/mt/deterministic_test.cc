@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "src/base/dtype.h"
@@ -254,12 +255,26 @@ TEST(Deterministic, BadSettingsFailInit) {
   EXPECT_NE(std::string(loomGetLastError(nullptr)).find("deterministic 5"), std::string::npos)
       << loomGetLastError(nullptr);
 
+  // At 3 ranks (at 1 and 2 every algorithm sums in rank order, and the rules stand).
   loomtest::ScopedEnv on("LOOM_DETERMINISTIC", "1"), ring("LOOM_ALGO", "allreduce:ring");
   ASSERT_EQ(loomGetUniqueId(&id), loomSuccess);
-  EXPECT_EQ(loomCommInitRank(&comm, 1, id, 0), loomInvalidArgument);
-  const std::string error = loomGetLastError(nullptr);
-  EXPECT_NE(error.find("LOOM_ALGO"), std::string::npos) << error;
-  EXPECT_NE(error.find("AllReduce no algorithm that reduces in rank order"), std::string::npos) << error;
+  std::vector<std::thread> ranks;
+  std::vector<std::string> errors(3);
+  std::vector<loomResult_t> results(3, loomSuccess);
+  for (int r = 0; r < 3; ++r)
+    ranks.emplace_back([&, r] {
+      loomComm_t mine = nullptr;
+      results[r] = loomCommInitRank(&mine, 3, id, r);
+      errors[r] = loomGetLastError(nullptr);
+      if (results[r] == loomSuccess) loomCommDestroy(mine);
+    });
+  for (std::thread& rank : ranks) rank.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(results[r], loomInvalidArgument) << "rank " << r;
+    EXPECT_NE(errors[r].find("LOOM_ALGO"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("AllReduce no algorithm that reduces in rank order"), std::string::npos) << errors[r];
+  }
+  loomtest::runRanks(2, [](loomComm_t, int) {});  // two ranks: taken
 }
 
 }  // namespace

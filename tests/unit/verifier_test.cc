@@ -514,12 +514,15 @@ TEST(Verifier, RankOrderAlgorithmsCombineInRankOrder) {
 }
 
 // ... and the check has teeth: every other reducing algorithm groups some element otherwise at 8 ranks, which is
-// why LOOM_DETERMINISTIC leaves it out; the verifier names the grouping it found.
+// why LOOM_DETERMINISTIC leaves it out; the verifier names the grouping it found. At two ranks every algorithm
+// combines x0 and x1 once, in rank order (so the switch leaves two ranks' rules alone).
 TEST(Verifier, OtherReducingAlgorithmsAreNotInRankOrder) {
   VerifyOptions order;
   order.rankOrder = true;
   for (Collective collective : kReducing) {
     for (const std::string& algorithm : algorithmsFor(collective)) {
+      for (int channels : {1, 3})
+        expectProven(uniformArgs(collective, 2, 1000, 1, channels), algorithm, order);
       if (reducesInRankOrder(collective, algorithm)) continue;
       CollArgs args = uniformArgs(collective, 8, 1000, 3, 1);
       std::string error = verifyPlan(argsForAllRanks(args), algorithm, order);
@@ -536,7 +539,7 @@ TEST(AlgorithmRules, RestrictToRankOrder) {
   AlgorithmRules rules;
   std::string error;
   ASSERT_TRUE(parseAlgorithmRules("", &rules, &error));
-  ASSERT_TRUE(restrictToRankOrder(&rules, &error)) << error;
+  ASSERT_TRUE(restrictToRankOrder(&rules, 8, &error)) << error;
   EXPECT_EQ(rules.allowed[static_cast<int>(Collective::kAllReduce)], (std::vector<std::string>{"direct", "twoshot"}));
   EXPECT_EQ(rules.allowed[static_cast<int>(Collective::kReduceScatter)], (std::vector<std::string>{"direct"}));
   EXPECT_EQ(rules.allowed[static_cast<int>(Collective::kReduce)], (std::vector<std::string>{"direct"}));
@@ -544,14 +547,21 @@ TEST(AlgorithmRules, RestrictToRankOrder) {
   EXPECT_EQ(rankOrderAlgorithms(Collective::kAllReduce), "direct,twoshot");
 
   ASSERT_TRUE(parseAlgorithmRules("allreduce:^direct", &rules, &error)) << error;
-  ASSERT_TRUE(restrictToRankOrder(&rules, &error)) << error;
+  ASSERT_TRUE(restrictToRankOrder(&rules, 8, &error)) << error;
   EXPECT_EQ(rules.allowed[static_cast<int>(Collective::kAllReduce)], (std::vector<std::string>{"twoshot"}));
+
+  // At two ranks (and one) any algorithm will do: the rules stay, even one naming the ring alone.
+  ASSERT_TRUE(parseAlgorithmRules("allreduce:ring", &rules, &error)) << error;
+  for (int n : {1, 2}) {
+    ASSERT_TRUE(restrictToRankOrder(&rules, n, &error)) << error;
+    EXPECT_EQ(rules.allowed[static_cast<int>(Collective::kAllReduce)], (std::vector<std::string>{"ring"}));
+  }
 
   for (const char* spec : {"allreduce:ring", "tree", "reducescatter:ring,bruck"}) {
     ASSERT_TRUE(parseAlgorithmRules(spec, &rules, &error)) << spec << ": " << error;
     AlgorithmRules before = rules;
     error.clear();
-    EXPECT_FALSE(restrictToRankOrder(&rules, &error)) << spec;
+    EXPECT_FALSE(restrictToRankOrder(&rules, 8, &error)) << spec;
     EXPECT_NE(error.find("no algorithm that reduces in rank order"), std::string::npos) << spec << ": " << error;
     EXPECT_EQ(rules.allowed[static_cast<int>(Collective::kAllReduce)],
               before.allowed[static_cast<int>(Collective::kAllReduce)])
