@@ -73,25 +73,36 @@ void combineInRankOrder(int n, int rank, Region in, Region partial, Region out, 
   if (n == 1) lane->steps.push_back(copy(in, out));
 }
 
-}  // namespace
+// The scratch combineInRankOrder needs on `rank`: none at 2 ranks on rank 0, else one partial sum per element.
+size_t rankOrderScratch(int n, int rank, size_t count) { return n > 2 || rank != 0 ? count : 0; }
 
-// One-shot: one lane per channel, the sends first (in place, the input is sent before the same slice of the
-// buffer is overwritten: a lane runs its steps in order for every slice), then the combination in rank order.
-RankPlan buildDirectAllReduce(const CollArgs& args) {
-  RankPlan plan = planShell(args, "direct");
+// A direct reduction, one lane per channel: the sends of each peer's operand first (in place, an input is sent
+// before the same slice of the buffer is overwritten: a lane runs its steps in order for every slice), then the
+// combination of this rank's n operands in rank order into its output. operand(p, c, offset, part) is the
+// region of this rank's input that rank p combines, on channel c, whose part of the output is [offset, +part).
+template <typename Operand>
+RankPlan buildSendThenCombine(const CollArgs& args, const char* name, Operand operand) {
+  RankPlan plan = planShell(args, name);
   int n = args.nranks, rank = args.rank;
   for (int c = 0; c < args.nChannels; ++c) {
     size_t offset = partOffset(args.count, args.nChannels, c), part = partCount(args.count, args.nChannels, c);
     if (part == 0) continue;
     Lane lane{c, {}};
     for (int p = 0; p < n; ++p)
-      if (p != rank) lane.steps.push_back(send(p, input(offset, part)));
-    combineInRankOrder(n, rank, input(offset, part), scratch(offset, part), output(offset, part), &lane);
+      if (p != rank) lane.steps.push_back(send(p, operand(p, c, offset, part)));
+    combineInRankOrder(n, rank, operand(rank, c, offset, part), scratch(offset, part), output(offset, part), &lane);
     plan.lanes.push_back(std::move(lane));
   }
-  plan.scratchCount = n > 2 || rank != 0 ? args.count : 0;
+  plan.scratchCount = rankOrderScratch(n, rank, args.count);
   plan.reducedOutput = output(0, args.count);
   return plan;
+}
+
+}  // namespace
+
+// One-shot: every peer combines this rank's whole part.
+RankPlan buildDirectAllReduce(const CollArgs& args) {
+  return buildSendThenCombine(args, "direct", [](int, int, size_t offset, size_t part) { return input(offset, part); });
 }
 
 // Two-shot: chunk p of every channel's part belongs to rank p. Phase 1 sends chunk p to rank p and combines the
@@ -122,29 +133,16 @@ RankPlan buildTwoShotAllReduce(const CollArgs& args) {
       if (p != rank) lane.steps.push_back(recv(p, chunk(Buffer::kOutput, p)));
     plan.lanes.push_back(std::move(lane));
   }
-  plan.scratchCount = n > 2 || rank != 0 ? args.count : 0;
+  plan.scratchCount = rankOrderScratch(n, rank, args.count);
   plan.reducedOutput = output(0, args.count);
   return plan;
 }
 
-// Direct reduce-scatter: one lane per channel, the sends of the peers' blocks first, then this rank's block
-// combined in rank order (its own operand is in the input, the others arrive from their ranks).
+// Direct reduce-scatter: rank p combines block p of every rank's input.
 RankPlan buildDirectReduceScatter(const CollArgs& args) {
-  RankPlan plan = planShell(args, "direct");
-  int n = args.nranks, rank = args.rank;
-  for (int c = 0; c < args.nChannels; ++c) {
-    size_t offset = partOffset(args.count, args.nChannels, c), part = partCount(args.count, args.nChannels, c);
-    if (part == 0) continue;
-    Lane lane{c, {}};
-    for (int p = 0; p < n; ++p)
-      if (p != rank) lane.steps.push_back(send(p, blockPart(Buffer::kInput, args.count, args.nChannels, c, p)));
-    combineInRankOrder(n, rank, blockPart(Buffer::kInput, args.count, args.nChannels, c, rank), scratch(offset, part),
-                       output(offset, part), &lane);
-    plan.lanes.push_back(std::move(lane));
-  }
-  plan.scratchCount = n > 2 || rank != 0 ? args.count : 0;
-  plan.reducedOutput = output(0, args.count);
-  return plan;
+  return buildSendThenCombine(args, "direct", [&](int p, int c, size_t, size_t) {
+    return blockPart(Buffer::kInput, args.count, args.nChannels, c, p);
+  });
 }
 
 // Direct reduce: every other rank sends its buffer to root on each channel; root combines them in rank order.
@@ -162,7 +160,7 @@ RankPlan buildDirectReduce(const CollArgs& args) {
     plan.lanes.push_back(std::move(lane));
   }
   if (rank == root) {
-    plan.scratchCount = n > 2 || rank != 0 ? args.count : 0;
+    plan.scratchCount = rankOrderScratch(n, rank, args.count);
     plan.reducedOutput = output(0, args.count);
   }
   return plan;
