@@ -34,10 +34,11 @@ std::string tunableNames() {
   std::printf(
       "usage: loom-tune -n NRANKS [-c COLLECTIVE] [-b MINBYTES] [-e MAXBYTES] [-f FACTOR]\n"
       "                 [--topo PRESET|FILE.xml] [--channels C] [--algo LOOM_ALGO-rules]\n"
-      "                 [--costs NAME=VALUE,...] [--show-costs]\n"
+      "                 [--costs NAME=VALUE,...] [--show-costs] [--deterministic]\n"
       "  -c              %s (default allreduce); any case\n"
       "  Without --topo the ranks share this host, as discovered. --costs changes the executor's costs\n"
-      "  (docs/TUNING.md names them); --show-costs prints them all.\n",
+      "  (docs/TUNING.md names them); --show-costs prints them all. --deterministic: the algorithms\n"
+      "  LOOM_DETERMINISTIC=1 leaves (reductions in rank order; docs/RELIABILITY.md).\n",
       tunableNames().c_str());
   std::exit(0);
 }
@@ -66,13 +67,17 @@ int run(int argc, char** argv) {
   bool channelsGiven = false;
   size_t minBytes = 8, maxBytes = size_t{256} << 20, factor = 2;
   std::string collectiveText = "allreduce", topoSpec, rulesText, costsText;
-  bool showCosts = false;
+  bool showCosts = false, deterministic = false;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string flag = argv[i];
       if (flag == "-h" || flag == "--help") usage("");
       if (flag == "--show-costs") {
         showCosts = true;
+        continue;
+      }
+      if (flag == "--deterministic") {
+        deterministic = true;
         continue;
       }
       if (i + 1 >= argc) usage(flag + " needs a value");
@@ -119,6 +124,7 @@ int run(int argc, char** argv) {
   AlgorithmRules rules;
   std::string error;
   if (!parseAlgorithmRules(rulesText, &rules, &error)) usage("--algo \"" + rulesText + "\": " + error);
+  if (deterministic && !restrictToRankOrder(&rules, nranks, &error)) usage("--deterministic: " + error);
 
   Topology topo = topologyFor(topoSpec, nranks);
   TuneContext context = contextFor(topo, nranks, channelsGiven ? channels : 0);
@@ -134,8 +140,9 @@ int run(int argc, char** argv) {
     alone[a].configure(context, costs);
     aloneRules[a].allowed[static_cast<int>(collective)] = {names[a]};
   }
-  std::printf("# loom-tune: %s on %d ranks, %s; predicted time of one call in us\n", collectiveName(collective), nranks,
-              topoSpec.empty() ? "this host" : topoSpec.c_str());
+  std::printf("# loom-tune: %s on %d ranks, %s%s; predicted time of one call in us\n", collectiveName(collective),
+              nranks, topoSpec.empty() ? "this host" : topoSpec.c_str(),
+              deterministic ? ", as LOOM_DETERMINISTIC=1 restricts it" : "");
   std::printf("# up to %d channel(s), %zu KiB Simple slots, LL up to %zu B (%s); loom-sim takes the same\n",
               context.nChannels, context.simpleSliceBytes >> 10, context.llThresholdBytes,
               isGpuContext(context) ? "the GPU executor's: LOOM_CUDA_NCHANNELS, LOOM_CUDA_SLOT_BYTES"
