@@ -232,6 +232,8 @@ case("loom-tune -c all_reduce (the peers' spelling)", [tune, "-n", "2", "-c", "a
      ["AllReduce on 2 ranks"], status=0)
 case("loom-tune --help lists the names", [tune, "--help"], [r"allreduce \(all_reduce\)", "reducescatter"], status=0)
 case("loom-tune -n x", [tune, "-n", "x"], ["-n"])
+case("loom-tune --deterministic with rules that leave AllReduce no rank-order algorithm",
+     [tune, "-n", "4", "--algo", "allreduce:ring", "--deterministic"], ["--deterministic", "AllReduce", "direct,twoshot"])
 case("loom-sim --collective all_gather (the peers' spelling)",
      [sim, "--topo", "fullmesh:4", "--collective", "all_gather", "-b", "1M", "-e", "1M"], [r"ring"], status=0)
 case("loom-sim --collective nope lists the names", [sim, "--topo", "fullmesh:4", "--collective", "nope"],
