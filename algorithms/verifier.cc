@@ -302,12 +302,10 @@ class Verifier {
 
  private:
   bool idempotent() const { return args_[0].collective == Collective::kBarrier; }
-  // Whether the call's output holds reductions whose grouping rankOrder checks.
-  bool reduces() const {
-    const Collective c = args_[0].collective;
-    return c == Collective::kAllReduce || c == Collective::kReduceScatter || c == Collective::kReduce;
+  // The trees rankOrder checks, for calls whose output holds reductions (none otherwise).
+  ReductionTrees* trackedTrees() {
+    return options_.rankOrder && reducesElements(args_[0].collective) ? &trees_ : nullptr;
   }
-  ReductionTrees* trackedTrees() { return options_.rankOrder && reduces() ? &trees_ : nullptr; }
 
   size_t bufferSize(int rank, Buffer buffer, uint32_t index) const {
     const CollArgs& args = args_[rank];
