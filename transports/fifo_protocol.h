@@ -34,14 +34,16 @@ enum class FailureCause : uint8_t {
   kNoAnswer = 8,        // past a deadline, the rank did not answer a status query (stopped, hung, or unreachable)
   kError = 9,           // the rank failed of an error of its own (out of memory, a malformed message, ...)
   kGone = 10,           // the process ended, and how is not known (its parent reaped it already)
+  kCorrupted = 11,      // the rank received a message that failed its checksum (LOOM_CHECKSUM); detail: the
+                        // sender's rank plus one (0: not known)
 };
 
 // Who failed first and how. Packed into 64 bits (0: none known): the rank plus one in bits 0-23 (ranks past 2^24
-// - 2 read as unknown), the cause in 24-31, its detail in 32-39. Only the low 48 bits travel on every wire.
+// - 2 read as unknown), the cause in 24-31, its detail in 32-47. Only the low 48 bits travel on every wire.
 struct FailureOrigin {
   int rank = -1;
   FailureCause cause = FailureCause::kUnknown;
-  uint8_t detail = 0;
+  uint16_t detail = 0;
 };
 
 constexpr uint32_t kMaxOriginRank = (1u << 24) - 2;
@@ -55,7 +57,7 @@ inline FailureOrigin unpackOrigin(uint64_t packed) {
   FailureOrigin origin;
   origin.rank = static_cast<int>(packed & 0xffffff) - 1;
   origin.cause = static_cast<FailureCause>((packed >> 24) & 0xff);
-  origin.detail = static_cast<uint8_t>((packed >> 32) & 0xff);
+  origin.detail = static_cast<uint16_t>((packed >> 32) & 0xffff);
   return origin;
 }
 

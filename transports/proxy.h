@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "loom/loom.h"
+#include "src/base/integrity.h"
 #include "src/base/socket.h"
 #include "transports/fifo.h"
 #include "transports/transport.h"

@@ -65,6 +65,7 @@ struct RankSetup {
   uint64_t cudaChannels, cudaSlotBytes;
   int checkCalls;  // LOOM_CHECK_COLL: a rank checking waits for the others to check too
   int deterministic;  // LOOM_DETERMINISTIC: the ranks must pick the same algorithms
+  int checksum;       // LOOM_CHECKSUM: a message's size and layout depend on it
   char host[64];   // the host name, for error messages that name a rank
 };
 
@@ -161,6 +162,7 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
   comm->settings.directForwardBytes = static_cast<size_t>(params::directForwardBytes());
   comm->settings.checkCalls = params::checkColl() != 0;
   comm->settings.deterministic = params::deterministic() != 0;
+  comm->settings.checksum = params::checksum() != 0;
   if (config != nullptr) {
     if (config->timeoutMs != LOOM_CONFIG_UNDEF_INT && config->timeoutMs > 0) comm->settings.timeoutMs = config->timeoutMs;
     if (config->commName != nullptr) comm->settings.name = config->commName;
@@ -290,6 +292,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   mine.probeAddress = directProbeAddress();
   mine.checkCalls = comm->settings.checkCalls ? 1 : 0;
   mine.deterministic = comm->settings.deterministic ? 1 : 0;
+  mine.checksum = comm->settings.checksum ? 1 : 0;
   if (gethostname(mine.host, sizeof(mine.host)) != 0) snprintf(mine.host, sizeof(mine.host), "unknown");
   mine.host[sizeof(mine.host) - 1] = '\0';
   if (comm->settings.device == loomDeviceCuda) {
@@ -316,6 +319,11 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
                        "rank %d has LOOM_DETERMINISTIC=%d, rank %d %d (environment or config): it must match on every "
                        "rank",
                        setup.info.rank, setup.deterministic, rank, mine.deterministic);
+    if (setup.checksum != mine.checksum)
+      return LOOM_FAIL(loomInvalidUsage, INIT,
+                       "rank %d has LOOM_CHECKSUM=%d, rank %d %d: it must match on every rank (a checked message "
+                       "carries its checksum after the payload)",
+                       setup.info.rank, setup.checksum, rank, mine.checksum);
     if (setup.torusHash != mine.torusHash)
       return LOOM_FAIL(loomInvalidUsage, INIT,
                        "rank %d uses LOOM_TORUS_DIMS=\"%.32s\", rank %d uses \"%.32s\": it must match on every rank",
@@ -393,6 +401,9 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
     if (p != rank) comm->transportTo[p] = firstTransportTo(comm, p, nullptr);
     if (comm->transportTo[p] != nullptr) comm->traitsTo[p] = comm->transportTo[p]->traits();
   }
+  std::vector<bool> proxied(nranks);
+  for (int p = 0; p < nranks; ++p) proxied[p] = comm->traitsTo[p].movesByProxy;
+  comm->connections.setProxiedPeers(std::move(proxied));
   std::vector<DirectProbe> probes(nranks);
   for (int p = 0; p < nranks; ++p) probes[p] = {setups[p].info.pid, setups[p].info.hostHash, setups[p].probeAddress};
   LOOM_CHECK(exchangeDirectAccess(comm, probes, deadline));
@@ -427,8 +438,8 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   tune.llThresholdBytes = comm->settings.llThresholdBytes;
   tune.forcedChunkBytes = comm->settings.chunkBytes;
   tune.fifoDepth = comm->settings.fifoShape.depth;
-  tune.llSliceBytes = fifoPayloadBytes(comm->settings.fifoShape, Protocol::kLL);
-  tune.simpleSliceBytes = fifoPayloadBytes(comm->settings.fifoShape, Protocol::kSimple);
+  tune.llSliceBytes = slicePayloadBytes(comm->settings, Protocol::kLL);
+  tune.simpleSliceBytes = slicePayloadBytes(comm->settings, Protocol::kSimple);
   comm->planner.tuner().configure(std::move(tune));
   if (comm->settings.device == loomDeviceCuda) LOOM_CHECK(cudaCommConnected(comm));
   LOOM_INFO(INIT, "comm %s rank %d of %d ready on %zu host(s) (%d channel(s), FIFO %d x %zu bytes)", comm->settings.name.c_str(),

@@ -18,6 +18,7 @@
 #include "algorithms/plan.h"
 #include "loom/loom.h"
 #include "src/base/bootstrap.h"
+#include "src/base/integrity.h"
 #include "src/base/wait.h"
 #include "src/core/connections.h"
 #include "src/core/cuda_calls.h"
@@ -64,7 +65,14 @@ struct CommSettings {
   int64_t spinPolls = kSpinPollsShared;  // polls a collective spins before yielding (see Backoff)
   bool checkCalls = false;             // LOOM_CHECK_COLL (coll_check.h)
   bool deterministic = false;          // LOOM_DETERMINISTIC: algorithmRules keep reductions in rank order
+  bool checksum = false;               // LOOM_CHECKSUM: every message carries a CRC32C (src/base/integrity.h)
 };
+
+// The payload of one message of `protocol`, the bytes a slice may move: a slot's, less the checksum after it under
+// LOOM_CHECKSUM. Every rank slices alike, as the settings match.
+inline size_t slicePayloadBytes(const CommSettings& settings, Protocol protocol) {
+  return fifoPayloadBytes(settings.fifoShape, protocol) - (settings.checksum ? kChecksumBytes : 0);
+}
 
 // What the host keeps beside each cached plan.
 struct HostPlanState {

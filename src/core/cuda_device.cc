@@ -270,6 +270,11 @@ loomResult_t devicePathCreate(loomComm* comm, int device, const uint32_t* abortF
   if (choice != "staged" && choice != "device")
     return LOOM_FAIL(loomInvalidArgument, INIT, "LOOM_CUDA_PATH=\"%s\" is neither staged nor device", choice.c_str());
   if (choice == "staged") return loomSuccess;
+  if (comm->settings.checksum) {
+    LOOM_INFO(CUDA, "rank %d: LOOM_CUDA_PATH=device, but the GPU executor does not checksum its messages "
+              "(LOOM_CHECKSUM): calls go the staged path", comm->rank);
+    return loomSuccess;
+  }
   if (!comm->everyRankCuda) {
     LOOM_INFO(CUDA, "rank %d: LOOM_CUDA_PATH=device, but some ranks have host communicators: calls go the staged path",
               comm->rank);

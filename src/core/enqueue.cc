@@ -35,9 +35,9 @@ ExecTask taskFor(const Call& call, const RankPlan* plan, const TuneEstimate& cho
   task.rank = comm->rank;
   task.forcedProtocol = comm->settings.forcedProtocol;
   task.llThresholdBytes = choice.slicing.llThresholdBytes;
-  task.simpleSliceBytes =
-      std::min(choice.slicing.simpleSliceBytes, fifoPayloadBytes(comm->settings.fifoShape, Protocol::kSimple));
-  task.llSliceBytes = fifoPayloadBytes(comm->settings.fifoShape, Protocol::kLL);
+  task.simpleSliceBytes = std::min(choice.slicing.simpleSliceBytes, slicePayloadBytes(comm->settings, Protocol::kSimple));
+  task.llSliceBytes = slicePayloadBytes(comm->settings, Protocol::kLL);
+  task.checksum = comm->settings.checksum;
   task.links = &comm->connections;
   task.what = collectiveName(call.collective);
   size_t outputBytes = 0;
@@ -121,7 +121,9 @@ struct RunWorkspace {
   bool busy = false;
   std::vector<loomComm*> comms, lockOrder;
   std::vector<CommWatch> watches;
-  std::vector<uint64_t> sequences;  // per communicator: the number of the run's first collective (0: none)
+  // Per communicator: the number of the run's first collective (0: none); connect() counts it on from there, a
+  // task's number each.
+  std::vector<uint64_t> sequences;
   std::vector<RankPlan> uncached;  // plans not cached (kept, with their capacity, until overwritten)
   std::vector<PlannedCall> plans;              // per call: its plan and the tuner's choice
   std::vector<HostPlanner::Entry*> cached;  // per call: its cache entry (null: built for the call)
@@ -262,6 +264,8 @@ class Submission {
       const size_t scratchBytes = ws_.plans[i].plan->scratchCount * dtypeSize(call.datatype);
       if (comm->scratch.size() < scratchBytes) comm->scratch.resize(scratchBytes);
       ws_.queues[q].push_back(taskFor(call, ws_.plans[i].plan, *ws_.plans[i].choice));
+      if (call.collective != Collective::kSendRecv && ws_.sequences[q] > 0)
+        ws_.queues[q].back().sequence = ws_.sequences[q]++;
     }
     for (size_t q = 0; q < ws_.comms.size(); ++q)
       for (ExecTask& task : ws_.queues[q]) task.scratch = ws_.comms[q]->scratch.data();

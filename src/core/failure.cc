@@ -100,6 +100,10 @@ std::string describeFailure(const loomComm* comm, const FailureOrigin& origin) {
       return who + " did not answer past the deadline (stopped, hung, or unreachable)";
     case FailureCause::kError:
       return who + " failed of an error of its own (its log says which)";
+    case FailureCause::kCorrupted:
+      return who + " received a message from " +
+             (origin.detail > 0 ? "rank " + std::to_string(origin.detail - 1) : std::string("a peer")) +
+             " that failed its checksum (LOOM_CHECKSUM: corrupted on its way; that rank's error names the link)";
     case FailureCause::kUnknown:
       break;
   }

@@ -78,7 +78,8 @@ size_t callBufferBytes(const Call& call, const RankPlan* plan, bool input, size_
 loomResult_t exchangeDirectAccess(loomComm* comm, const std::vector<DirectProbe>& probes, const Deadline& deadline) {
   int n = comm->nranks;
   std::vector<uint8_t> canRead(static_cast<size_t>(n) * n, 0);
-  bool enabled = params::direct() != 0;
+  // Under LOOM_CHECKSUM every message goes through a FIFO slot with its checksum: none goes direct.
+  bool enabled = params::direct() != 0 && !comm->settings.checksum;
   for (int p = 0; p < n && enabled; ++p) {
     canRead[comm->rank * n + p] = comm->traitsTo[p].carriesDirect &&
                                   probes[p].hostHash == probes[comm->rank].hostHash &&

@@ -12,6 +12,7 @@
 
 #include "src/base/check.h"
 #include "src/base/dtype.h"
+#include "src/base/integrity.h"
 #include "src/base/wait.h"
 #include "src/exec/copy.h"
 #include "src/exec/lane_walker.h"
@@ -51,25 +52,33 @@ loomResult_t readDirect(const DirectDescriptor& from, void* to, const char* what
 }  // namespace
 
 // The ends of a lane's channel on the host, as LaneWalker reaches them: the FifoReceiver and FifoSender of each
-// peer, which move messages through shared memory or a transport's proxy.
+// peer, which move messages through shared memory or a transport's proxy. Under LOOM_CHECKSUM (`checksum`) a
+// message is its payload and then its checksum: the walker sees the payload's size, TaskRun writes and checks the
+// checksum (writeChecksum, checkSlice).
 struct HostEnds {
   using In = FifoReceiver;
   using Out = FifoSender;
   Links* links;
   int channel;
+  bool checksum;
 
   FifoReceiver* receiver(int peer) const { return links->receiver(peer, channel); }
   FifoSender* sender(int peer) const { return links->sender(peer, channel); }
   LaneStatus receive(FifoReceiver* in, Protocol protocol, size_t bytes, Arrival* arrival) const {
     (void)bytes;  // the receiver reads the size from the message itself
     arrival->data = in->poll(protocol, &arrival->bytes, &arrival->direct);
-    return arrival->data != nullptr ? LaneStatus::kRan : LaneStatus::kWaiting;
+    if (arrival->data == nullptr) return LaneStatus::kWaiting;
+    // Too short to hold a checksum: a size no slice has, which the walker refuses.
+    if (checksum) arrival->bytes = arrival->bytes >= kChecksumBytes ? arrival->bytes - kChecksumBytes : SIZE_MAX;
+    return LaneStatus::kRan;
   }
   LaneStatus reserve(FifoSender* out, Protocol protocol, void** slot) const {
     *slot = out->reserve(protocol);
     return *slot != nullptr ? LaneStatus::kRan : LaneStatus::kWaiting;
   }
-  void post(FifoSender* out, Protocol protocol, size_t bytes, bool direct) const { out->post(protocol, bytes, direct); }
+  void post(FifoSender* out, Protocol protocol, size_t bytes, bool direct) const {
+    out->post(protocol, bytes + (checksum ? kChecksumBytes : 0), direct);
+  }
   void release(FifoReceiver* in) const { in->release(); }
 };
 
@@ -96,20 +105,20 @@ class TaskRun {
                                          task.simpleSliceBytes, task.forcedProtocol);
     reduce_ = reduceFunction(task.datatype, task.op);
     lanes_.clear();
-    directSenders_.clear();
+    awaited_.clear();
     for (const Lane& lane : task.plan->lanes) {
-      lanes_.push_back({HostEnds{task.links, lane.channel}, {}});
+      lanes_.push_back({HostEnds{task.links, lane.channel, task.checksum}, {}});
       lanes_.back().walker.start(lane, rule);
     }
   }
 
   void stop() { task_ = nullptr; }
 
-  // Done when every lane is, and every peer has read the direct messages this task sent it.
+  // Done when every lane is, and every peer it awaits has taken the messages this task sent it.
   bool done() const {
     for (const LaneRun& lane : lanes_)
       if (!lane.done()) return false;
-    for (const auto& [sender, peer] : directSenders_)
+    for (const auto& [sender, peer] : awaited_)
       if (!sender->drained()) return false;
     return true;
   }
@@ -175,7 +184,7 @@ class TaskRun {
         }
       }
     }
-    for (const auto& [sender, rank] : directSenders_) {
+    for (const auto& [sender, rank] : awaited_) {
       if (!sender->drained() && sender->aborted()) {
         *peer = rank;
         *origin = sender->abortOrigin();
@@ -196,7 +205,7 @@ class TaskRun {
       if ((actionReceives(step.action) && step.recvPeer == peer) || (actionSends(step.action) && step.sendPeer == peer))
         return true;
     }
-    for (const auto& [sender, rank] : directSenders_)
+    for (const auto& [sender, rank] : awaited_)
       if (rank == peer && !sender->drained()) return true;
     return false;
   }
@@ -210,7 +219,7 @@ class TaskRun {
       if (actionReceives(step.action)) return "a message from rank " + std::to_string(step.recvPeer) + channel;
       if (actionSends(step.action)) return "room to send to rank " + std::to_string(step.sendPeer) + channel;
     }
-    return directSenders_.empty() ? "nothing" : "peers to read its zero-copy messages";
+    return awaited_.empty() ? "nothing" : "peers to take its last messages (zero-copy reads, checksum checks)";
   }
 
  private:
@@ -235,10 +244,62 @@ class TaskRun {
                        "ranks' calls (counts, types, order) match?",
                        task_->what, slice.step->recvPeer, slice.arrival.bytes, run.ends.channel, slice.bytes);
     if (!*ran) return loomSuccess;  // waiting (aborts are looked at when nothing moves)
+    if (task_->checksum && slice.in != nullptr) LOOM_CHECK(checkSlice(run, slice));
     bool direct = false;
     if (slice.count() > 0) LOOM_CHECK(move(slice, &direct));
+    if (slice.out != nullptr && !direct) sent(slice);
     run.walker.finish(run.ends, slice, direct);
     return loomSuccess;
+  }
+
+  // LOOM_CHECKSUM, receiving: the payload's CRC32C against the one it carries after it. A mismatch fails the call
+  // naming the link and the bytes, and notes the failure as corrupted data from the sender, which the abort marks
+  // carry to every rank.
+  loomResult_t checkSlice(const LaneRun& run, const HostWalker::Slice& slice) {
+    const auto* data = static_cast<const std::byte*>(slice.arrival.data);
+    uint32_t carried = 0;
+    std::memcpy(&carried, data + slice.bytes, kChecksumBytes);
+    const uint32_t computed = crc32c(data, slice.bytes);
+    if (computed == carried) return loomSuccess;
+    const Step& step = *slice.step;
+    const int sender = step.recvPeer;
+    task_->links->noteFailure(packOrigin({task_->rank, FailureCause::kCorrupted,
+                                          static_cast<uint16_t>(sender >= 0 && sender < 0xfffe ? sender + 1 : 0)}));
+    const std::string call =
+        task_->sequence > 0 ? std::string(task_->what) + " #" + std::to_string(task_->sequence) : task_->what;
+    const char* buffer = step.dst.buffer == Buffer::kInput    ? "input"
+                         : step.dst.buffer == Buffer::kOutput ? "output"
+                                                              : "scratch";
+    const size_t at = (step.dst.offset + slice.lo) * elementBytes_;
+    return LOOM_FAIL(loomRemoteError, COLL,
+                     "%s: a message from rank %d to rank %d on channel %d failed its checksum (LOOM_CHECKSUM): "
+                     "%zu bytes at byte offset %zu of the step's %zu, bound for bytes %zu..%zu of the %s (a %s "
+                     "message; CRC32C %08x computed, %08x carried): the data was corrupted on its way",
+                     call.c_str(), sender, task_->rank, run.ends.channel, slice.bytes, slice.lo * elementBytes_,
+                     step.count() * elementBytes_, at, at + slice.bytes, buffer, protocolName(slice.protocol),
+                     computed, carried);
+  }
+
+  // A message written into its slot, before it is posted. Under LOOM_CHECKSUM: the CRC32C of the payload, after
+  // it. Where this rank writes the receiver's FIFO itself, the fault hook (LOOM_FAULT_CORRUPT) may then corrupt the
+  // message as it lands (a proxy's receiving end does it for the network transports), and under LOOM_CHECKSUM the
+  // task ends only once the receiver has checked it.
+  void sent(const HostWalker::Slice& slice) {
+    auto* slot = static_cast<std::byte*>(slice.slot);
+    if (task_->checksum) {
+      const uint32_t sum = crc32c(slot, slice.bytes);
+      std::memcpy(slot + slice.bytes, &sum, kChecksumBytes);
+    }
+    const int peer = slice.step->sendPeer;
+    if (task_->links->movesByProxy(peer)) return;
+    corruptInTransit(slot, slice.bytes + (task_->checksum ? kChecksumBytes : 0));
+    if (task_->checksum) await(slice.out, peer);
+  }
+
+  // Waits, at the task's end, for `peer` to have taken every message sent it on `out`.
+  void await(FifoSender* out, int peer) {
+    auto known = [&](const std::pair<FifoSender*, int>& entry) { return entry.first == out; };
+    if (std::none_of(awaited_.begin(), awaited_.end(), known)) awaited_.emplace_back(out, peer);
   }
 
   // The data of a slice that runs: copies, reductions, and the direct (zero-copy) messages it takes or sends
@@ -303,9 +364,7 @@ class TaskRun {
       // The payload stays where it is; the peer reads it, and this task ends only when it has.
       *static_cast<DirectDescriptor*>(slot) = {reinterpret_cast<uint64_t>(pointer(*directSource, lo)), bytes,
                                                static_cast<int32_t>(thisProcess()), directBuffer->region};
-      auto known = [&](const std::pair<FifoSender*, int>& entry) { return entry.first == out; };
-      if (std::none_of(directSenders_.begin(), directSenders_.end(), known))
-        directSenders_.emplace_back(out, step.sendPeer);
+      await(out, step.sendPeer);
       if (task_->directMessages) ++*task_->directMessages;
     }
     return loomSuccess;
@@ -340,8 +399,9 @@ class TaskRun {
   ReduceFn reduce_ = nullptr;
   std::vector<LaneRun> lanes_;
   std::vector<std::byte> staging_;                          // a direct payload on its way into a reduction
-  std::vector<std::pair<FifoSender*, int>> directSenders_;  // connections (and their peer) that carried direct
-                                                            // messages, each once
+  // Connections (and their peer) whose receiver must take every message before the task ends, each once: those
+  // that carried direct messages, and under LOOM_CHECKSUM those whose receiver this rank reaches itself.
+  std::vector<std::pair<FifoSender*, int>> awaited_;
 };
 
 HostExecutor::HostExecutor() = default;

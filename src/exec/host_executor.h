@@ -32,6 +32,12 @@ class Links {
   // Whether a proxy thread of this process moves the messages to `peer` (tcp): it then sends a DirectDescriptor's
   // payload from this process's memory itself, so any buffer the call does not write meanwhile may go direct.
   virtual bool proxySends(int peer) = 0;
+  // Whether a proxy thread moves the messages to and from `peer` (tcp, ucx, ib), rather than the ranks' executors
+  // reaching each other's FIFOs themselves (shm, loopback).
+  virtual bool movesByProxy(int peer) {
+    (void)peer;
+    return false;
+  }
   // A direct message's payload in this address space, when its memory can be mapped here; nullptr: copy it.
   virtual const void* mapDirect(const DirectDescriptor& message) = 0;
   // What failed on a lost connection with `peer` (negative: any peer), as its transport saw it; empty when it
@@ -96,6 +102,11 @@ struct ExecTask {
   size_t llSliceBytes = 0;
   Links* links = nullptr;
   const char* what = "";  // e.g. "AllReduce", for error messages
+  uint64_t sequence = 0;  // the call's number among its communicator's collectives (0: none, a Send/Recv)
+  // LOOM_CHECKSUM: every message carries the CRC32C of its payload after it (kChecksumBytes), checked before its
+  // data is used; the slice sizes above leave room for it. The task ends only once the peers it reaches directly
+  // (not through a proxy) have taken every message it sent them, so that a mismatch fails the call on both ends.
+  bool checksum = false;
   // Buffers peers may read in place (registered, and not overlapping a buffer this call writes): a Simple send
   // of such data goes out as a DirectDescriptor, and the call ends only when every peer has read it.
   std::vector<DirectBuffer> directInputs;

@@ -201,6 +201,7 @@ bool IbComm::pumpIn(IbConn& conn) {
       return true;
     }
     if (protocol == Protocol::kLL) std::memcpy(slot, landed, bytes);
+    corruptInTransit(slot, bytes);  // the fault hook (LOOM_FAULT_CORRUPT), as the message lands
     conn.fill->post(protocol, bytes);
     ++conn.messages;
     ++received_;

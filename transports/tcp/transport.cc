@@ -325,6 +325,7 @@ bool TcpComm::pumpIn(TcpConn& conn) {
       }
     }
     if (!conn.partsFinished()) return progressed;
+    corruptInTransit(conn.payload, conn.payloadBytes);  // the fault hook (LOOM_FAULT_CORRUPT), as the message lands
     conn.fill->post(conn.protocol, conn.payloadBytes);
     ++received_;
     conn.inFrame = false;

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "src/base/bootstrap.h"
+#include "src/base/integrity.h"
 #include "src/base/check.h"
 #include "src/base/log.h"
 #include "src/base/params.h"
@@ -303,6 +304,7 @@ bool UcxComm::pumpIn(UcxConn& conn) {
         fail(conn, "was put a message larger than a slot");
         return true;
       }
+      corruptInTransit(conn.payload, bytes);  // the fault hook (LOOM_FAULT_CORRUPT), as the message lands
       conn.fill->post(Protocol::kSimple, bytes);
     } else if (kind == kKindLL) {
       if (bytes > fifoPayloadBytes(conn.shape, Protocol::kLL)) {
@@ -311,8 +313,10 @@ bool UcxComm::pumpIn(UcxConn& conn) {
       }
       void* staged = conn.fill->reserve(Protocol::kLL);
       std::memcpy(staged, conn.payload, bytes);
+      corruptInTransit(staged, bytes);
       conn.fill->post(Protocol::kLL, bytes);
     } else {
+      corruptInTransit(conn.payload, bytes);
       conn.fill->post(Protocol::kSimple, bytes);
     }
     ++received_;

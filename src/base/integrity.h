@@ -1,0 +1,33 @@
+// Integrity of the data in flight (LOOM_CHECKSUM, docs/RELIABILITY.md): the checksum every message carries, and the
+// test hook that corrupts one message on its way (LOOM_FAULT_CORRUPT).
+//
+// The checksum is CRC32C (the Castagnoli polynomial, as iSCSI, ext4 and SCTP use it): it detects every flipped bit
+// and every burst of up to 32 bits, and any other error but about one in 2^32. x86-64 processors with SSE4.2 compute it in hardware (the crc32 instruction), three streams at once so that
+// the instruction's latency is hidden; elsewhere a table does it, 8 bytes a step. Both give the same values.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace loom {
+
+// The CRC32C of `bytes` bytes at `data` (crc32c("123456789") == 0xe3069283). `previous`, the CRC32C of the bytes
+// before them, continues it: crc32c(b, n, crc32c(a, m)) is the CRC32C of a's m bytes followed by b's n.
+uint32_t crc32c(const void* data, size_t bytes, uint32_t previous = 0);
+// The same by the table alone (for tests: the hardware path must agree with it).
+uint32_t crc32cPortable(const void* data, size_t bytes, uint32_t previous = 0);
+// Whether crc32c() uses the processor's instruction here.
+bool crc32cInHardware();
+
+// The bytes a message's checksum takes after its payload, in the FIFO slot and on every wire.
+constexpr size_t kChecksumBytes = 4;
+
+// Where the fault hook stands (LOOM_FAULT_CORRUPT=N[:BIT]): this process counts the messages that go through
+// corruptInTransit (from 1, over all its connections) and flips one bit of the N-th: bit BIT of the message, counted
+// from its first byte (modulo its bits), by default the middle one. Once; unset or malformed (a WARN says so), it
+// does nothing. Returns whether it flipped a bit of this message.
+bool corruptInTransit(void* data, size_t bytes);
+// Reads LOOM_FAULT_CORRUPT again and counts from 1 again: for tests that set it in a running process.
+void rearmCorruption();
+
+}  // namespace loom

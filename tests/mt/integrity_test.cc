@@ -1,0 +1,74 @@
+// mt suite: LOOM_CHECKSUM over loopback (ranks as threads of one process, each writing its peers' FIFOs itself):
+// exact results, and a bit flipped in transit (LOOM_FAULT_CORRUPT) fails the same call on every rank, the rank
+// that found it naming the link. The processes' view of the same, over shm, tcp, ucx and ib: tests/mp/integrity_test.cc.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "loom/loom.h"
+#include "src/base/integrity.h"
+#include "tests/mt/thread_ranks.h"
+
+namespace {
+
+constexpr int kRanks = 4;
+
+TEST(IntegrityLoopback, CollectivesAreExactUnderTheChecksum) {
+  loomtest::ScopedEnv transports("LOOM_TRANSPORTS", "loopback"), checksum("LOOM_CHECKSUM", "1");
+  for (const char* channels : {"1", "3"}) {
+    loomtest::ScopedEnv nchannels("LOOM_NCHANNELS", channels);
+    loomtest::runRanks(kRanks, [](loomComm_t comm, int rank) {
+      for (size_t count : {size_t{1}, size_t{999}, size_t{1} << 20}) {
+        std::vector<double> data(count);
+        for (size_t i = 0; i < count; ++i) data[i] = rank + 0.25 * static_cast<double>(i % 13);
+        ASSERT_EQ(loomAllReduce(data.data(), data.data(), count, loomFloat64, loomSum, comm, nullptr), loomSuccess)
+            << loomGetLastError(comm);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], 6 + kRanks * 0.25 * static_cast<double>(i % 13)) << i;
+        std::vector<double> gathered(count * kRanks);
+        ASSERT_EQ(loomAllGather(data.data(), gathered.data(), count, loomFloat64, comm, nullptr), loomSuccess);
+        ASSERT_EQ(gathered[count * kRanks - 1], data[count - 1]);
+      }
+    });
+  }
+}
+
+TEST(IntegrityLoopback, ABitFlippedInTransitFailsTheSameCallOnEveryRank) {
+  loomtest::ScopedEnv transports("LOOM_TRANSPORTS", "loopback"), checksum("LOOM_CHECKSUM", "1"),
+      fault("LOOM_FAULT_CORRUPT", "200:32030");
+  loom::rearmCorruption();
+  std::vector<int> failedAt(kRanks, 0);
+  std::vector<std::string> errors(kRanks);
+  loomtest::runRanks(kRanks, [&](loomComm_t comm, int rank) {
+    std::vector<float> data(size_t{1} << 18, 1.0f);
+    for (int call = 1; call <= 40; ++call) {
+      std::fill(data.begin(), data.end(), 1.0f);
+      if (loomAllReduce(data.data(), data.data(), data.size(), loomFloat32, loomSum, comm, nullptr) != loomSuccess) {
+        failedAt[rank] = call;
+        errors[rank] = loomGetLastError(comm);
+        return;
+      }
+      for (float value : data) ASSERT_EQ(value, kRanks) << "call " << call << " took a corrupted message";
+    }
+  });
+  loomtest::ScopedEnv off("LOOM_FAULT_CORRUPT", "");
+  loom::rearmCorruption();
+  int finders = 0;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank) + ": " + errors[rank]);
+    EXPECT_GT(failedAt[rank], 1);
+    EXPECT_EQ(failedAt[rank], failedAt[0]);
+    if (errors[rank].find("to rank " + std::to_string(rank) + " on channel 0 failed its checksum (LOOM_CHECKSUM)") !=
+        std::string::npos) {
+      ++finders;
+      EXPECT_NE(errors[rank].find("AllReduce #" + std::to_string(failedAt[rank]) + ": a message from rank "),
+                std::string::npos);
+    } else {
+      EXPECT_NE(errors[rank].find("that failed its checksum"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(finders, 1);
+}
+
+}  // namespace

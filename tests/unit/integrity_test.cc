@@ -1,0 +1,71 @@
+// CRC32C (src/base/integrity.h): the published check values, the hardware path against the table at every length
+// and alignment around its stream size, continuation, and that a flipped bit always changes the checksum.
+#include "src/base/integrity.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace loom {
+namespace {
+
+TEST(Crc32c, PublishedCheckValues) {
+  // The catalogue's check value, and RFC 3720's (iSCSI) test patterns of 32 bytes.
+  const std::string digits = "123456789";
+  EXPECT_EQ(crc32c(digits.data(), digits.size()), 0xe3069283u);
+  EXPECT_EQ(crc32cPortable(digits.data(), digits.size()), 0xe3069283u);
+  std::vector<unsigned char> zeros(32, 0), ones(32, 0xff), up(32), down(32);
+  for (int i = 0; i < 32; ++i) {
+    up[i] = static_cast<unsigned char>(i);
+    down[i] = static_cast<unsigned char>(31 - i);
+  }
+  EXPECT_EQ(crc32c(zeros.data(), 32), 0x8a9136aau);
+  EXPECT_EQ(crc32c(ones.data(), 32), 0x62a8ab43u);
+  EXPECT_EQ(crc32c(up.data(), 32), 0x46dd794eu);
+  EXPECT_EQ(crc32c(down.data(), 32), 0x113fdb5cu);
+  EXPECT_EQ(crc32c(nullptr, 0), 0u);
+}
+
+TEST(Crc32c, HardwareAgreesWithTheTableAtEveryLengthAndAlignment) {
+  std::mt19937_64 random(2026);
+  std::vector<unsigned char> data(3 * 1024 * 4 + 64);
+  for (auto& byte : data) byte = static_cast<unsigned char>(random());
+  for (size_t offset = 0; offset < 8; ++offset) {
+    for (size_t bytes = 0; bytes + offset <= data.size(); bytes += bytes < 64 ? 1 : 61) {
+      ASSERT_EQ(crc32c(data.data() + offset, bytes), crc32cPortable(data.data() + offset, bytes))
+          << bytes << " bytes at offset " << offset << (crc32cInHardware() ? " (hardware)" : " (table)");
+    }
+  }
+  // Around the hardware path's blocks of three streams (3 x 1024 bytes).
+  for (size_t bytes : {3071, 3072, 3073, 6143, 6144, 6145, 12288})
+    EXPECT_EQ(crc32c(data.data() + 1, bytes), crc32cPortable(data.data() + 1, bytes)) << bytes;
+}
+
+TEST(Crc32c, ContinuesFromAPreviousValue) {
+  std::mt19937_64 random(7);
+  std::vector<unsigned char> data(200000);
+  for (auto& byte : data) byte = static_cast<unsigned char>(random());
+  for (size_t split : {size_t{0}, size_t{1}, size_t{5000}, size_t{131072}, data.size()}) {
+    const uint32_t first = crc32c(data.data(), split);
+    EXPECT_EQ(crc32c(data.data() + split, data.size() - split, first), crc32c(data.data(), data.size())) << split;
+  }
+}
+
+TEST(Crc32c, EveryFlippedBitOfASliceChangesIt) {
+  std::mt19937_64 random(11);
+  std::vector<unsigned char> data(131072 - kChecksumBytes);
+  for (auto& byte : data) byte = static_cast<unsigned char>(random());
+  const uint32_t clean = crc32c(data.data(), data.size());
+  for (size_t bit = 0; bit < data.size() * 8; bit += 997) {
+    data[bit / 8] ^= static_cast<unsigned char>(1u << (bit % 8));
+    ASSERT_NE(crc32c(data.data(), data.size()), clean) << "bit " << bit;
+    data[bit / 8] ^= static_cast<unsigned char>(1u << (bit % 8));
+  }
+  EXPECT_EQ(crc32c(data.data(), data.size()), clean);
+}
+
+}  // namespace
+}  // namespace loom
