@@ -108,13 +108,103 @@ __attribute__((target("sse4.2"))) uint32_t updateHardware(uint32_t crc, const un
   return state;
 }
 
-bool detectHardware() { return __builtin_cpu_supports("sse4.2"); }
+// Where the processor has AVX-512 with VPCLMULQDQ, longer runs fold instead: four 512-bit accumulators, each 16
+// bytes of it a polynomial V (bit i of the 128 bits the coefficient of x^(127-i), as the reflected CRC reads the
+// message), are carried 256 bytes forward per step by carry-less multiplication and added to the next 256 bytes:
+// V x^N = L x^(N+64) + H x^N for V's low and high 64 bits L and H, and since a carry-less product of two reflected
+// 64-bit values is x times their product, L and H are multiplied by x^(N+63) and x^(N-1) mod P. The accumulators are
+// then folded into one 16-byte value congruent to everything read so far, whose CRC the crc32 instruction takes.
+// The state of the CRC enters as the first 4 bytes' XOR, as in the table's loop.
+struct FoldConstants {
+  // x^e mod P, as the low 32 bits of a polynomial (bit d: the coefficient of x^d).
+  static uint64_t powerModP(unsigned e) {
+    uint64_t r = 1;
+    for (unsigned i = 0; i < e; ++i) {
+      r <<= 1;
+      if (r & (uint64_t{1} << 32)) r ^= 0x11edc6f41ull;
+    }
+    return r;
+  }
+  // A polynomial of degree < 64 in the reflected 64-bit form: the coefficient of x^d in bit 63 - d.
+  static uint64_t reflected(uint64_t polynomial) {
+    uint64_t out = 0;
+    for (int d = 0; d < 64; ++d)
+      if (polynomial & (uint64_t{1} << d)) out |= uint64_t{1} << (63 - d);
+    return out;
+  }
+  // The pair that carries 16 bytes N bits forward: (for L, for H).
+  static std::array<uint64_t, 2> by(unsigned bits) {
+    return {reflected(powerModP(bits + 63)), reflected(powerModP(bits - 1))};
+  }
+  std::array<uint64_t, 2> k2048 = by(2048), k512 = by(512), k384 = by(384), k256 = by(256), k128 = by(128);
+};
+
+#define LOOM_FOLDING_TARGET __attribute__((target("avx512f,avx512vl,vpclmulqdq,pclmul,sse4.2")))
+
+LOOM_FOLDING_TARGET inline __m512i wideConstant(const std::array<uint64_t, 2>& pair) {
+  const auto low = static_cast<long long>(pair[0]), high = static_cast<long long>(pair[1]);
+  return _mm512_set_epi64(high, low, high, low, high, low, high, low);
+}
+// x carried forward by `constant`'s distance, added to `next`.
+LOOM_FOLDING_TARGET inline __m512i fold(__m512i x, __m512i constant, __m512i next) {
+  return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, constant, 0x00),
+                                   _mm512_clmulepi64_epi128(x, constant, 0x11), next, 0x96);
+}
+LOOM_FOLDING_TARGET inline __m128i fold16(__m128i x, const std::array<uint64_t, 2>& pair) {
+  const __m128i constant = _mm_set_epi64x(static_cast<long long>(pair[1]), static_cast<long long>(pair[0]));
+  return _mm_xor_si128(_mm_clmulepi64_si128(x, constant, 0x00), _mm_clmulepi64_si128(x, constant, 0x11));
+}
+
+LOOM_FOLDING_TARGET uint32_t updateFolding(uint32_t crc, const unsigned char* p, size_t bytes) {
+  constexpr size_t kWindow = 256;
+  if (bytes < 2 * kWindow) return updateHardware(crc, p, bytes);
+  static const FoldConstants k;
+  __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64), x2 = _mm512_loadu_si512(p + 128),
+          x3 = _mm512_loadu_si512(p + 192);
+  x0 = _mm512_xor_si512(x0, _mm512_castsi128_si512(_mm_cvtsi32_si128(static_cast<int>(crc))));
+  p += kWindow;
+  bytes -= kWindow;
+  const __m512i forward = wideConstant(k.k2048);
+  while (bytes >= kWindow) {
+    x0 = fold(x0, forward, _mm512_loadu_si512(p));
+    x1 = fold(x1, forward, _mm512_loadu_si512(p + 64));
+    x2 = fold(x2, forward, _mm512_loadu_si512(p + 128));
+    x3 = fold(x3, forward, _mm512_loadu_si512(p + 192));
+    p += kWindow;
+    bytes -= kWindow;
+  }
+  const __m512i by64 = wideConstant(k.k512);
+  x1 = fold(x0, by64, x1);
+  x2 = fold(x1, by64, x2);
+  x3 = fold(x2, by64, x3);
+  alignas(64) __m128i lanes[4];
+  _mm512_store_si512(lanes, x3);
+  __m128i v = lanes[3];
+  v = _mm_xor_si128(v, fold16(lanes[0], k.k384));
+  v = _mm_xor_si128(v, fold16(lanes[1], k.k256));
+  v = _mm_xor_si128(v, fold16(lanes[2], k.k128));
+  uint64_t state = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(v)));
+  state = _mm_crc32_u64(state, static_cast<uint64_t>(_mm_extract_epi64(v, 1)));
+  return updateHardware(static_cast<uint32_t>(state), p, bytes);
+}
+
+enum class Path { kTable, kCrc32, kFolding };
+Path detectPath() {
+  if (!__builtin_cpu_supports("sse4.2")) return Path::kTable;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul"))
+    return Path::kFolding;
+  return Path::kCrc32;
+}
 #else
-bool detectHardware() { return false; }
+enum class Path { kTable, kCrc32, kFolding };
+Path detectPath() { return Path::kTable; }
 uint32_t updateHardware(uint32_t crc, const unsigned char* p, size_t bytes) { return updatePortable(crc, p, bytes); }
+uint32_t updateFolding(uint32_t crc, const unsigned char* p, size_t bytes) { return updatePortable(crc, p, bytes); }
 #endif
 
-const bool kHardware = detectHardware();
+const Path kPath = detectPath();
+const bool kHardware = kPath != Path::kTable;
 
 // LOOM_FAULT_CORRUPT: the message to corrupt (0: none) and the bit (-1: the middle one).
 struct CorruptSpec {
@@ -148,9 +238,24 @@ uint32_t crc32cPortable(const void* data, size_t bytes, uint32_t previous) {
 }
 
 uint32_t crc32c(const void* data, size_t bytes, uint32_t previous) {
-  if (!kHardware) return crc32cPortable(data, bytes, previous);
+  const auto* p = static_cast<const unsigned char*>(data);
+  switch (kPath) {
+    case Path::kFolding:
+      return ~updateFolding(~previous, p, bytes);
+    case Path::kCrc32:
+      return ~updateHardware(~previous, p, bytes);
+    case Path::kTable:
+      break;
+  }
+  return crc32cPortable(data, bytes, previous);
+}
+
+uint32_t crc32cWithoutFolding(const void* data, size_t bytes, uint32_t previous) {
+  if (kPath == Path::kTable) return crc32cPortable(data, bytes, previous);
   return ~updateHardware(~previous, static_cast<const unsigned char*>(data), bytes);
 }
+
+bool crc32cFolds() { return kPath == Path::kFolding; }
 
 bool crc32cInHardware() { return kHardware; }
 

@@ -2,8 +2,10 @@
 // test hook that corrupts one message on its way (LOOM_FAULT_CORRUPT).
 //
 // The checksum is CRC32C (the Castagnoli polynomial, as iSCSI, ext4 and SCTP use it): it detects every flipped bit
-// and every burst of up to 32 bits, and any other error but about one in 2^32. x86-64 processors with SSE4.2 compute it in hardware (the crc32 instruction), three streams at once so that
-// the instruction's latency is hidden; elsewhere a table does it, 8 bytes a step. Both give the same values.
+// and every burst of up to 32 bits, and any other error but about one in 2^32. x86-64 processors with SSE4.2
+// compute it in hardware (the crc32 instruction), three streams at once so that the instruction's latency is
+// hidden; those with AVX-512 and VPCLMULQDQ fold runs of 512 bytes or more by carry-less multiplication, 256 bytes
+// a step; elsewhere a table does it, 8 bytes a step. All give the same values.
 #pragma once
 
 #include <cstddef>
@@ -16,8 +18,11 @@ namespace loom {
 uint32_t crc32c(const void* data, size_t bytes, uint32_t previous = 0);
 // The same by the table alone (for tests: the hardware path must agree with it).
 uint32_t crc32cPortable(const void* data, size_t bytes, uint32_t previous = 0);
-// Whether crc32c() uses the processor's instruction here.
+// The same without the carry-less folding (the crc32 instruction alone, else the table): for tests and benchmarks.
+uint32_t crc32cWithoutFolding(const void* data, size_t bytes, uint32_t previous = 0);
+// Whether crc32c() uses the processor's instructions here, and whether it folds with VPCLMULQDQ.
 bool crc32cInHardware();
+bool crc32cFolds();
 
 // The bytes a message's checksum takes after its payload, in the FIFO slot and on every wire.
 constexpr size_t kChecksumBytes = 4;

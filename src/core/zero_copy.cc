@@ -78,8 +78,7 @@ size_t callBufferBytes(const Call& call, const RankPlan* plan, bool input, size_
 loomResult_t exchangeDirectAccess(loomComm* comm, const std::vector<DirectProbe>& probes, const Deadline& deadline) {
   int n = comm->nranks;
   std::vector<uint8_t> canRead(static_cast<size_t>(n) * n, 0);
-  // Under LOOM_CHECKSUM every message goes through a FIFO slot with its checksum: none goes direct.
-  bool enabled = params::direct() != 0 && !comm->settings.checksum;
+  bool enabled = params::direct() != 0;
   for (int p = 0; p < n && enabled; ++p) {
     canRead[comm->rank * n + p] = comm->traitsTo[p].carriesDirect &&
                                   probes[p].hostHash == probes[comm->rank].hostHash &&
@@ -89,7 +88,9 @@ loomResult_t exchangeDirectAccess(loomComm* comm, const std::vector<DirectProbe>
   std::vector<bool> directTo(n), proxyTo(n);
   for (int p = 0; p < n; ++p) {
     directTo[p] = p != comm->rank && canRead[p * n + comm->rank];
-    proxyTo[p] = enabled && comm->traitsTo[p].proxySendsFromCallerMemory;
+    // Under LOOM_CHECKSUM a message to a proxy carries its checksum after the payload, in the FIFO's slot: the
+    // proxy does not send from the caller's memory then.
+    proxyTo[p] = enabled && !comm->settings.checksum && comm->traitsTo[p].proxySendsFromCallerMemory;
   }
   comm->connections.setDirectPeers(std::move(directTo));
   comm->connections.setProxyPeers(std::move(proxyTo));

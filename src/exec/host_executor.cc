@@ -54,7 +54,7 @@ loomResult_t readDirect(const DirectDescriptor& from, void* to, const char* what
 // The ends of a lane's channel on the host, as LaneWalker reaches them: the FifoReceiver and FifoSender of each
 // peer, which move messages through shared memory or a transport's proxy. Under LOOM_CHECKSUM (`checksum`) a
 // message is its payload and then its checksum: the walker sees the payload's size, TaskRun writes and checks the
-// checksum (writeChecksum, checkSlice).
+// checksum (sent, checkSlice).
 struct HostEnds {
   using In = FifoReceiver;
   using Out = FifoSender;
@@ -244,22 +244,27 @@ class TaskRun {
                        "ranks' calls (counts, types, order) match?",
                        task_->what, slice.step->recvPeer, slice.arrival.bytes, run.ends.channel, slice.bytes);
     if (!*ran) return loomSuccess;  // waiting (aborts are looked at when nothing moves)
-    if (task_->checksum && slice.in != nullptr) LOOM_CHECK(checkSlice(run, slice));
+    if (task_->checksum && slice.in != nullptr && !slice.arrival.direct)
+      LOOM_CHECK(checkSlice(run.ends.channel, slice, slice.arrival.data, carriedSum(slice.arrival.data, slice.bytes)));
     bool direct = false;
-    if (slice.count() > 0) LOOM_CHECK(move(slice, &direct));
+    if (slice.count() > 0) LOOM_CHECK(move(run.ends.channel, slice, &direct));
     if (slice.out != nullptr && !direct) sent(slice);
     run.walker.finish(run.ends, slice, direct);
     return loomSuccess;
   }
 
-  // LOOM_CHECKSUM, receiving: the payload's CRC32C against the one it carries after it. A mismatch fails the call
-  // naming the link and the bytes, and notes the failure as corrupted data from the sender, which the abort marks
-  // carry to every rank.
-  loomResult_t checkSlice(const LaneRun& run, const HostWalker::Slice& slice) {
-    const auto* data = static_cast<const std::byte*>(slice.arrival.data);
+  // The checksum a message carries `at` bytes into its slot: after the payload, or after a DirectDescriptor.
+  static uint32_t carriedSum(const void* slot, size_t at) {
     uint32_t carried = 0;
-    std::memcpy(&carried, data + slice.bytes, kChecksumBytes);
-    const uint32_t computed = crc32c(data, slice.bytes);
+    std::memcpy(&carried, static_cast<const std::byte*>(slot) + at, kChecksumBytes);
+    return carried;
+  }
+
+  // LOOM_CHECKSUM, receiving: the CRC32C of the slice's payload (in the slot, or where a direct message's lies)
+  // against the one the message carries. A mismatch fails the call naming the link and the bytes, and notes the
+  // failure as corrupted data from the sender, which the abort marks carry to every rank.
+  loomResult_t checkSlice(int channel, const HostWalker::Slice& slice, const void* payload, uint32_t carried) {
+    const uint32_t computed = crc32c(payload, slice.bytes);
     if (computed == carried) return loomSuccess;
     const Step& step = *slice.step;
     const int sender = step.recvPeer;
@@ -275,9 +280,9 @@ class TaskRun {
                      "%s: a message from rank %d to rank %d on channel %d failed its checksum (LOOM_CHECKSUM): "
                      "%zu bytes at byte offset %zu of the step's %zu, bound for bytes %zu..%zu of the %s (a %s "
                      "message; CRC32C %08x computed, %08x carried): the data was corrupted on its way",
-                     call.c_str(), sender, task_->rank, run.ends.channel, slice.bytes, slice.lo * elementBytes_,
-                     step.count() * elementBytes_, at, at + slice.bytes, buffer, protocolName(slice.protocol),
-                     computed, carried);
+                     call.c_str(), sender, task_->rank, channel, slice.bytes, slice.lo * elementBytes_,
+                     step.count() * elementBytes_, at, at + slice.bytes, buffer,
+                     slice.arrival.direct ? "zero-copy" : protocolName(slice.protocol), computed, carried);
   }
 
   // A message written into its slot, before it is posted. Under LOOM_CHECKSUM: the CRC32C of the payload, after
@@ -304,7 +309,7 @@ class TaskRun {
 
   // The data of a slice that runs: copies, reductions, and the direct (zero-copy) messages it takes or sends
   // (*direct: the message it sends is a DirectDescriptor).
-  loomResult_t move(const HostWalker::Slice& slice, bool* direct) {
+  loomResult_t move(int channel, const HostWalker::Slice& slice, bool* direct) {
     const Step& step = *slice.step;
     const size_t lo = slice.lo, bytes = slice.bytes, n = slice.count();
     FifoSender* out = slice.out;
@@ -320,6 +325,8 @@ class TaskRun {
       LOOM_CHECK(readDirect(*message, target, task_->what, step.recvPeer));
       incoming = target;
     }
+    if (message && task_->checksum)
+      LOOM_CHECK(checkSlice(channel, slice, incoming, carriedSum(message, sizeof(DirectDescriptor))));
     const DirectBuffer* directBuffer = nullptr;
     const Region* directSource = out ? directSourceOf(step, slice.protocol, &directBuffer) : nullptr;
     *direct = directSource != nullptr;
@@ -361,9 +368,17 @@ class TaskRun {
         break;
     }
     if (directSource) {
-      // The payload stays where it is; the peer reads it, and this task ends only when it has.
+      // The payload stays where it is; the peer reads it, and this task ends only when it has. Under LOOM_CHECKSUM
+      // its checksum follows the descriptor, and is all of it the fault hook can corrupt: a flip of a bit of the
+      // payload would be one of the caller's own buffer.
       *static_cast<DirectDescriptor*>(slot) = {reinterpret_cast<uint64_t>(pointer(*directSource, lo)), bytes,
                                                static_cast<int32_t>(thisProcess()), directBuffer->region};
+      if (task_->checksum) {
+        std::byte* sum = static_cast<std::byte*>(slot) + sizeof(DirectDescriptor);
+        const uint32_t value = crc32c(pointer(*directSource, lo), bytes);
+        std::memcpy(sum, &value, kChecksumBytes);
+        corruptInTransit(sum, kChecksumBytes);
+      }
       await(out, step.sendPeer);
       if (task_->directMessages) ++*task_->directMessages;
     }

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -39,9 +40,19 @@ TEST(Crc32c, HardwareAgreesWithTheTableAtEveryLengthAndAlignment) {
           << bytes << " bytes at offset " << offset << (crc32cInHardware() ? " (hardware)" : " (table)");
     }
   }
-  // Around the hardware path's blocks of three streams (3 x 1024 bytes).
-  for (size_t bytes : {3071, 3072, 3073, 6143, 6144, 6145, 12288})
+  // Around the crc32 path's blocks of three streams (3 x 1024 bytes) and the folding's windows (256 bytes, two
+  // at least), each path against the table.
+  for (size_t bytes : {255, 256, 511, 512, 513, 767, 768, 769, 1000, 3071, 3072, 3073, 6143, 6144, 6145, 12288}) {
     EXPECT_EQ(crc32c(data.data() + 1, bytes), crc32cPortable(data.data() + 1, bytes)) << bytes;
+    EXPECT_EQ(crc32cWithoutFolding(data.data() + 3, bytes), crc32cPortable(data.data() + 3, bytes)) << bytes;
+  }
+  std::vector<unsigned char> slot(524288);
+  for (auto& byte : slot) byte = static_cast<unsigned char>(random());
+  for (size_t bytes : {size_t{131068}, size_t{131072}, size_t{524284}, slot.size()})
+    EXPECT_EQ(crc32c(slot.data(), bytes, 0x12345678u), crc32cPortable(slot.data(), bytes, 0x12345678u)) << bytes;
+  std::printf("crc32c here: %s\n", crc32cFolds()       ? "AVX-512 folding (VPCLMULQDQ), crc32 below 512 bytes"
+                                   : crc32cInHardware() ? "the crc32 instruction (SSE4.2)"
+                                                        : "the table");
 }
 
 TEST(Crc32c, ContinuesFromAPreviousValue) {
