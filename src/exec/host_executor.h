@@ -105,7 +105,7 @@ struct ExecTask {
   uint64_t sequence = 0;  // the call's number among its communicator's collectives (0: none, a Send/Recv)
   // LOOM_CHECKSUM: every message carries the CRC32C of its payload after it (kChecksumBytes), checked before its
   // data is used; the slice sizes above leave room for it. The task ends only once the peers it reaches directly
-  // (not through a proxy) have taken every message it sent them, so that a mismatch fails the call on both ends.
+  // (not through a proxy) have taken every message it sent them, so that a mismatch fails the sender's call too.
   bool checksum = false;
   // Buffers peers may read in place (registered, and not overlapping a buffer this call writes): a Simple send
   // of such data goes out as a DirectDescriptor, and the call ends only when every peer has read it.
