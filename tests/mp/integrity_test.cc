@@ -137,6 +137,41 @@ int allReduceLoop(const ChildPipes& pipes, int rank, const std::string& shmDir, 
   return result;
 }
 
+// Broadcast calls from rank 0 of 1M floats in loomMemAlloc memory, which peers on the host read in place: the root's
+// messages are zero-copy descriptors, their checksum after them. Says "R" after the first call, "wrong #k", and
+// "failed #k: <error>" as allReduceLoop does.
+int zeroCopyBroadcastLoop(const ChildPipes& pipes, int rank, const std::string& shmDir, const Setup& setup) {
+  loomComm_t comm = nullptr;
+  if (int failed = join(pipes, rank, shmDir, setup, &comm); failed != 0) return failed;
+  constexpr size_t kCount = size_t{1} << 20;
+  float *send = nullptr, *recv = nullptr;  // out of place: an input that overlaps an output is never read in place
+  if (loomMemAlloc(reinterpret_cast<void**>(&send), kCount * sizeof(float)) != loomSuccess ||
+      loomMemAlloc(reinterpret_cast<void**>(&recv), kCount * sizeof(float)) != loomSuccess) {
+    tell(pipes.toParent, std::string("loomMemAlloc: ") + loomGetLastError(nullptr));
+    return kChildCheckFailed;
+  }
+  loomResult_t result = loomSuccess;
+  for (int call = 1; call <= kLoopCalls; ++call) {
+    for (size_t i = 0; i < kCount; ++i) {
+      send[i] = static_cast<float>(call + static_cast<int>(i % 5));
+      recv[i] = -1;
+    }
+    result = loomBroadcast(send, recv, kCount, loomFloat32, 0, comm, nullptr);
+    if (result != loomSuccess) {
+      tell(pipes.toParent, " failed #" + std::to_string(call) + ": " + loomGetLastError(comm));
+      break;
+    }
+    bool right = true;
+    for (size_t i = 0; i < kCount && right; ++i) right = recv[i] == send[i];
+    if (!right) tell(pipes.toParent, " wrong #" + std::to_string(call));
+    if (call == 1) tell(pipes.toParent, "R");
+  }
+  loomMemFree(send);
+  loomMemFree(recv);
+  loomCommDestroy(comm);
+  return result;
+}
+
 // Runs kRanks children of `body`; returns whether they started, leaving them reaped in `children`.
 void runRanks(Children& children, const std::string& shmDir, const Setup& setup,
               int (*body)(const ChildPipes&, int, const std::string&, const Setup&)) {
@@ -244,6 +279,32 @@ TEST_P(IntegrityTest, WithoutTheChecksumTheSameFlipGoesUnseen) {
     if (children[r].said.find("wrong") != std::string::npos) ++wrong;
   }
   EXPECT_GE(wrong, 1) << "the fault hook flipped nothing:" << report;
+}
+
+// Zero-copy messages within a host (shm): rank 0, the root, flips a bit of its 40th message, a descriptor's carried
+// checksum (its payload is the caller's buffer). The peer that reads it fails naming a zero-copy message; every
+// rank fails; none accepts a wrong result.
+TEST(IntegrityZeroCopy, AFlippedChecksumOfAZeroCopyMessageFailsTheCall) {
+  ShmDir shm;
+  ASSERT_FALSE(shm.path().empty());
+  Children children;
+  ASSERT_NO_FATAL_FAILURE(runRanks(children, shm.path(), {"shm", true, 0, "40"}, zeroCopyBroadcastLoop));
+  const std::string report = children.report();
+  int finders = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    const std::string& said = children[r].said;
+    EXPECT_TRUE(WIFEXITED(children[r].status) && WEXITSTATUS(children[r].status) == loomRemoteError)
+        << "rank " << r << report;
+    EXPECT_EQ(said.find("wrong"), std::string::npos) << "rank " << r << report;
+    if (said.find("a message from rank 0 to rank " + std::to_string(r)) != std::string::npos) {
+      ++finders;
+      EXPECT_NE(said.find("(a zero-copy message;"), std::string::npos) << report;
+    } else {
+      EXPECT_NE(said.find("that failed its checksum (LOOM_CHECKSUM"), std::string::npos) << "rank " << r << report;
+    }
+  }
+  EXPECT_EQ(finders, 1) << report;
+  EXPECT_TRUE(shm.entries().empty()) << joined(shm.entries());
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, IntegrityTest, testing::Values("shm", "tcp", "ucx", "ib"),
