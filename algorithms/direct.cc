@@ -17,7 +17,7 @@
 //              rank order.
 // Every reduction here combines the ranks' operands in rank order, (x0 op x1) op x2 ..., whatever the count,
 // channels or slicing: the order LOOM_DETERMINISTIC keeps to (docs/RELIABILITY.md), which the verifier proves
-// (VerifyOptions::rankOrder).
+// (VerifyOptions::rankOrder). fp16 and bf16 partial sums stay in fp32 (wideScratch) and are rounded once.
 #include "algorithms/builders.h"
 
 namespace loom {
@@ -55,7 +55,8 @@ RankPlan buildStar(const CollArgs& args, const char* name, bool toRoot, Buffer r
 
 // Combines the n operands of one region in rank order, (x0 op x1) op x2 ..., so that every rank computing it
 // gets the same bits: this rank's operand is `in`, the others arrive from their ranks. Partial results go to
-// `partial` (in place, the output is the rank's own input, still needed when its turn comes); the last
+// `partial` (in place, the output is the rank's own input, still needed when its turn comes), held in the type's
+// partial type (RankPlan::wideScratch: fp32 for fp16 and bf16, so that the sum is rounded once); the last
 // combination writes `out`. Rank 0's operand starts the sum where it lies, so at 2 ranks rank 0 needs no
 // scratch and each rank has one step: rank 0 combines its input with the message, rank 1 receives, then
 // combines.
@@ -94,6 +95,7 @@ RankPlan buildSendThenCombine(const CollArgs& args, const char* name, Operand op
     plan.lanes.push_back(std::move(lane));
   }
   plan.scratchCount = rankOrderScratch(n, rank, args.count);
+  plan.wideScratch = true;
   plan.reducedOutput = output(0, args.count);
   return plan;
 }
@@ -134,6 +136,7 @@ RankPlan buildTwoShotAllReduce(const CollArgs& args) {
     plan.lanes.push_back(std::move(lane));
   }
   plan.scratchCount = rankOrderScratch(n, rank, args.count);
+  plan.wideScratch = true;
   plan.reducedOutput = output(0, args.count);
   return plan;
 }
@@ -161,6 +164,7 @@ RankPlan buildDirectReduce(const CollArgs& args) {
   }
   if (rank == root) {
     plan.scratchCount = rankOrderScratch(n, rank, args.count);
+    plan.wideScratch = true;
     plan.reducedOutput = output(0, args.count);
   }
   return plan;

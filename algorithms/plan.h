@@ -169,6 +169,10 @@ struct RankPlan {
   size_t inputCount = 0;                        // elements of the input buffer the plan may read
   size_t outputCount = 0;                       // elements of the output buffer it may write
   size_t scratchCount = 0;                      // elements of scratch the executor must provide
+  // Scratch holds partial results in the type's partial type (dtypePartialSize: fp32 for fp16 and bf16), so that
+  // a combination of n operands is rounded to the type once, where it is written outside scratch. Such a plan
+  // sends nothing that lies in scratch (the verifier holds it to that): messages carry the call's type.
+  bool wideScratch = false;
   Region reducedOutput{Buffer::kOutput, 0, 0};  // where loomAvg's final divide applies (count 0: none)
   const char* algorithm = "";
 };

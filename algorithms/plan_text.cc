@@ -109,6 +109,7 @@ class Reader {
     if (!word("output") || !size(&plan->outputCount, outputCountOf(args)))
       return fail("expected \"output N\", at most the call's " + std::to_string(outputCountOf(args)) + " elements");
     if (!word("scratch") || !size(&plan->scratchCount, kPlanFileMaxCount)) return fail("expected \"scratch N\"");
+    plan->wideScratch = word("wide");  // partials in fp32 for fp16 and bf16 (RankPlan::wideScratch)
     if (!word("reduced")) return fail("expected \"reduced out[OFFSET+COUNT]\"");
     if (!region(*plan, &plan->reducedOutput)) return false;
     if (plan->reducedOutput.buffer != Buffer::kOutput) return fail("the reduced region is not in the output");
@@ -280,7 +281,8 @@ std::string formatPlanFile(const PlanFile& file) {
   for (size_t r = 0; r < file.plans.size(); ++r) {
     const RankPlan& plan = file.plans[r];
     text += "rank " + std::to_string(r) + " input " + std::to_string(plan.inputCount) + " output " +
-            std::to_string(plan.outputCount) + " scratch " + std::to_string(plan.scratchCount) + " reduced " +
+            std::to_string(plan.outputCount) + " scratch " + std::to_string(plan.scratchCount) +
+            (plan.wideScratch ? " wide" : "") + " reduced " +
             describeRegion(plan.reducedOutput) + "\n";
     for (const Lane& lane : plan.lanes) {
       text += "lane channel " + std::to_string(lane.channel) + "\n";

@@ -348,6 +348,11 @@ class Verifier {
                    std::to_string(region->count) + ") is outside its buffer of " +
                    std::to_string(bufferSize(rank, region->buffer, region->bufferIndex)) + " elements";
         }
+        // A message carries the call's type: a plan whose scratch holds wider partials sends none of them.
+        if (plan.wideScratch && actionSends(step.action) &&
+            (step.src.buffer == Buffer::kScratch ||
+             (step.action == Action::kRecvReduceCopySend && step.dst.buffer == Buffer::kScratch)))
+          return where(rank, l, s) + ": sends from scratch, which holds wider partials (wideScratch)";
         bool badIn = actionReceives(step.action) && (step.recvPeer < 0 || step.recvPeer >= n_ || step.recvPeer == rank);
         bool badOut = actionSends(step.action) && (step.sendPeer < 0 || step.sendPeer >= n_ || step.sendPeer == rank);
         if (badIn || badOut)

@@ -28,6 +28,10 @@ struct Bfloat16 {
 
 // Bytes per element; 0 for a value outside the enum.
 size_t dtypeSize(loomDataType_t type);
+// Whether partial results of `type` are kept wider than it (fp16 and bf16: in fp32), and the bytes of one such
+// partial: the element's own size for every other type.
+inline bool dtypeHasWiderPartials(loomDataType_t type) { return type == loomFloat16 || type == loomBfloat16; }
+inline size_t dtypePartialSize(loomDataType_t type) { return dtypeHasWiderPartials(type) ? 4 : dtypeSize(type); }
 // The nccl-tests name ("int8" ... "half", "float", "double", "bfloat16"); "unknown" outside the enum.
 const char* dtypeName(loomDataType_t type);
 // "sum", "prod", "max", "min", "avg"; "unknown" outside the enum.

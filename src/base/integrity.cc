@@ -286,6 +286,8 @@ CorruptState& corruptState() {
 
 void rearmCorruption() { corruptState().arm(); }
 
+bool corruptionArmed() { return corruptState().message.load(std::memory_order_relaxed) != 0; }
+
 bool corruptInTransit(void* data, size_t bytes) {
   CorruptState& state = corruptState();
   const uint64_t message = state.message.load(std::memory_order_acquire);
@@ -299,6 +301,5 @@ bool corruptInTransit(void* data, size_t bytes) {
             "process)", static_cast<unsigned long long>(bit), bytes, static_cast<unsigned long long>(message));
   return true;
 }
-
 
 }  // namespace loom

@@ -32,6 +32,9 @@ constexpr size_t kChecksumBytes = 4;
 // from its first byte (modulo its bits), by default the middle one. Once; unset or malformed (a WARN says so), it
 // does nothing. Returns whether it flipped a bit of this message.
 bool corruptInTransit(void* data, size_t bytes);
+// Whether the hook may still flip a bit (LOOM_FAULT_CORRUPT is set and well formed): callers that would pass every
+// message through corruptInTransit only for the hook read this once per call instead.
+bool corruptionArmed();
 // Reads LOOM_FAULT_CORRUPT again and counts from 1 again: for tests that set it in a running process.
 void rearmCorruption();
 

@@ -133,6 +133,15 @@ DevicePath::~DevicePath() {
 }
 
 bool DevicePath::takes(const Call& call) const {
+  // The lane runner rounds fp16 and bf16 at every combination, where the host executor keeps the partial sums of
+  // the rank-order plans in fp32 (RankPlan::wideScratch): under LOOM_DETERMINISTIC, their reductions go the
+  // staged path, but for AllReduce by the mailboxes, which accumulate in fp32 and round once as the host does.
+  // Every rank decides alike (the switch, type and size match on all of them).
+  if (comm_->settings.deterministic && dtypeHasWiderPartials(call.datatype)) {
+    if (call.collective == Collective::kAllReduce)
+      return executor_.byMailboxes(call.count * dtypeSize(call.datatype));
+    if (call.collective == Collective::kReduceScatter || call.collective == Collective::kReduce) return false;
+  }
   switch (call.collective) {
     case Collective::kAllReduce:
     case Collective::kBroadcast:
@@ -244,11 +253,9 @@ loomResult_t DevicePath::launch(const Call& call) {
   device.datatype = call.datatype;
   device.op = call.op;
   device.stream = call.stream;
-  // The mailboxes reduce in rank order too, but fp16 and bf16 in fp32 rounded once, where a plan rounds each
-  // combination: under LOOM_DETERMINISTIC those go by plans, so that their bits do not depend on the size.
-  const bool halfType = call.datatype == loomFloat16 || call.datatype == loomBfloat16;
-  if (call.collective == Collective::kAllReduce && executor_.byMailboxes(call.count * dtypeSize(call.datatype)) &&
-      !(comm_->settings.deterministic && halfType)) {
+  // The mailboxes reduce in rank order, fp16 and bf16 in fp32 rounded once: the bits of the host's rank-order
+  // plans.
+  if (call.collective == Collective::kAllReduce && executor_.byMailboxes(call.count * dtypeSize(call.datatype))) {
     LOOM_CHECK(connectMailboxes());
     return executor_.enqueueMailboxes(device);
   }
@@ -258,6 +265,8 @@ loomResult_t DevicePath::launch(const Call& call) {
     LOOM_CHECK(connect(*plan));
     plan->extra.connected = true;
   }
+  // The lane runner keeps partials in the type itself, wideScratch or not (takes() keeps that off the
+  // deterministic path).
   const size_t scratchBytes = plan->plan.scratchCount * dtypeSize(call.datatype);
   return executor_.enqueuePlan(device, plan->extra.copy, plan->extra.slicing, scratchBytes, plan->plan.reducedOutput);
 }

@@ -261,9 +261,11 @@ class Submission {
         if (result != loomSuccess) return failedConnecting(call, result);
         if (ws_.cached[i] != nullptr) ws_.cached[i]->extra.connected = true;
       }
-      const size_t scratchBytes = ws_.plans[i].plan->scratchCount * dtypeSize(call.datatype);
+      const RankPlan& plan = *ws_.plans[i].plan;
+      const size_t scratchBytes =
+          plan.scratchCount * (plan.wideScratch ? dtypePartialSize(call.datatype) : dtypeSize(call.datatype));
       if (comm->scratch.size() < scratchBytes) comm->scratch.resize(scratchBytes);
-      ws_.queues[q].push_back(taskFor(call, ws_.plans[i].plan, *ws_.plans[i].choice));
+      ws_.queues[q].push_back(taskFor(call, &plan, *ws_.plans[i].choice));
       if (call.collective != Collective::kSendRecv && ws_.sequences[q] > 0)
         ws_.queues[q].back().sequence = ws_.sequences[q]++;
     }

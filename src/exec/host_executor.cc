@@ -104,6 +104,12 @@ class TaskRun {
     const SliceRule rule = SliceRule::of(elementBytes_, task.llThresholdBytes, task.llSliceBytes,
                                          task.simpleSliceBytes, task.forcedProtocol);
     reduce_ = reduceFunction(task.datatype, task.op);
+    // Partial results in scratch wider than the type (RankPlan::wideScratch: fp32 for fp16 and bf16).
+    wide_ = task.plan->wideScratch && dtypeHasWiderPartials(task.datatype);
+    scratchBytes_ = wide_ ? dtypePartialSize(task.datatype) : elementBytes_;
+    wideReduce_ = wide_ ? wideReduceFunction(task.datatype, task.op) : nullptr;
+    // Sent messages need a look only for the checksum or the fault hook (read once per task: off the small path).
+    marksSent_ = task.checksum || corruptionArmed();
     lanes_.clear();
     awaited_.clear();
     for (const Lane& lane : task.plan->lanes) {
@@ -227,7 +233,15 @@ class TaskRun {
     const void* base = region.buffer == Buffer::kInput    ? task_->inputs[region.bufferIndex]
                        : region.buffer == Buffer::kOutput ? task_->outputs[region.bufferIndex]
                                                           : task_->scratch;
-    return const_cast<std::byte*>(static_cast<const std::byte*>(base)) + (region.offset + lo) * elementBytes_;
+    return const_cast<std::byte*>(static_cast<const std::byte*>(base)) +
+           (region.offset + lo) * (region.buffer == Buffer::kScratch ? scratchBytes_ : elementBytes_);
+  }
+
+  // Whether `region` holds wider partials than the type (wide_: a region of scratch).
+  bool wide(const Region& region) const { return wide_ && region.buffer == Buffer::kScratch; }
+  bool touchesWide(const Step& step) const {
+    return wide(step.dst) || (step.action != Action::kRecv && step.action != Action::kRecvCopySend && wide(step.src)) ||
+           (step.action == Action::kReduce && wide(step.src2));
   }
 
   // Whether writes into `region` should bypass the cache: large call outputs only (see copy.h).
@@ -248,7 +262,7 @@ class TaskRun {
       LOOM_CHECK(checkSlice(run.ends.channel, slice, slice.arrival.data, carriedSum(slice.arrival.data, slice.bytes)));
     bool direct = false;
     if (slice.count() > 0) LOOM_CHECK(move(run.ends.channel, slice, &direct));
-    if (slice.out != nullptr && !direct) sent(slice);
+    if (slice.out != nullptr && !direct && marksSent_) sent(slice);
     run.walker.finish(run.ends, slice, direct);
     return loomSuccess;
   }
@@ -272,16 +286,25 @@ class TaskRun {
                                           static_cast<uint16_t>(sender >= 0 && sender < 0xfffe ? sender + 1 : 0)}));
     const std::string call =
         task_->sequence > 0 ? std::string(task_->what) + " #" + std::to_string(task_->sequence) : task_->what;
-    const char* buffer = step.dst.buffer == Buffer::kInput    ? "input"
-                         : step.dst.buffer == Buffer::kOutput ? "output"
-                                                              : "scratch";
-    const size_t at = (step.dst.offset + slice.lo) * elementBytes_;
+    // Where its data was going: a region of a buffer, or (recvReduceSend) straight into the message on.
+    std::string bound;
+    if (step.action == Action::kRecvReduceSend) {
+      bound = "combined into the message on to rank " + std::to_string(step.sendPeer);
+    } else {
+      const char* buffer = step.dst.buffer == Buffer::kInput    ? "input"
+                           : step.dst.buffer == Buffer::kOutput ? "output"
+                                                                : "scratch";
+      const size_t width = step.dst.buffer == Buffer::kScratch ? scratchBytes_ : elementBytes_;
+      const size_t at = (step.dst.offset + slice.lo) * width;
+      bound = "bound for bytes " + std::to_string(at) + ".." + std::to_string(at + slice.count() * width) + " of the " +
+              buffer;
+    }
     return LOOM_FAIL(loomRemoteError, COLL,
                      "%s: a message from rank %d to rank %d on channel %d failed its checksum (LOOM_CHECKSUM): "
-                     "%zu bytes at byte offset %zu of the step's %zu, bound for bytes %zu..%zu of the %s (a %s "
-                     "message; CRC32C %08x computed, %08x carried): the data was corrupted on its way",
+                     "%zu bytes at byte offset %zu of the step's %zu, %s (a %s message; CRC32C %08x computed, %08x "
+                     "carried): the data was corrupted on its way",
                      call.c_str(), sender, task_->rank, channel, slice.bytes, slice.lo * elementBytes_,
-                     step.count() * elementBytes_, at, at + slice.bytes, buffer,
+                     step.count() * elementBytes_, bound.c_str(),
                      slice.arrival.direct ? "zero-copy" : protocolName(slice.protocol), computed, carried);
   }
 
@@ -319,7 +342,7 @@ class TaskRun {
     if (message) incoming = task_->links->mapDirect(*message);  // the payload where it lies, when mapped here
     if (message && incoming == nullptr) {
       // Not mapped: pull the payload now with CMA, straight into the destination when the step only stores it.
-      bool stores = step.action == Action::kRecv || step.action == Action::kRecvCopySend;
+      bool stores = (step.action == Action::kRecv || step.action == Action::kRecvCopySend) && !wide(step.dst);
       if (!stores) staging_.resize(bytes);
       void* target = stores ? pointer(step.dst, lo) : staging_.data();
       LOOM_CHECK(readDirect(*message, target, task_->what, step.recvPeer));
@@ -330,6 +353,7 @@ class TaskRun {
     const DirectBuffer* directBuffer = nullptr;
     const Region* directSource = out ? directSourceOf(step, slice.protocol, &directBuffer) : nullptr;
     *direct = directSource != nullptr;
+    if (touchesWide(step)) return moveWide(step, lo, n, incoming, slot);
     switch (step.action) {
       case Action::kSend:
         if (!directSource) std::memcpy(slot, pointer(step.src, lo), bytes);
@@ -385,6 +409,34 @@ class TaskRun {
     return loomSuccess;
   }
 
+  // A slice of a step that reads or writes wider partials (wide_): combined in fp32, rounded to the type only as
+  // it leaves scratch. Messages carry the type, so a plan sends no partial (the verifier holds builders to it).
+  loomResult_t moveWide(const Step& step, size_t lo, size_t n, const void* incoming, void* slot) {
+    const loomDataType_t type = task_->datatype;
+    switch (step.action) {
+      case Action::kRecv:
+        convertPartials(type, pointer(step.dst, lo), true, incoming, false, n);
+        return loomSuccess;
+      case Action::kRecvCopySend:
+        convertPartials(type, pointer(step.dst, lo), true, incoming, false, n);
+        std::memcpy(slot, incoming, n * elementBytes_);
+        return loomSuccess;
+      case Action::kRecvReduce:
+        wideReduce_(pointer(step.dst, lo), wide(step.dst), pointer(step.src, lo), wide(step.src), incoming, false, n);
+        return loomSuccess;
+      case Action::kCopy:
+        convertPartials(type, pointer(step.dst, lo), wide(step.dst), pointer(step.src, lo), wide(step.src), n);
+        return loomSuccess;
+      case Action::kReduce:
+        wideReduce_(pointer(step.dst, lo), wide(step.dst), pointer(step.src, lo), wide(step.src),
+                    pointer(step.src2, lo), wide(step.src2), n);
+        return loomSuccess;
+      default:
+        return LOOM_FAIL(loomInternalError, COLL, "%s: the %s plan's step \"%s\" sends wider partials from scratch",
+                         task_->what, task_->plan->algorithm, describeStep(step).c_str());
+    }
+  }
+
   // The region a step sends, when it may go out as a DirectDescriptor: Simple protocol, a peer that can read
   // our memory, and data that sits in a buffer the task marked direct (the input for send; the destination,
   // written just before, for the forwarding steps).
@@ -411,7 +463,11 @@ class TaskRun {
 
   ExecTask* task_ = nullptr;
   size_t elementBytes_ = 1;
+  size_t scratchBytes_ = 1;  // bytes of an element of scratch: elementBytes_, or its partial's where wide_
+  bool wide_ = false;
+  bool marksSent_ = false;  // sent() has work: LOOM_CHECKSUM, or the fault hook armed
   ReduceFn reduce_ = nullptr;
+  WideReduceFn wideReduce_ = nullptr;
   std::vector<LaneRun> lanes_;
   std::vector<std::byte> staging_;                          // a direct payload on its way into a reduction
   // Connections (and their peer) whose receiver must take every message before the task ends, each once: those

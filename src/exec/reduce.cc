@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "src/base/dtype.h"
@@ -179,6 +180,57 @@ void reduceSixteenBit(void* dst, const void* a, const void* b, size_t count) {
   }
 }
 
+// Operands and results that are either 16-bit elements or fp32 partials (the *Wide flags): a block of each
+// operand is read as fp32 before the same block of dst is written, so dst may be exactly a or b.
+template <typename Format>
+[[gnu::always_inline]] inline const float* widenBlock(const void* src, bool wide, size_t start, size_t n,
+                                                      float* block) {
+  if (wide) return static_cast<const float*>(src) + start;
+  Format::widen(static_cast<const uint16_t*>(src) + start, block, n);
+  return block;
+}
+
+template <typename Format>
+[[gnu::always_inline]] inline void storeBlock(const float* block, void* dst, bool wide, size_t start, size_t n) {
+  if (wide) {
+    std::memmove(static_cast<float*>(dst) + start, block, n * sizeof(float));
+  } else {
+    Format::narrow(block, static_cast<uint16_t*>(dst) + start, n);
+  }
+}
+
+template <typename Format, typename Op>
+void reduceWide(void* dst, bool dstWide, const void* a, bool aWide, const void* b, bool bWide, size_t count) {
+  float blockA[kBlock];
+  float blockB[kBlock];
+  float result[kBlock];
+  for (size_t start = 0; start < count; start += kBlock) {
+    const size_t n = std::min(kBlock, count - start);
+    const float* x = widenBlock<Format>(a, aWide, start, n, blockA);
+    const float* y = widenBlock<Format>(b, bWide, start, n, blockB);
+    forEachIndex(n, [&](size_t i) { result[i] = Op::apply(x[i], y[i]); });
+    storeBlock<Format>(result, dst, dstWide, start, n);
+  }
+}
+
+template <typename Format>
+void convertWide(void* dst, bool dstWide, const void* src, bool srcWide, size_t count) {
+  float block[kBlock];
+  for (size_t start = 0; start < count; start += kBlock) {
+    const size_t n = std::min(kBlock, count - start);
+    storeBlock<Format>(widenBlock<Format>(src, srcWide, start, n, block), dst, dstWide, start, n);
+  }
+}
+
+template <typename Op>
+constexpr std::array<WideReduceFn, 2> wideKernelsFor() {
+  return {reduceWide<HalfFormat, Op>, reduceWide<Bf16Format, Op>};
+}
+constexpr std::array<WideReduceFn, 2> kWideKernels[] = {
+    wideKernelsFor<Sum>(), wideKernelsFor<Prod>(), wideKernelsFor<Max>(), wideKernelsFor<Min>(), wideKernelsFor<Sum>(),
+};
+static_assert(sizeof(kWideKernels) / sizeof(kWideKernels[0]) == loomNumOps, "kWideKernels: one row per loomRedOp_t");
+
 template <typename Op>
 constexpr std::array<ReduceFn, loomNumTypes> kernelsFor() {
   return {
@@ -265,6 +317,21 @@ void storeFromFloat(loomDataType_t type, const float* src, size_t count, void* d
 ReduceFn reduceFunction(loomDataType_t type, loomRedOp_t op) {
   if (!dtypeValid(type) || !opValid(op)) return nullptr;
   return kKernels[op][type];
+}
+
+WideReduceFn wideReduceFunction(loomDataType_t type, loomRedOp_t op) {
+  if (!opValid(op) || !dtypeHasWiderPartials(type)) return nullptr;
+  return kWideKernels[op][type == loomFloat16 ? 0 : 1];
+}
+
+void convertPartials(loomDataType_t type, void* dst, bool dstWide, const void* src, bool srcWide, size_t count) {
+  if (dstWide == srcWide) {
+    const size_t bytes = count * (dstWide ? dtypePartialSize(type) : dtypeSize(type));
+    if (dst != src) std::memmove(dst, src, bytes);
+    return;
+  }
+  if (type == loomFloat16) return convertWide<HalfFormat>(dst, dstWide, src, srcWide, count);
+  if (type == loomBfloat16) return convertWide<Bf16Format>(dst, dstWide, src, srcWide, count);
 }
 
 void divideInPlace(void* data, size_t count, loomDataType_t type, int divisor) {

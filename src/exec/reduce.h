@@ -19,6 +19,17 @@ using ReduceFn = void (*)(void* dst, const void* a, const void* b, size_t count)
 // avg is a sum followed by divideInPlace. nullptr when type or op is outside its enum.
 ReduceFn reduceFunction(loomDataType_t type, loomRedOp_t op);
 
+// The same combination where any of dst, a and b may hold wider partials of the type (its *Wide flag: fp32 for
+// fp16 and bf16, RankPlan::wideScratch): the operands are widened exactly, combined in fp32, and rounded to the
+// type only where dst is not wide. Aliasing as for ReduceFn. nullptr for a type without wider partials
+// (dtypeHasWiderPartials) or a value outside the enums.
+using WideReduceFn = void (*)(void* dst, bool dstWide, const void* a, bool aWide, const void* b, bool bWide,
+                              size_t count);
+WideReduceFn wideReduceFunction(loomDataType_t type, loomRedOp_t op);
+// dst[i] = src[i] between the type and its wider partials: widened exactly, or rounded to nearest even. Both
+// narrow or both wide: a copy. dst must not partially overlap src.
+void convertPartials(loomDataType_t type, void* dst, bool dstWide, const void* src, bool srcWide, size_t count);
+
 // The last step of avg: data[i] = data[i] / divisor. Integers divide as C does (truncating toward zero, as NCCL
 // does for integer avg); float and double divide; half and bfloat16 divide in fp32 and round to nearest even.
 // divisor is the rank count; a divisor below 2 leaves data unchanged.

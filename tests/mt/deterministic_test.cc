@@ -55,41 +55,39 @@ std::vector<unsigned char> inputs(int rank, size_t count, loomDataType_t type) {
   return data;
 }
 
-// a op= b for one element, as the executor's kernels compute it: in the type, fp16 and bf16 through fp32, rounded.
-void combine(loomDataType_t type, loomRedOp_t op, unsigned char* a, const unsigned char* b) {
-  const bool prod = op == loomProd;
+double load(loomDataType_t type, const unsigned char* in) {
   if (type == loomFloat64) {
-    double x, y;
-    std::memcpy(&x, a, 8), std::memcpy(&y, b, 8);
-    x = prod ? x * y : x + y;
-    std::memcpy(a, &x, 8);
-  } else if (type == loomFloat32) {
-    float x, y;
-    std::memcpy(&x, a, 4), std::memcpy(&y, b, 4);
-    x = prod ? x * y : x + y;
-    std::memcpy(a, &x, 4);
-  } else {
-    uint16_t x, y;
-    std::memcpy(&x, a, 2), std::memcpy(&y, b, 2);
-    const bool half = type == loomFloat16;
-    const float fx = half ? loom::halfToFloat(x) : loom::bf16ToFloat(x);
-    const float fy = half ? loom::halfToFloat(y) : loom::bf16ToFloat(y);
-    const float r = prod ? fx * fy : fx + fy;
-    x = half ? loom::floatToHalf(r) : loom::floatToBf16(r);
-    std::memcpy(a, &x, 2);
+    double x;
+    std::memcpy(&x, in, 8);
+    return x;
   }
+  if (type == loomFloat32) {
+    float x;
+    std::memcpy(&x, in, 4);
+    return x;
+  }
+  uint16_t h;
+  std::memcpy(&h, in, 2);
+  return type == loomFloat16 ? loom::halfToFloat(h) : loom::bf16ToFloat(h);
 }
 
-// Elements [first, first + count) of the reduction in rank order, then avg's divide.
+// Elements [first, first + count) of the reduction in rank order, then avg's divide: each rank's operand in the
+// type, combined in the type, but fp16 and bf16 in fp32 and rounded to the type once, at the end.
 std::vector<unsigned char> rankOrder(int nranks, size_t first, size_t count, loomDataType_t type, loomRedOp_t op) {
   const size_t bytes = typeBytes(type);
+  const bool prod = op == loomProd;
   std::vector<unsigned char> sum(count * bytes), operand(bytes);
   for (size_t i = 0; i < count; ++i) {
-    store(type, inputValue(0, first + i), sum.data() + i * bytes);
+    store(type, inputValue(0, first + i), operand.data());
+    double acc = load(type, operand.data());
+    float wide = static_cast<float>(acc);  // fp32 arithmetic for fp32, fp16 and bf16
     for (int r = 1; r < nranks; ++r) {
       store(type, inputValue(r, first + i), operand.data());
-      combine(type, op, sum.data() + i * bytes, operand.data());
+      const double x = load(type, operand.data());
+      acc = prod ? acc * x : acc + x;
+      wide = prod ? wide * static_cast<float>(x) : wide + static_cast<float>(x);
     }
+    store(type, type == loomFloat64 ? acc : wide, sum.data() + i * bytes);
   }
   if (op == loomAvg) loom::divideInPlace(sum.data(), count, type, nranks);
   return sum;

@@ -652,5 +652,86 @@ TEST(DivideInPlace, AvgIsSumThenDivide) {
   EXPECT_EQ(h[1], floatToHalf((halfToFloat(floatToHalf(halfToFloat(h0[1]) + halfToFloat(h1[1])))) / 2));
 }
 
+// Wider partials (RankPlan::wideScratch): every combination of narrow and fp32 operands and result, for every op,
+// at counts around the kernels' blocks, against the scalar reference: widen exactly, combine in fp32, round only
+// a narrow result. In place too. Summing n fp16 values through fp32 partials rounds once: it differs from
+// rounding after each combination where the inputs say so, and equals the reference everywhere.
+TEST(WideReduce, EveryMixOfNarrowAndWideAgainstReference) {
+  std::mt19937 random(7);
+  std::uniform_real_distribution<float> spread(-300.0f, 300.0f);
+  for (const loomDataType_t type : {loomFloat16, loomBfloat16}) {
+    const bool half = type == loomFloat16;
+    auto widen = [&](uint16_t x) { return half ? halfToFloat(x) : bf16ToFloat(x); };
+    auto narrow = [&](float x) { return half ? floatToHalf(x) : floatToBf16(x); };
+    for (const loomRedOp_t op : {loomSum, loomProd, loomMax, loomMin, loomAvg}) {
+      WideReduceFn kernel = wideReduceFunction(type, op);
+      ASSERT_NE(kernel, nullptr);
+      auto apply = [&](float a, float b) {
+        switch (op) {
+          case loomProd: return a * b;
+          case loomMax: return std::fmax(a, b);
+          case loomMin: return std::fmin(a, b);
+          default: return a + b;
+        }
+      };
+      for (const size_t count : {size_t{1}, size_t{255}, size_t{256}, size_t{700}}) {
+        std::vector<float> wa(count), wb(count);
+        std::vector<uint16_t> na(count), nb(count);
+        for (size_t i = 0; i < count; ++i) {
+          wa[i] = spread(random), wb[i] = spread(random);
+          na[i] = narrow(spread(random)), nb[i] = narrow(spread(random));
+        }
+        for (int mix = 0; mix < 8; ++mix) {
+          const bool dstWide = mix & 1, aWide = mix & 2, bWide = mix & 4;
+          const void* a = aWide ? static_cast<const void*>(wa.data()) : na.data();
+          const void* b = bWide ? static_cast<const void*>(wb.data()) : nb.data();
+          std::vector<float> wout(count);
+          std::vector<uint16_t> nout(count);
+          kernel(dstWide ? static_cast<void*>(wout.data()) : nout.data(), dstWide, a, aWide, b, bWide, count);
+          for (size_t i = 0; i < count; ++i) {
+            const float want = apply(aWide ? wa[i] : widen(na[i]), bWide ? wb[i] : widen(nb[i]));
+            if (dstWide) {
+              ASSERT_EQ(floatBits(wout[i]), floatBits(want)) << dtypeName(type) << " " << opName(op) << " " << mix;
+            } else {
+              ASSERT_EQ(nout[i], narrow(want)) << dtypeName(type) << " " << opName(op) << " mix " << mix;
+            }
+          }
+        }
+        // In place: a wide partial combined with a narrow operand into itself.
+        std::vector<float> acc = wa;
+        kernel(acc.data(), true, acc.data(), true, nb.data(), false, count);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(floatBits(acc[i]), floatBits(apply(wa[i], widen(nb[i]))));
+      }
+    }
+    EXPECT_EQ(wideReduceFunction(loomFloat32, loomSum), nullptr);
+    EXPECT_EQ(wideReduceFunction(type, static_cast<loomRedOp_t>(99)), nullptr);
+
+    // Conversions both ways, and a copy where both sides are alike.
+    std::vector<uint16_t> all(65536), back(65536);
+    for (uint32_t i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+    std::vector<float> wide(65536);
+    convertPartials(type, wide.data(), true, all.data(), false, all.size());
+    convertPartials(type, back.data(), false, wide.data(), true, all.size());
+    for (uint32_t i = 0; i < 65536; ++i) {
+      if (std::isnan(wide[i])) continue;
+      ASSERT_EQ(floatBits(wide[i]), floatBits(widen(all[i])));
+      ASSERT_EQ(back[i], all[i]) << hex(i);
+    }
+
+    // Three ranks' fp16 operands: one rounding of the fp32 sum, not two.
+    const uint16_t x0 = narrow(1.0f), x1 = narrow(half ? 0.00048828125f : 0.00390625f), x2 = x1;
+    WideReduceFn sum = wideReduceFunction(type, loomSum);
+    float partial = 0;
+    sum(&partial, true, &x0, false, &x1, false, 1);
+    uint16_t once = 0, twice = 0;
+    sum(&once, false, &partial, true, &x2, false, 1);
+    ReduceFn stepwise = reduceFunction(type, loomSum);
+    stepwise(&twice, &x0, &x1, 1);
+    stepwise(&twice, &twice, &x2, 1);
+    EXPECT_EQ(once, narrow(widen(x0) + widen(x1) + widen(x2)));
+    EXPECT_NE(once, twice) << "x1 is half an ulp of 1: each rounding alone ties to even, back to 1";
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -434,6 +434,24 @@ TEST(Verifier, CatchesWriteToInput) {
   EXPECT_NE(error.find("writes to the input"), std::string::npos) << error;
 }
 
+// A plan whose scratch holds wider partials (fp32 for fp16 and bf16) may not send them: messages carry the type.
+TEST(Verifier, CatchesSendOfWiderPartials) {
+  auto build = [](bool wide) {
+    return [wide](const CollArgs& args) {
+      RankPlan plan = planShell(args, "broken");
+      int peer = 1 - args.rank;
+      plan.scratchCount = 4;
+      plan.wideScratch = wide;
+      plan.lanes.push_back({0, {copy(input(0, 4), scratch(0, 4)), send(peer, scratch(0, 4)), recv(peer, output(0, 4)),
+                                reduce(output(0, 4), input(0, 4), output(0, 4))}});
+      return plan;
+    };
+  };
+  EXPECT_EQ(verifyBroken(2, 4, build(false)), "");
+  std::string error = verifyBroken(2, 4, build(true));
+  EXPECT_NE(error.find("sends from scratch, which holds wider partials"), std::string::npos) << error;
+}
+
 TEST(Verifier, CatchesLostMessageAndWrongResult) {
   std::string lost = verifyBroken(2, 4, [](const CollArgs& args) {
     RankPlan plan = buildRingAllReduce(args);
