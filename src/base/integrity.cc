@@ -136,7 +136,8 @@ struct FoldConstants {
   static std::array<uint64_t, 2> by(unsigned bits) {
     return {reflected(powerModP(bits + 63)), reflected(powerModP(bits - 1))};
   }
-  std::array<uint64_t, 2> k2048 = by(2048), k512 = by(512), k384 = by(384), k256 = by(256), k128 = by(128);
+  std::array<uint64_t, 2> k2048 = by(2048), k1024 = by(1024), k896 = by(896), k768 = by(768), k640 = by(640),
+                          k512 = by(512), k384 = by(384), k256 = by(256), k128 = by(128);
 };
 
 #define LOOM_FOLDING_TARGET __attribute__((target("avx512f,avx512vl,vpclmulqdq,pclmul,sse4.2")))
@@ -188,19 +189,63 @@ LOOM_FOLDING_TARGET uint32_t updateFolding(uint32_t crc, const unsigned char* p,
   return updateHardware(static_cast<uint32_t>(state), p, bytes);
 }
 
-enum class Path { kTable, kCrc32, kFolding };
+// Without AVX-512, the same folding 16 bytes at a time with PCLMULQDQ: eight accumulators (128 bytes) carried 1024
+// bits a step, enough of them in flight to cover the multiplication's latency. Processors whose crc32 instruction
+// is slow (AMD Zen 2: one every three cycles, about 7 GB/s here) fold 1.6 times faster than they take crc32.
+#define LOOM_FOLDING16_TARGET __attribute__((target("pclmul,sse4.2")))
+
+LOOM_FOLDING16_TARGET inline __m128i pairConstant(const std::array<uint64_t, 2>& pair) {
+  return _mm_set_epi64x(static_cast<long long>(pair[1]), static_cast<long long>(pair[0]));
+}
+LOOM_FOLDING16_TARGET inline __m128i fold128(__m128i x, __m128i constant, __m128i next) {
+  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, constant, 0x00), _mm_clmulepi64_si128(x, constant, 0x11)),
+                       next);
+}
+
+// The state after the bytes that eight accumulators of 16 bytes stand for: lane i lies 128 (7 - i) bits before the
+// last, so is carried there and added; the crc32 instruction takes the 16 bytes left.
+LOOM_FOLDING16_TARGET inline uint32_t foldedState(const __m128i* x, const FoldConstants& k) {
+  const std::array<uint64_t, 2>* to[7] = {&k.k896, &k.k768, &k.k640, &k.k512, &k.k384, &k.k256, &k.k128};
+  __m128i v = x[7];
+  for (int i = 0; i < 7; ++i) v = fold128(x[i], pairConstant(*to[i]), v);
+  uint64_t state = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(v)));
+  return static_cast<uint32_t>(_mm_crc32_u64(state, static_cast<uint64_t>(_mm_extract_epi64(v, 1))));
+}
+
+LOOM_FOLDING16_TARGET uint32_t updateFolding16(uint32_t crc, const unsigned char* p, size_t bytes) {
+  constexpr size_t kWindow = 128;
+  constexpr int kLanes = 8;
+  if (bytes < 2 * kWindow) return updateHardware(crc, p, bytes);
+  static const FoldConstants k;
+  __m128i x[kLanes];
+  for (int i = 0; i < kLanes; ++i) x[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i));
+  x[0] = _mm_xor_si128(x[0], _mm_cvtsi32_si128(static_cast<int>(crc)));
+  p += kWindow;
+  bytes -= kWindow;
+  const __m128i forward = pairConstant(k.k1024);
+  while (bytes >= kWindow) {
+    for (int i = 0; i < kLanes; ++i)
+      x[i] = fold128(x[i], forward, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i)));
+    p += kWindow;
+    bytes -= kWindow;
+  }
+  return updateHardware(foldedState(x, k), p, bytes);
+}
+
+enum class Path { kTable, kCrc32, kFolding16, kFolding };
 Path detectPath() {
   if (!__builtin_cpu_supports("sse4.2")) return Path::kTable;
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul"))
+  if (!__builtin_cpu_supports("pclmul")) return Path::kCrc32;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("vpclmulqdq"))
     return Path::kFolding;
-  return Path::kCrc32;
+  return Path::kFolding16;
 }
 #else
-enum class Path { kTable, kCrc32, kFolding };
+enum class Path { kTable, kCrc32, kFolding16, kFolding };
 Path detectPath() { return Path::kTable; }
 uint32_t updateHardware(uint32_t crc, const unsigned char* p, size_t bytes) { return updatePortable(crc, p, bytes); }
 uint32_t updateFolding(uint32_t crc, const unsigned char* p, size_t bytes) { return updatePortable(crc, p, bytes); }
+uint32_t updateFolding16(uint32_t crc, const unsigned char* p, size_t bytes) { return updatePortable(crc, p, bytes); }
 #endif
 
 const Path kPath = detectPath();
@@ -242,6 +287,8 @@ uint32_t crc32c(const void* data, size_t bytes, uint32_t previous) {
   switch (kPath) {
     case Path::kFolding:
       return ~updateFolding(~previous, p, bytes);
+    case Path::kFolding16:
+      return ~updateFolding16(~previous, p, bytes);
     case Path::kCrc32:
       return ~updateHardware(~previous, p, bytes);
     case Path::kTable:
@@ -255,7 +302,27 @@ uint32_t crc32cWithoutFolding(const void* data, size_t bytes, uint32_t previous)
   return ~updateHardware(~previous, static_cast<const unsigned char*>(data), bytes);
 }
 
-bool crc32cFolds() { return kPath == Path::kFolding; }
+uint32_t crc32cFolding16(const void* data, size_t bytes, uint32_t previous) {
+  if (kPath == Path::kFolding || kPath == Path::kFolding16)
+    return ~updateFolding16(~previous, static_cast<const unsigned char*>(data), bytes);
+  return crc32cWithoutFolding(data, bytes, previous);
+}
+
+bool crc32cFolds() { return kPath == Path::kFolding || kPath == Path::kFolding16; }
+
+const char* crc32cMethod() {
+  switch (kPath) {
+    case Path::kFolding:
+      return "AVX-512 folding (VPCLMULQDQ), crc32 below 512 bytes";
+    case Path::kFolding16:
+      return "PCLMULQDQ folding, crc32 below 256 bytes";
+    case Path::kCrc32:
+      return "the crc32 instruction (SSE4.2)";
+    case Path::kTable:
+      break;
+  }
+  return "a table (no SSE4.2)";
+}
 
 bool crc32cInHardware() { return kHardware; }
 

@@ -69,9 +69,15 @@ struct CommSettings {
 };
 
 // The payload of one message of `protocol`, the bytes a slice may move: a slot's, less the checksum after it under
-// LOOM_CHECKSUM. Every rank slices alike, as the settings match.
+// LOOM_CHECKSUM, and then whole cache lines, so that slices start where they would without the switch (a payload 4
+// bytes short of the slot would put every slice but the first off its line, and slow each copy and reduction of
+// it). Every rank slices alike, as the settings match.
 inline size_t slicePayloadBytes(const CommSettings& settings, Protocol protocol) {
-  return fifoPayloadBytes(settings.fifoShape, protocol) - (settings.checksum ? kChecksumBytes : 0);
+  const size_t slot = fifoPayloadBytes(settings.fifoShape, protocol);
+  if (!settings.checksum) return slot;
+  constexpr size_t kLine = 64;
+  const size_t payload = slot - kChecksumBytes;
+  return payload >= 2 * kLine ? payload / kLine * kLine : payload;
 }
 
 // What the host keeps beside each cached plan.

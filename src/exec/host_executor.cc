@@ -54,7 +54,7 @@ loomResult_t readDirect(const DirectDescriptor& from, void* to, const char* what
 // The ends of a lane's channel on the host, as LaneWalker reaches them: the FifoReceiver and FifoSender of each
 // peer, which move messages through shared memory or a transport's proxy. Under LOOM_CHECKSUM (`checksum`) a
 // message is its payload and then its checksum: the walker sees the payload's size, TaskRun writes and checks the
-// checksum (sent, checkSlice).
+// checksum (sent, checkSum, moveSummed).
 struct HostEnds {
   using In = FifoReceiver;
   using Out = FifoSender;
@@ -90,6 +90,11 @@ struct LaneRun {
   bool done() const { return walker.done(); }
   const Step& step() const { return walker.step(); }
 };
+
+// Under LOOM_CHECKSUM, the blocks a Simple slice's data moves in, each summed while it is in the L1 cache
+// (TaskRun::moveSummed): small enough that a block's operands and result stay there, large enough that the CRC's
+// folding and each copy's or reduction's start are a small part of it.
+constexpr size_t kSummedBlockBytes = 8192;
 
 // One task in progress. A queue keeps its TaskRun from task to task and from run to run, so that its containers
 // keep their capacity: a warm small call allocates nothing here.
@@ -258,12 +263,55 @@ class TaskRun {
                        "ranks' calls (counts, types, order) match?",
                        task_->what, slice.step->recvPeer, slice.arrival.bytes, run.ends.channel, slice.bytes);
     if (!*ran) return loomSuccess;  // waiting (aborts are looked at when nothing moves)
-    if (task_->checksum && slice.in != nullptr && !slice.arrival.direct)
-      LOOM_CHECK(checkSlice(run.ends.channel, slice, slice.arrival.data, carriedSum(slice.arrival.data, slice.bytes)));
     bool direct = false;
-    if (slice.count() > 0) LOOM_CHECK(move(run.ends.channel, slice, &direct));
-    if (slice.out != nullptr && !direct && marksSent_) sent(slice);
+    if (task_->checksum && summedInBlocks(slice)) {
+      uint32_t sum = 0;
+      LOOM_CHECK(moveSummed(run.ends.channel, slice, &sum));
+      if (slice.out != nullptr) sent(slice, sum);
+    } else {
+      if (task_->checksum && slice.in != nullptr && !slice.arrival.direct)
+        LOOM_CHECK(checkSum(run.ends.channel, slice, crc32c(slice.arrival.data, slice.bytes),
+                            carriedSum(slice.arrival.data, slice.bytes)));
+      if (slice.count() > 0) LOOM_CHECK(move(run.ends.channel, slice, &direct));
+      if (slice.out != nullptr && !direct && marksSent_)
+        sent(slice, task_->checksum ? crc32c(slice.slot, slice.bytes) : 0);
+    }
     run.walker.finish(run.ends, slice, direct);
+    return loomSuccess;
+  }
+
+  // Under LOOM_CHECKSUM, whether a slice's data moves in blocks, each summed as it passes (moveSummed): a Simple
+  // slice of more than a block that takes and sends its payload in the slots (not zero-copy) and touches no wider
+  // partials. Others are summed whole, before and after they move.
+  bool summedInBlocks(const HostWalker::Slice& slice) const {
+    if (slice.protocol != Protocol::kSimple || slice.bytes <= kSummedBlockBytes || slice.arrival.direct) return false;
+    if (slice.in == nullptr && slice.out == nullptr) return false;
+    const DirectBuffer* buffer = nullptr;
+    if (slice.out != nullptr && directSourceOf(*slice.step, slice.protocol, &buffer) != nullptr) return false;
+    return !touchesWide(*slice.step);
+  }
+
+  // LOOM_CHECKSUM on a slice of summedInBlocks: its data moved kSummedBlockBytes at a time, each block summed while
+  // it is in the cache: an incoming block just before it is used, an outgoing one just after it is written (a slice
+  // summed whole reads each slot twice, the second time from further away). A forwarded block (recvCopySend) is the
+  // one that came in, so the sum checked is the one sent on (*sentSum). The check comes after the blocks have
+  // moved but before the walker posts anything or releases the slot: a slice that fails it goes no further.
+  loomResult_t moveSummed(int channel, const HostWalker::Slice& slice, uint32_t* sentSum) {
+    const Step& step = *slice.step;
+    const size_t perBlock = std::max<size_t>(1, kSummedBlockBytes / elementBytes_);
+    const bool forwards = step.action == Action::kRecvCopySend;
+    uint32_t in = 0, out = 0;
+    for (size_t lo = slice.lo; lo < slice.hi; lo += perBlock) {
+      const size_t n = std::min(slice.hi - lo, perBlock), at = (lo - slice.lo) * elementBytes_;
+      const size_t bytes = n * elementBytes_;
+      const std::byte* incoming = slice.in ? static_cast<const std::byte*>(slice.arrival.data) + at : nullptr;
+      std::byte* slot = slice.out ? static_cast<std::byte*>(slice.slot) + at : nullptr;
+      if (incoming) in = crc32c(incoming, bytes, in);
+      moveData(step, lo, n, incoming, slot, false);
+      if (slot && !forwards) out = crc32c(slot, bytes, out);
+    }
+    if (slice.in != nullptr) LOOM_CHECK(checkSum(channel, slice, in, carriedSum(slice.arrival.data, slice.bytes)));
+    *sentSum = forwards ? in : out;
     return loomSuccess;
   }
 
@@ -274,11 +322,10 @@ class TaskRun {
     return carried;
   }
 
-  // LOOM_CHECKSUM, receiving: the CRC32C of the slice's payload (in the slot, or where a direct message's lies)
-  // against the one the message carries. A mismatch fails the call naming the link and the bytes, and notes the
-  // failure as corrupted data from the sender, which the abort marks carry to every rank.
-  loomResult_t checkSlice(int channel, const HostWalker::Slice& slice, const void* payload, uint32_t carried) {
-    const uint32_t computed = crc32c(payload, slice.bytes);
+  // LOOM_CHECKSUM, receiving: the CRC32C computed of the slice's payload (in the slot, or where a direct message's
+  // lies) against the one the message carries. A mismatch fails the call naming the link and the bytes, and notes
+  // the failure as corrupted data from the sender, which the abort marks carry to every rank.
+  loomResult_t checkSum(int channel, const HostWalker::Slice& slice, uint32_t computed, uint32_t carried) {
     if (computed == carried) return loomSuccess;
     const Step& step = *slice.step;
     const int sender = step.recvPeer;
@@ -308,16 +355,13 @@ class TaskRun {
                      slice.arrival.direct ? "zero-copy" : protocolName(slice.protocol), computed, carried);
   }
 
-  // A message written into its slot, before it is posted. Under LOOM_CHECKSUM: the CRC32C of the payload, after
-  // it. Where this rank writes the receiver's FIFO itself, the fault hook (LOOM_FAULT_CORRUPT) may then corrupt the
-  // message as it lands (a proxy's receiving end does it for the network transports), and under LOOM_CHECKSUM the
-  // task ends only once the receiver has checked it.
-  void sent(const HostWalker::Slice& slice) {
+  // A message written into its slot, before it is posted. Under LOOM_CHECKSUM: `sum`, the CRC32C of the payload,
+  // after it. Where this rank writes the receiver's FIFO itself, the fault hook (LOOM_FAULT_CORRUPT) may then
+  // corrupt the message as it lands (a proxy's receiving end does it for the network transports), and under
+  // LOOM_CHECKSUM the task ends only once the receiver has checked it.
+  void sent(const HostWalker::Slice& slice, uint32_t sum) {
     auto* slot = static_cast<std::byte*>(slice.slot);
-    if (task_->checksum) {
-      const uint32_t sum = crc32c(slot, slice.bytes);
-      std::memcpy(slot + slice.bytes, &sum, kChecksumBytes);
-    }
+    if (task_->checksum) std::memcpy(slot + slice.bytes, &sum, kChecksumBytes);
     const int peer = slice.step->sendPeer;
     if (task_->links->movesByProxy(peer)) return;
     corruptInTransit(slot, slice.bytes + (task_->checksum ? kChecksumBytes : 0));
@@ -349,14 +393,37 @@ class TaskRun {
       incoming = target;
     }
     if (message && task_->checksum)
-      LOOM_CHECK(checkSlice(channel, slice, incoming, carriedSum(message, sizeof(DirectDescriptor))));
+      LOOM_CHECK(checkSum(channel, slice, crc32c(incoming, bytes), carriedSum(message, sizeof(DirectDescriptor))));
     const DirectBuffer* directBuffer = nullptr;
     const Region* directSource = out ? directSourceOf(step, slice.protocol, &directBuffer) : nullptr;
     *direct = directSource != nullptr;
     if (touchesWide(step)) return moveWide(step, lo, n, incoming, slot);
+    moveData(step, lo, n, incoming, slot, *direct);
+    if (directSource) {
+      // The payload stays where it is; the peer reads it, and this task ends only when it has. Under LOOM_CHECKSUM
+      // its checksum follows the descriptor, and is all of it the fault hook can corrupt: a flip of a bit of the
+      // payload would be one of the caller's own buffer.
+      *static_cast<DirectDescriptor*>(slot) = {reinterpret_cast<uint64_t>(pointer(*directSource, lo)), bytes,
+                                               static_cast<int32_t>(thisProcess()), directBuffer->region};
+      if (task_->checksum) {
+        std::byte* sum = static_cast<std::byte*>(slot) + sizeof(DirectDescriptor);
+        const uint32_t value = crc32c(pointer(*directSource, lo), bytes);
+        std::memcpy(sum, &value, kChecksumBytes);
+        corruptInTransit(sum, kChecksumBytes);
+      }
+      await(out, step.sendPeer);
+      if (task_->directMessages) ++*task_->directMessages;
+    }
+    return loomSuccess;
+  }
+
+  // The copies and reductions of a slice's elements [lo, lo + n) of `step`: from `incoming` (what arrived) and
+  // into `slot` (the message out), where the step has them; `direct`: the message out is a DirectDescriptor.
+  void moveData(const Step& step, size_t lo, size_t n, const void* incoming, void* slot, bool direct) {
+    const size_t bytes = n * elementBytes_;
     switch (step.action) {
       case Action::kSend:
-        if (!directSource) std::memcpy(slot, pointer(step.src, lo), bytes);
+        if (!direct) std::memcpy(slot, pointer(step.src, lo), bytes);
         break;
       case Action::kRecv:
         if (incoming != pointer(step.dst, lo)) copyOut(pointer(step.dst, lo), incoming, bytes, streamTo(step.dst));
@@ -369,11 +436,11 @@ class TaskRun {
         break;
       case Action::kRecvReduceCopySend:
         reduce_(pointer(step.dst, lo), pointer(step.src, lo), incoming, n);
-        if (!directSource) std::memcpy(slot, pointer(step.dst, lo), bytes);
+        if (!direct) std::memcpy(slot, pointer(step.dst, lo), bytes);
         break;
       case Action::kRecvCopySend:
         if (incoming != pointer(step.dst, lo)) copyOut(pointer(step.dst, lo), incoming, bytes, streamTo(step.dst));
-        if (!directSource) std::memcpy(slot, incoming, bytes);
+        if (!direct) std::memcpy(slot, incoming, bytes);
         break;
       case Action::kCopy:
         // In-place layouts make some copies onto themselves.
@@ -391,22 +458,6 @@ class TaskRun {
         reduce_(pointer(step.dst, lo), pointer(step.src, lo), pointer(step.src2, lo), n);
         break;
     }
-    if (directSource) {
-      // The payload stays where it is; the peer reads it, and this task ends only when it has. Under LOOM_CHECKSUM
-      // its checksum follows the descriptor, and is all of it the fault hook can corrupt: a flip of a bit of the
-      // payload would be one of the caller's own buffer.
-      *static_cast<DirectDescriptor*>(slot) = {reinterpret_cast<uint64_t>(pointer(*directSource, lo)), bytes,
-                                               static_cast<int32_t>(thisProcess()), directBuffer->region};
-      if (task_->checksum) {
-        std::byte* sum = static_cast<std::byte*>(slot) + sizeof(DirectDescriptor);
-        const uint32_t value = crc32c(pointer(*directSource, lo), bytes);
-        std::memcpy(sum, &value, kChecksumBytes);
-        corruptInTransit(sum, kChecksumBytes);
-      }
-      await(out, step.sendPeer);
-      if (task_->directMessages) ++*task_->directMessages;
-    }
-    return loomSuccess;
   }
 
   // A slice of a step that reads or writes wider partials (wide_): combined in fp32, rounded to the type only as

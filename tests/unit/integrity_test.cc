@@ -40,19 +40,22 @@ TEST(Crc32c, HardwareAgreesWithTheTableAtEveryLengthAndAlignment) {
           << bytes << " bytes at offset " << offset << (crc32cInHardware() ? " (hardware)" : " (table)");
     }
   }
-  // Around the crc32 path's blocks of three streams (3 x 1024 bytes) and the folding's windows (256 bytes, two
-  // at least), each path against the table.
+  // Around the crc32 path's blocks of three streams (3 x 1024 bytes) and the foldings' windows (256 and 128 bytes,
+  // two at least), each path against the table.
   for (size_t bytes : {255, 256, 511, 512, 513, 767, 768, 769, 1000, 3071, 3072, 3073, 6143, 6144, 6145, 12288}) {
     EXPECT_EQ(crc32c(data.data() + 1, bytes), crc32cPortable(data.data() + 1, bytes)) << bytes;
     EXPECT_EQ(crc32cWithoutFolding(data.data() + 3, bytes), crc32cPortable(data.data() + 3, bytes)) << bytes;
   }
+  for (size_t bytes : {255, 256, 257, 383, 384, 385, 1000, 3199, 3200, 3201, 3455, 6400, 6401, 12291})
+    EXPECT_EQ(crc32cFolding16(data.data() + 5, bytes, 0x9abcdef0u), crc32cPortable(data.data() + 5, bytes, 0x9abcdef0u))
+        << bytes;
   std::vector<unsigned char> slot(524288);
   for (auto& byte : slot) byte = static_cast<unsigned char>(random());
   for (size_t bytes : {size_t{131068}, size_t{131072}, size_t{524284}, slot.size()})
     EXPECT_EQ(crc32c(slot.data(), bytes, 0x12345678u), crc32cPortable(slot.data(), bytes, 0x12345678u)) << bytes;
-  std::printf("crc32c here: %s\n", crc32cFolds()       ? "AVX-512 folding (VPCLMULQDQ), crc32 below 512 bytes"
-                                   : crc32cInHardware() ? "the crc32 instruction (SSE4.2)"
-                                                        : "the table");
+  for (size_t bytes : {size_t{131068}, slot.size()})
+    EXPECT_EQ(crc32cFolding16(slot.data() + 1, bytes - 1), crc32cPortable(slot.data() + 1, bytes - 1)) << bytes;
+  std::printf("crc32c here: %s\n", crc32cMethod());
 }
 
 TEST(Crc32c, ContinuesFromAPreviousValue) {
