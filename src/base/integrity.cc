@@ -308,8 +308,6 @@ uint32_t crc32cFolding16(const void* data, size_t bytes, uint32_t previous) {
   return crc32cWithoutFolding(data, bytes, previous);
 }
 
-bool crc32cFolds() { return kPath == Path::kFolding || kPath == Path::kFolding16; }
-
 const char* crc32cMethod() {
   switch (kPath) {
     case Path::kFolding:

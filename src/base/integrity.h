@@ -25,10 +25,9 @@ uint32_t crc32cWithoutFolding(const void* data, size_t bytes, uint32_t previous 
 // The same by 16-byte folding with PCLMULQDQ where the processor has it (the path without AVX-512), else as
 // crc32cWithoutFolding: for tests, so that a machine with AVX-512 checks that path too.
 uint32_t crc32cFolding16(const void* data, size_t bytes, uint32_t previous = 0);
-// Whether crc32c() uses the processor's instructions here, whether it folds (PCLMULQDQ, or VPCLMULQDQ with
-// AVX-512), and which way it goes, in words ("PCLMULQDQ folding, crc32 below 256 bytes").
+// Whether crc32c() uses the processor's instructions here, and which way it goes, in words ("PCLMULQDQ folding,
+// crc32 below 256 bytes").
 bool crc32cInHardware();
-bool crc32cFolds();
 const char* crc32cMethod();
 
 // The bytes a message's checksum takes after its payload, in the FIFO slot and on every wire.
