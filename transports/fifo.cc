@@ -77,6 +77,8 @@ void fifoHeaderImage(void* memory, const FifoShape& shape) {
   for (auto& size : header->sizes) size.store(0, std::memory_order_relaxed);
   header->sleeping.store(0, std::memory_order_relaxed);
   header->doorbell = -1;
+  header->resendWanted.store(0, std::memory_order_relaxed);
+  header->resent.store(0, std::memory_order_relaxed);
   std::memset(static_cast<std::byte*>(memory) + sizeof(FifoHeader), 0, headerBytes() - sizeof(FifoHeader));
   header->magic.store(kFifoMagic, std::memory_order_relaxed);
 }
@@ -87,6 +89,18 @@ void fifoInit(void* memory, const FifoShape& shape) {
   header->magic.store(0, std::memory_order_relaxed);
   std::memset(static_cast<std::byte*>(memory) + headerBytes(), 0, fifoBytes(shape) - headerBytes());
   header->magic.store(kFifoMagic, std::memory_order_release);
+}
+
+// Writes `bytes` of LL payload staged in `staging` into slot `index` as message `sequence`'s flagged words: data
+// first, the size word last.
+static void spreadLL(const FifoMemory& memory, uint32_t index, uint64_t sequence, std::vector<uint32_t>& staging,
+                     size_t bytes) {
+  uint32_t flag = fifo::llFlag(sequence);
+  std::atomic<uint64_t>* words = llWords(llSlot(memory, index));
+  size_t dataWords = fifo::llDataWords(bytes);
+  if (bytes % 4 != 0) std::memset(reinterpret_cast<std::byte*>(staging.data()) + bytes, 0, 4 - bytes % 4);
+  for (size_t i = 0; i < dataWords; ++i) words[i + 1].store(fifo::llWord(staging[i], flag), std::memory_order_relaxed);
+  words[0].store(fifo::llWord(static_cast<uint32_t>(bytes), flag), std::memory_order_relaxed);
 }
 
 FifoSender::FifoSender(FifoMemory memory) : memory_(memory) {
@@ -114,14 +128,7 @@ void FifoSender::post(Protocol protocol, size_t bytes, bool direct) {
   if (protocol == Protocol::kSimple) {
     header->sizes[slot_].store(fifo::simpleSizeWord(bytes, direct), std::memory_order_relaxed);
   } else {
-    // Spread the staged payload over flagged words; data first, the size word last.
-    uint32_t flag = fifo::llFlag(posted_);
-    std::atomic<uint64_t>* words = llWords(llSlot(memory_, slot_));
-    size_t dataWords = fifo::llDataWords(bytes);
-    if (bytes % 4 != 0) std::memset(reinterpret_cast<std::byte*>(staging_.data()) + bytes, 0, 4 - bytes % 4);
-    for (size_t i = 0; i < dataWords; ++i)
-      words[i + 1].store(fifo::llWord(staging_[i], flag), std::memory_order_relaxed);
-    words[0].store(fifo::llWord(static_cast<uint32_t>(bytes), flag), std::memory_order_relaxed);
+    spreadLL(memory_, slot_, posted_, staging_, bytes);
   }
   // Simple needs the release for the data; LL keeps head current so a later Simple call finds it consistent.
   slot_ = fifo::nextSlot(slot_, depth_);
@@ -130,6 +137,54 @@ void FifoSender::post(Protocol protocol, size_t bytes, bool direct) {
   // The credit just ran out: fetch the receiver's counter now, while the message travels and the caller would
   // wait for its answer anyway, rather than in the next reserve(), where the fetch would delay that message.
   if (!fifo::hasCredit(posted_, tailSeen_, depth_)) tailSeen_ = header->tail.load(std::memory_order_acquire);
+}
+
+void FifoSender::retain(Protocol protocol, size_t bytes) {
+  const size_t room = keptRoom();
+  if (kept_.empty()) {
+    kept_.resize(depth_ * room);
+    keptBytes_.assign(depth_, 0);
+    keptProtocol_.assign(depth_, Protocol::kSimple);
+    keptMessage_.assign(depth_, 0);
+  }
+  const void* message = protocol == Protocol::kSimple ? static_cast<const void*>(simpleSlot(memory_, slot_))
+                                                      : static_cast<const void*>(staging_.data());
+  std::memcpy(kept_.data() + slot_ * room, message, bytes);
+  keptBytes_[slot_] = static_cast<uint32_t>(bytes);
+  keptProtocol_[slot_] = protocol;
+  keptMessage_[slot_] = posted_ + 1;
+}
+
+void* FifoSender::rewrite(size_t* bytes, bool* direct) {
+  FifoHeader* header = memory_.header;
+  const uint64_t wanted = header->resendWanted.load(std::memory_order_acquire);
+  if (wanted == 0 || wanted <= header->resent.load(std::memory_order_relaxed) || wanted > posted_ ||
+      posted_ - wanted >= depth_ || kept_.empty())
+    return nullptr;
+  const uint32_t index = static_cast<uint32_t>((wanted - 1) % depth_);
+  if (keptMessage_[index] != wanted) return nullptr;  // not retained: the receiver's deadline ends its wait
+  *bytes = keptBytes_[index];
+  *direct = keptProtocol_[index] == Protocol::kSimple &&
+            fifo::simpleSizeDirect(header->sizes[index].load(std::memory_order_relaxed));
+  rewriting_ = wanted;
+  const std::byte* kept = kept_.data() + index * keptRoom();
+  if (keptProtocol_[index] == Protocol::kSimple) {
+    std::byte* slot = simpleSlot(memory_, index);
+    std::memcpy(slot, kept, *bytes);
+    return slot;
+  }
+  staging_.resize(header->llSlotBytes / 8);
+  std::memcpy(staging_.data(), kept, *bytes);
+  return staging_.data();
+}
+
+void FifoSender::repost() {
+  FifoHeader* header = memory_.header;
+  const uint32_t index = static_cast<uint32_t>((rewriting_ - 1) % depth_);
+  if (keptProtocol_[index] == Protocol::kLL) spreadLL(memory_, index, rewriting_ - 1, staging_, keptBytes_[index]);
+  header->resent.store(rewriting_, std::memory_order_release);
+  ringIfProxied(header);
+  rewriting_ = 0;
 }
 
 FifoReceiver::FifoReceiver(FifoMemory memory) : memory_(memory) {
@@ -141,6 +196,11 @@ FifoReceiver::FifoReceiver(FifoMemory memory) : memory_(memory) {
 const void* FifoReceiver::poll(Protocol protocol, size_t* bytes, bool* direct) {
   FifoHeader* header = memory_.header;
   *direct = false;
+  if (awaiting_ != 0) [[unlikely]] {
+    if (header->resent.load(std::memory_order_acquire) < awaiting_) return nullptr;
+    resentMessage_ = awaiting_;
+    awaiting_ = 0;
+  }
   if (protocol == Protocol::kSimple) {
     if (header->head.load(std::memory_order_acquire) <= consumed_) return nullptr;
     uint64_t size = header->sizes[slot_].load(std::memory_order_relaxed);
@@ -170,6 +230,12 @@ const void* FifoReceiver::pollAny(size_t* bytes, Protocol* protocol, bool* direc
   uint64_t first = llWords(llSlot(memory_, slot_))[0].load(std::memory_order_relaxed);
   *protocol = fifo::llWordFlag(first) == fifo::llFlag(consumed_) ? Protocol::kLL : Protocol::kSimple;
   return poll(*protocol, bytes, direct);
+}
+
+void FifoReceiver::askResend() {
+  awaiting_ = consumed_ + 1;
+  memory_.header->resendWanted.store(awaiting_, std::memory_order_release);
+  ringIfProxied(memory_.header);
 }
 
 void FifoReceiver::release() {

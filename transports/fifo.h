@@ -49,6 +49,10 @@ struct alignas(64) FifoHeader {
   // and pay one comparison for it.
   alignas(64) std::atomic<uint32_t> sleeping;
   int32_t doorbell;
+  // LOOM_CHECKSUM=2, a message sent again (FifoReceiver::askResend, FifoSender::rewrite): the number, plus one, of
+  // the message the receiver asks for again (it keeps the slot meanwhile), and of the last one the sender rewrote.
+  alignas(64) std::atomic<uint64_t> resendWanted;
+  std::atomic<uint64_t> resent;
 };
 
 // Rings `header`'s doorbell if its proxy sleeps; call after the store the proxy must see. The fence pairs with
@@ -115,6 +119,15 @@ class FifoSender {
   // Publishes the message written at the pointer reserve() returned. `direct`: it is a DirectDescriptor for a
   // payload of `bytes` (Simple only).
   void post(Protocol protocol, size_t bytes, bool direct = false);
+  // LOOM_CHECKSUM=2: keeps a copy of the message about to be posted, `bytes` of it as written at the pointer
+  // reserve() returned, until the receiver releases it, so that it can be written again. Call before post().
+  void retain(Protocol protocol, size_t bytes);
+  // Where the receiver asked for a retained message again (askResend): copies it back into its slot (Simple) or
+  // this sender's LL staging and returns where it lies (*bytes as retained), for the caller to look at (the fault
+  // hook) and then republish with repost(); *direct: it is a DirectDescriptor (and its checksum). nullptr: no
+  // request waits.
+  void* rewrite(size_t* bytes, bool* direct);
+  void repost();
   // Whether the receiver has released every message posted so far.
   bool drained() const { return memory_.header->tail.load(std::memory_order_acquire) >= posted_; }
   bool aborted() const { return memory_.header->aborted.load(std::memory_order_relaxed) != 0; }
@@ -134,6 +147,17 @@ class FifoSender {
   uint32_t slot_ = 0;              // posted_ % depth_, kept without dividing
   uint64_t tailSeen_ = 0;          // the receiver's tail when last read: credit known without reading it again
   std::vector<uint32_t> staging_;  // LL: the message before it is spread over flagged words
+  // retain(): a copy of each slot's message (slotBytes apiece, made on first use), its size, protocol and number;
+  // and the message being rewritten (rewrite, repost).
+  std::vector<std::byte> kept_;
+  std::vector<uint32_t> keptBytes_;
+  std::vector<Protocol> keptProtocol_;
+  std::vector<uint64_t> keptMessage_;  // the number, plus one, of the message each slot's copy is
+  uint64_t rewriting_ = 0;  // the message's number plus one (0: none)
+  size_t keptRoom() const {
+    const FifoHeader* header = memory_.header;
+    return header->slotBytes > header->llSlotBytes ? header->slotBytes : header->llSlotBytes;
+  }
 };
 
 class FifoReceiver {
@@ -147,6 +171,11 @@ class FifoReceiver {
   const void* pollAny(size_t* bytes, Protocol* protocol, bool* direct);
   // Gives the slot of the message poll() returned back to the sender.
   void release();
+  // LOOM_CHECKSUM=2: asks the sender to write the message poll() returned again, keeping its slot; poll() returns
+  // nothing until the sender has rewritten it.
+  void askResend();
+  // Whether the message poll() returns now is one the sender wrote again (a second failure is final).
+  bool resent() const { return resentMessage_ == consumed_ + 1; }
   bool aborted() const { return memory_.header->aborted.load(std::memory_order_relaxed) != 0; }
   uint32_t abortCode() const { return memory_.header->aborted.load(std::memory_order_acquire); }
   // The failure behind the abort mark, once abortCode() has seen it (0: not known).
@@ -156,9 +185,12 @@ class FifoReceiver {
     markFifoAborted(memory_.header, kAbortedByPeer, origin);
     ringIfProxied(memory_.header);
   }
-  // Whether every message posted so far has been consumed: an aborted FIFO may still hold messages that were
-  // posted before the abort (a peer that finished and closed its end).
-  bool empty() const { return memory_.header->head.load(std::memory_order_acquire) <= consumed_; }
+  // Whether every message posted so far has been consumed, or the one waited for is being sent again (askResend):
+  // an aborted FIFO may still hold messages that were posted before the abort (a peer that finished and closed its
+  // end), but a message that failed its check is no good.
+  bool empty() const {
+    return awaiting_ != 0 || memory_.header->head.load(std::memory_order_acquire) <= consumed_;
+  }
 
  private:
   FifoMemory memory_;
@@ -166,6 +198,8 @@ class FifoReceiver {
   uint32_t depth_ = 1;  // the header's, read once
   uint32_t slot_ = 0;   // consumed_ % depth_, kept without dividing: poll runs it on every spin
   std::vector<uint32_t> staging_;  // LL: the decoded message
+  uint64_t awaiting_ = 0;       // askResend: the message's number plus one, until the sender has rewritten it
+  uint64_t resentMessage_ = 0;  // the last message rewritten, its number plus one
 };
 
 }  // namespace loom

@@ -255,6 +255,7 @@ const bool kHardware = kPath != Path::kTable;
 struct CorruptSpec {
   uint64_t message = 0;
   int64_t bit = -1;
+  bool onward = false;  // "N+": the N-th and every later message
   CorruptSpec() {
     const std::string text = params::faultCorrupt();
     if (text.empty()) return;
@@ -262,17 +263,21 @@ struct CorruptSpec {
     const long long n = std::strtoll(text.c_str(), &end, 10);
     long long b = -1;
     bool good = n >= 1 && end != text.c_str();
+    const bool plus = good && *end == '+';
+    if (plus) ++end;
     if (good && *end == ':') {
       const char* start = end + 1;
       b = std::strtoll(start, &end, 10);
       good = end != start && b >= 0;
     }
     if (!good || *end != '\0') {
-      LOOM_WARN(COLL, "LOOM_FAULT_CORRUPT=\"%s\" ignored: expected N or N:BIT with N >= 1 and BIT >= 0", text.c_str());
+      LOOM_WARN(COLL, "LOOM_FAULT_CORRUPT=\"%s\" ignored: expected N, N+, N:BIT or N+:BIT with N >= 1 and BIT >= 0",
+                text.c_str());
       return;
     }
     message = static_cast<uint64_t>(n);
     bit = b;
+    onward = plus;
   }
 };
 
@@ -331,9 +336,11 @@ struct CorruptState {
   std::atomic<uint64_t> message{0};
   std::atomic<int64_t> bit{-1};
   std::atomic<uint64_t> seen{0};
+  std::atomic<bool> onward{false};
   void arm() {
     const CorruptSpec spec;
     bit.store(spec.bit, std::memory_order_relaxed);
+    onward.store(spec.onward, std::memory_order_relaxed);
     seen.store(0, std::memory_order_relaxed);
     message.store(spec.message, std::memory_order_release);
   }
@@ -357,13 +364,14 @@ bool corruptInTransit(void* data, size_t bytes) {
   CorruptState& state = corruptState();
   const uint64_t message = state.message.load(std::memory_order_acquire);
   if (message == 0 || bytes == 0) return false;
-  if (state.seen.fetch_add(1, std::memory_order_relaxed) + 1 != message) return false;
+  const uint64_t count = state.seen.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (count < message || (count > message && !state.onward.load(std::memory_order_relaxed))) return false;
   const int64_t chosen = state.bit.load(std::memory_order_relaxed);
   const uint64_t bits = static_cast<uint64_t>(bytes) * 8;
   const uint64_t bit = chosen < 0 ? bits / 2 : static_cast<uint64_t>(chosen) % bits;
   static_cast<unsigned char*>(data)[bit / 8] ^= static_cast<unsigned char>(1u << (bit % 8));
   LOOM_WARN(COLL, "LOOM_FAULT_CORRUPT: flipped bit %llu of a message of %zu bytes in transit (message %llu of this "
-            "process)", static_cast<unsigned long long>(bit), bytes, static_cast<unsigned long long>(message));
+            "process)", static_cast<unsigned long long>(bit), bytes, static_cast<unsigned long long>(count));
   return true;
 }
 

@@ -33,10 +33,10 @@ const char* crc32cMethod();
 // The bytes a message's checksum takes after its payload, in the FIFO slot and on every wire.
 constexpr size_t kChecksumBytes = 4;
 
-// Where the fault hook stands (LOOM_FAULT_CORRUPT=N[:BIT]): this process counts the messages that go through
-// corruptInTransit (from 1, over all its connections) and flips one bit of the N-th: bit BIT of the message, counted
-// from its first byte (modulo its bits), by default the middle one. Once; unset or malformed (a WARN says so), it
-// does nothing. Returns whether it flipped a bit of this message.
+// Where the fault hook stands (LOOM_FAULT_CORRUPT=N[+][:BIT]): this process counts the messages that go through
+// corruptInTransit (from 1, over all its connections) and flips one bit of the N-th (with "+", of the N-th and
+// every later one): bit BIT of the message, counted from its first byte (modulo its bits), by default the middle
+// one. Unset or malformed (a WARN says so), it does nothing. Returns whether it flipped a bit of this message.
 bool corruptInTransit(void* data, size_t bytes);
 // Whether the hook may still flip a bit (LOOM_FAULT_CORRUPT is set and well formed): callers that would pass every
 // message through corruptInTransit only for the hook read this once per call instead.

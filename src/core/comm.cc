@@ -163,6 +163,7 @@ loomResult_t commConfigure(loomComm* comm, int nranks, int rank, const loomConfi
   comm->settings.checkCalls = params::checkColl() != 0;
   comm->settings.deterministic = params::deterministic() != 0;
   comm->settings.checksum = params::checksum() != 0;
+  comm->settings.checksumResend = params::checksum() == 2;
   if (config != nullptr) {
     if (config->timeoutMs != LOOM_CONFIG_UNDEF_INT && config->timeoutMs > 0) comm->settings.timeoutMs = config->timeoutMs;
     if (config->commName != nullptr) comm->settings.name = config->commName;
@@ -292,7 +293,7 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
   mine.probeAddress = directProbeAddress();
   mine.checkCalls = comm->settings.checkCalls ? 1 : 0;
   mine.deterministic = comm->settings.deterministic ? 1 : 0;
-  mine.checksum = comm->settings.checksum ? 1 : 0;
+  mine.checksum = comm->settings.checksumResend ? 2 : comm->settings.checksum ? 1 : 0;
   if (gethostname(mine.host, sizeof(mine.host)) != 0) snprintf(mine.host, sizeof(mine.host), "unknown");
   mine.host[sizeof(mine.host) - 1] = '\0';
   if (comm->settings.device == loomDeviceCuda) {

@@ -66,6 +66,7 @@ struct CommSettings {
   bool checkCalls = false;             // LOOM_CHECK_COLL (coll_check.h)
   bool deterministic = false;          // LOOM_DETERMINISTIC: algorithmRules keep reductions in rank order
   bool checksum = false;               // LOOM_CHECKSUM: every message carries a CRC32C (src/base/integrity.h)
+  bool checksumResend = false;         // LOOM_CHECKSUM=2: and a message that fails it is sent again once
 };
 
 // The payload of one message of `protocol`, the bytes a slice may move: a slot's, less the checksum after it under

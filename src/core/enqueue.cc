@@ -38,6 +38,7 @@ ExecTask taskFor(const Call& call, const RankPlan* plan, const TuneEstimate& cho
   task.simpleSliceBytes = std::min(choice.slicing.simpleSliceBytes, slicePayloadBytes(comm->settings, Protocol::kSimple));
   task.llSliceBytes = slicePayloadBytes(comm->settings, Protocol::kLL);
   task.checksum = comm->settings.checksum;
+  task.checksumResend = comm->settings.checksumResend;
   task.links = &comm->connections;
   task.what = collectiveName(call.collective);
   size_t outputBytes = 0;

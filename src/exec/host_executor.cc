@@ -115,6 +115,7 @@ class TaskRun {
     wideReduce_ = wide_ ? wideReduceFunction(task.datatype, task.op) : nullptr;
     // Sent messages need a look only for the checksum or the fault hook (read once per task: off the small path).
     marksSent_ = task.checksum || corruptionArmed();
+    resends_ = task.checksum && task.checksumResend;
     lanes_.clear();
     awaited_.clear();
     for (const Lane& lane : task.plan->lanes) {
@@ -138,6 +139,8 @@ class TaskRun {
   // A lane goes at most one round per pass, so that lanes interleave: a lane that never waits (a local copy)
   // would otherwise run to its end while the peers wait for this rank to take their messages.
   loomResult_t advance(bool* progress) {
+    if (resends_)
+      for (const auto& [sender, peer] : awaited_) *progress |= rewriteAsked(sender);
     for (LaneRun& lane : lanes_) {
       for (size_t round = lane.walker.round(); !lane.done() && lane.walker.round() == round;) {
         bool ran = false;
@@ -269,10 +272,16 @@ class TaskRun {
       LOOM_CHECK(moveSummed(run.ends.channel, slice, &sum));
       if (slice.out != nullptr) sent(slice, sum);
     } else {
+      // Asked to be sent again (LOOM_CHECKSUM=2): the slice waits for it, nothing of it done yet.
+      bool again = false;
       if (task_->checksum && slice.in != nullptr && !slice.arrival.direct)
-        LOOM_CHECK(checkSum(run.ends.channel, slice, crc32c(slice.arrival.data, slice.bytes),
-                            carriedSum(slice.arrival.data, slice.bytes)));
-      if (slice.count() > 0) LOOM_CHECK(move(run.ends.channel, slice, &direct));
+        LOOM_CHECK(verify(run.ends.channel, slice, crc32c(slice.arrival.data, slice.bytes),
+                          carriedSum(slice.arrival.data, slice.bytes), &again));
+      if (!again && slice.count() > 0) LOOM_CHECK(move(run.ends.channel, slice, &direct, &again));
+      if (again) {
+        *ran = false;
+        return loomSuccess;
+      }
       if (slice.out != nullptr && !direct && marksSent_)
         sent(slice, task_->checksum ? crc32c(slice.slot, slice.bytes) : 0);
     }
@@ -284,6 +293,7 @@ class TaskRun {
   // slice of more than a block that takes and sends its payload in the slots (not zero-copy) and touches no wider
   // partials. Others are summed whole, before and after they move.
   bool summedInBlocks(const HostWalker::Slice& slice) const {
+    if (resends_) return false;  // a slice sent again must find its destination as it was: checked before it moves
     if (slice.protocol != Protocol::kSimple || slice.bytes <= kSummedBlockBytes || slice.arrival.direct) return false;
     if (slice.in == nullptr && slice.out == nullptr) return false;
     const DirectBuffer* buffer = nullptr;
@@ -322,6 +332,46 @@ class TaskRun {
     return carried;
   }
 
+  // The call as errors name it: "AllReduce #3" (the communicator's number of it, where it has one).
+  std::string callName() const {
+    return task_->sequence > 0 ? std::string(task_->what) + " #" + std::to_string(task_->sequence) : task_->what;
+  }
+
+  // LOOM_CHECKSUM, receiving: checkSum's verdict, except that under LOOM_CHECKSUM=2 a first mismatch on a link
+  // whose sender writes this rank's FIFO itself (not through a proxy) asks the sender for the message again
+  // (*again) instead of failing. The slice must not have moved any data yet.
+  loomResult_t verify(int channel, const HostWalker::Slice& slice, uint32_t computed, uint32_t carried, bool* again) {
+    if (computed == carried) return loomSuccess;
+    const int sender = slice.step->recvPeer;
+    if (resends_ && !slice.in->resent() && !task_->links->movesByProxy(sender)) {
+      LOOM_WARN(COLL,
+                "%s: a message from rank %d to rank %d on channel %d failed its checksum (CRC32C %08x computed, %08x "
+                "carried); asking for it again (LOOM_CHECKSUM=2)",
+                callName().c_str(), sender, task_->rank, channel, computed, carried);
+      slice.in->askResend();
+      *again = true;
+      return loomSuccess;
+    }
+    return checkSum(channel, slice, computed, carried);
+  }
+
+  // LOOM_CHECKSUM=2, sending: writes a message `out`'s receiver asked for again back into its slot from the copy
+  // sent() retained, through the fault hook as when it was first sent. Returns whether there was one.
+  // A zero-copy message exposes only its checksum to the hook, as in move().
+  static bool rewriteAsked(FifoSender* out) {
+    size_t bytes = 0;
+    bool direct = false;
+    auto* message = static_cast<std::byte*>(out->rewrite(&bytes, &direct));
+    if (message == nullptr) return false;
+    if (direct) {
+      corruptInTransit(message + bytes - kChecksumBytes, kChecksumBytes);
+    } else {
+      corruptInTransit(message, bytes);
+    }
+    out->repost();
+    return true;
+  }
+
   // LOOM_CHECKSUM, receiving: the CRC32C computed of the slice's payload (in the slot, or where a direct message's
   // lies) against the one the message carries. A mismatch fails the call naming the link and the bytes, and notes
   // the failure as corrupted data from the sender, which the abort marks carry to every rank.
@@ -331,8 +381,7 @@ class TaskRun {
     const int sender = step.recvPeer;
     task_->links->noteFailure(packOrigin({task_->rank, FailureCause::kCorrupted,
                                           static_cast<uint16_t>(sender >= 0 && sender < 0xfffe ? sender + 1 : 0)}));
-    const std::string call =
-        task_->sequence > 0 ? std::string(task_->what) + " #" + std::to_string(task_->sequence) : task_->what;
+    const std::string call = callName();
     // Where its data was going: a region of a buffer, or (recvReduceSend) straight into the message on.
     std::string bound;
     if (step.action == Action::kRecvReduceSend) {
@@ -349,10 +398,15 @@ class TaskRun {
     return LOOM_FAIL(loomRemoteError, COLL,
                      "%s: a message from rank %d to rank %d on channel %d failed its checksum (LOOM_CHECKSUM): "
                      "%zu bytes at byte offset %zu of the step's %zu, %s (a %s message; CRC32C %08x computed, %08x "
-                     "carried): the data was corrupted on its way",
+                     "carried): the data was corrupted on its way%s",
                      call.c_str(), sender, task_->rank, channel, slice.bytes, slice.lo * elementBytes_,
                      step.count() * elementBytes_, bound.c_str(),
-                     slice.arrival.direct ? "zero-copy" : protocolName(slice.protocol), computed, carried);
+                     slice.arrival.direct ? "zero-copy" : protocolName(slice.protocol), computed, carried,
+                     !resends_                                  ? ""
+                     : slice.in->resent()                       ? ", and again when it was sent a second time"
+                     : task_->links->movesByProxy(sender)       ? " (not sent again: LOOM_CHECKSUM=2 resends only over "
+                                                                  "shared memory, not through a network proxy)"
+                                                                : "");
   }
 
   // A message written into its slot, before it is posted. Under LOOM_CHECKSUM: `sum`, the CRC32C of the payload,
@@ -364,6 +418,7 @@ class TaskRun {
     if (task_->checksum) std::memcpy(slot + slice.bytes, &sum, kChecksumBytes);
     const int peer = slice.step->sendPeer;
     if (task_->links->movesByProxy(peer)) return;
+    if (resends_) slice.out->retain(slice.protocol, slice.bytes + kChecksumBytes);
     corruptInTransit(slot, slice.bytes + (task_->checksum ? kChecksumBytes : 0));
     if (task_->checksum) await(slice.out, peer);
   }
@@ -375,8 +430,9 @@ class TaskRun {
   }
 
   // The data of a slice that runs: copies, reductions, and the direct (zero-copy) messages it takes or sends
-  // (*direct: the message it sends is a DirectDescriptor).
-  loomResult_t move(int channel, const HostWalker::Slice& slice, bool* direct) {
+  // (*direct: the message it sends is a DirectDescriptor). *again: a direct message it takes failed its checksum
+  // and was asked for again (verify); the slice stops there, having at most stored the payload it read.
+  loomResult_t move(int channel, const HostWalker::Slice& slice, bool* direct, bool* again) {
     const Step& step = *slice.step;
     const size_t lo = slice.lo, bytes = slice.bytes, n = slice.count();
     FifoSender* out = slice.out;
@@ -392,8 +448,10 @@ class TaskRun {
       LOOM_CHECK(readDirect(*message, target, task_->what, step.recvPeer));
       incoming = target;
     }
-    if (message && task_->checksum)
-      LOOM_CHECK(checkSum(channel, slice, crc32c(incoming, bytes), carriedSum(message, sizeof(DirectDescriptor))));
+    if (message && task_->checksum) {
+      LOOM_CHECK(verify(channel, slice, crc32c(incoming, bytes), carriedSum(message, sizeof(DirectDescriptor)), again));
+      if (*again) return loomSuccess;
+    }
     const DirectBuffer* directBuffer = nullptr;
     const Region* directSource = out ? directSourceOf(step, slice.protocol, &directBuffer) : nullptr;
     *direct = directSource != nullptr;
@@ -409,6 +467,7 @@ class TaskRun {
         std::byte* sum = static_cast<std::byte*>(slot) + sizeof(DirectDescriptor);
         const uint32_t value = crc32c(pointer(*directSource, lo), bytes);
         std::memcpy(sum, &value, kChecksumBytes);
+        if (resends_) out->retain(Protocol::kSimple, sizeof(DirectDescriptor) + kChecksumBytes);
         corruptInTransit(sum, kChecksumBytes);
       }
       await(out, step.sendPeer);
@@ -517,6 +576,7 @@ class TaskRun {
   size_t scratchBytes_ = 1;  // bytes of an element of scratch: elementBytes_, or its partial's where wide_
   bool wide_ = false;
   bool marksSent_ = false;  // sent() has work: LOOM_CHECKSUM, or the fault hook armed
+  bool resends_ = false;    // LOOM_CHECKSUM=2: a message that fails its check is sent again once
   ReduceFn reduce_ = nullptr;
   WideReduceFn wideReduce_ = nullptr;
   std::vector<LaneRun> lanes_;

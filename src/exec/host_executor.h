@@ -107,6 +107,9 @@ struct ExecTask {
   // data is used; the slice sizes above leave room for it. The task ends only once the peers it reaches directly
   // (not through a proxy) have taken every message it sent them, so that a mismatch fails the sender's call too.
   bool checksum = false;
+  // LOOM_CHECKSUM=2: a message that fails its check is asked for again, once, where its sender writes this rank's
+  // FIFO itself (shm, loopback); the sender keeps a copy of each until it is released (FifoSender::retain).
+  bool checksumResend = false;
   // Buffers peers may read in place (registered, and not overlapping a buffer this call writes): a Simple send
   // of such data goes out as a DirectDescriptor, and the call ends only when every peer has read it.
   std::vector<DirectBuffer> directInputs;

@@ -122,7 +122,8 @@ class AlternativeAlgorithmsMp : public testing::TestWithParam<int> {};
 
 TEST_P(AlternativeAlgorithmsMp, MatrixUnderLoomrun) {
   const int n = GetParam();
-  if (!loomtest::fullMatrix() && (n == 4 || n == 6 || n == 7)) GTEST_SKIP() << "runs with LOOM_TEST_FULL=1";
+  // 1, 2, 3 and 5 ranks in CI (every count threads take: tests/mt/collectives_test.cc).
+  if (!loomtest::fullMatrix() && (n == 4 || n >= 6)) GTEST_SKIP() << "runs with LOOM_TEST_FULL=1";
   std::set<std::string> alternatives;
   for (int c = 0; c <= static_cast<int>(loom::Collective::kBarrier); ++c) {
     std::vector<std::string> names = loom::algorithmsFor(static_cast<loom::Collective>(c));

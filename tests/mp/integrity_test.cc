@@ -6,6 +6,10 @@
 //   With the checksum, the receiver's call fails naming the link (sender, receiver, channel, the call's number,
 //   the byte offset), every other rank's call fails naming the rank that found it, and no rank ever accepts a wrong
 //   result. Without it, the same flip is accepted silently: some rank ends a call with a wrong sum.
+// - Under LOOM_CHECKSUM=2 the receiver asks for a message that failed its check again: over shm (the sender writes
+//   the receiver's FIFO) one flip costs nothing but the resend, every result exact, LL, Simple and zero-copy
+//   messages alike; a message flipped again when it is sent again fails the call saying so; over the network
+//   transports, which do not resend, the call fails at once, the error saying it was not sent again.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,7 +35,7 @@ constexpr int kLoopCalls = 16;
 
 struct Setup {
   const char* transport;  // LOOM_TRANSPORTS
-  bool checksum;
+  int checksum;           // LOOM_CHECKSUM: 0, 1, or 2 (and resend)
   int faultyRank;         // the rank whose process runs the fault hook (-1: none)
   const char* corruptAt;  // its LOOM_FAULT_CORRUPT
 };
@@ -40,7 +44,7 @@ struct Setup {
 int join(const ChildPipes& pipes, int rank, const std::string& shmDir, const Setup& setup, loomComm_t* comm) {
   setenv("LOOM_SHM_DIR", shmDir.c_str(), 1);
   setenv("LOOM_TRANSPORTS", setup.transport, 1);
-  setenv("LOOM_CHECKSUM", setup.checksum ? "1" : "0", 1);
+  setenv("LOOM_CHECKSUM", std::to_string(setup.checksum).c_str(), 1);
   if (rank == setup.faultyRank) setenv("LOOM_FAULT_CORRUPT", setup.corruptAt, 1);
   loomUniqueId id;
   if (!receiveId(pipes.fromParent, &id)) {
@@ -304,6 +308,84 @@ TEST(IntegrityZeroCopy, AFlippedChecksumOfAZeroCopyMessageFailsTheCall) {
     }
   }
   EXPECT_EQ(finders, 1) << report;
+  EXPECT_TRUE(shm.entries().empty()) << joined(shm.entries());
+}
+
+// Whether every rank ended every call (exit 0) with exact results ("R" alone).
+void expectAllExact(const Children& children) {
+  const std::string report = children.report();
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_TRUE(WIFEXITED(children[r].status) && WEXITSTATUS(children[r].status) == 0) << "rank " << r << report;
+    EXPECT_EQ(children[r].said, "R") << "rank " << r << report;
+  }
+}
+
+// LOOM_CHECKSUM=2 and the flip of ABitFlippedInTransit...: over shm the message is sent again, and every call of
+// every rank ends exact; also for an LL message (rank 1's 3rd, of the first AllReduce of one float). The network
+// transports fail the call instead, the receiver's error saying the message was not sent again.
+TEST_P(IntegrityTest, UnderResendAFlippedMessageIsSentAgainOverSharedMemory) {
+  ShmDir shm;
+  ASSERT_FALSE(shm.path().empty());
+  const bool resends = std::string(GetParam()) == "shm";
+  {
+    Children children;
+    ASSERT_NO_FATAL_FAILURE(runRanks(children, shm.path(), {GetParam(), 2, 1, "40:32030"}, allReduceLoop));
+    if (resends) {
+      expectAllExact(children);
+    } else {
+      const std::string report = children.report();
+      int finders = 0;
+      for (int r = 0; r < kRanks; ++r) {
+        EXPECT_EQ(children[r].said.find("wrong"), std::string::npos) << "rank " << r << report;
+        EXPECT_TRUE(WIFEXITED(children[r].status) && WEXITSTATUS(children[r].status) == loomRemoteError) << report;
+        if (children[r].said.find("(not sent again: LOOM_CHECKSUM=2 resends only over shared memory") !=
+            std::string::npos)
+          ++finders;
+      }
+      EXPECT_EQ(finders, 1) << report;
+    }
+  }
+  if (resends) {
+    Children children;
+    ASSERT_NO_FATAL_FAILURE(runRanks(children, shm.path(), {GetParam(), 2, 1, "3"}, collectivesHold));
+    expectAllExact(children);
+  }
+  EXPECT_TRUE(shm.entries().empty()) << joined(shm.entries());
+}
+
+// LOOM_CHECKSUM=2, shm: rank 1 flips a bit of its 40th message and of every later one, so the message is flipped
+// again when it is sent again: the receiver fails the call saying so, every rank fails, none accepts a wrong sum.
+TEST(IntegrityResend, AMessageFlippedAgainWhenSentAgainFailsTheCall) {
+  ShmDir shm;
+  ASSERT_FALSE(shm.path().empty());
+  Children children;
+  ASSERT_NO_FATAL_FAILURE(runRanks(children, shm.path(), {"shm", 2, 1, "40+:32030"}, allReduceLoop));
+  const std::string report = children.report();
+  int finders = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    const std::string& said = children[r].said;
+    EXPECT_TRUE(WIFEXITED(children[r].status) && WEXITSTATUS(children[r].status) == loomRemoteError)
+        << "rank " << r << report;
+    EXPECT_EQ(said.find("wrong"), std::string::npos) << "rank " << r << report;
+    if (said.find("a message from rank 1 to rank " + std::to_string(r)) != std::string::npos) {
+      ++finders;
+      EXPECT_NE(said.find(", and again when it was sent a second time"), std::string::npos) << report;
+    } else {
+      EXPECT_NE(said.find("that failed its checksum (LOOM_CHECKSUM"), std::string::npos) << "rank " << r << report;
+    }
+  }
+  EXPECT_GE(finders, 1) << report;
+  EXPECT_TRUE(shm.entries().empty()) << joined(shm.entries());
+}
+
+// LOOM_CHECKSUM=2, zero-copy: the root's flipped descriptor checksum (as in AFlippedChecksumOfAZeroCopyMessage...)
+// is sent again, and the peer reads the payload again: every Broadcast exact.
+TEST(IntegrityResend, AFlippedZeroCopyMessageIsSentAgain) {
+  ShmDir shm;
+  ASSERT_FALSE(shm.path().empty());
+  Children children;
+  ASSERT_NO_FATAL_FAILURE(runRanks(children, shm.path(), {"shm", 2, 0, "40"}, zeroCopyBroadcastLoop));
+  expectAllExact(children);
   EXPECT_TRUE(shm.entries().empty()) << joined(shm.entries());
 }
 

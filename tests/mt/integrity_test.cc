@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/loom.h"
@@ -79,6 +80,29 @@ TEST(IntegrityLoopback, ABitFlippedInTransitFailsACallOnEveryRank) {
     }
   }
   EXPECT_EQ(finders, 1);
+}
+
+// LOOM_CHECKSUM=2: the same flip in calls of 1 MiB (Simple), and one of the 3rd message in calls of 7 floats (LL),
+// are caught and the messages sent again; every call on every rank ends exact.
+TEST(IntegrityLoopback, UnderResendAFlippedMessageIsSentAgain) {
+  loomtest::ScopedEnv transports("LOOM_TRANSPORTS", "loopback"), checksum("LOOM_CHECKSUM", "2");
+  const std::pair<const char*, size_t> cases[] = {{"200:32030", size_t{1} << 18}, {"3", 7}};
+  for (const auto& [at, count] : cases) {
+    SCOPED_TRACE(std::string("LOOM_FAULT_CORRUPT=") + at);
+    loomtest::ScopedEnv fault("LOOM_FAULT_CORRUPT", at);
+    loom::rearmCorruption();
+    loomtest::runRanks(kRanks, [&, count = count](loomComm_t comm, int rank) {
+      std::vector<float> data(count);
+      for (int call = 1; call <= 40; ++call) {
+        for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(rank + static_cast<int>(i % 5));
+        ASSERT_EQ(loomAllReduce(data.data(), data.data(), count, loomFloat32, loomSum, comm, nullptr), loomSuccess)
+            << loomGetLastError(comm);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], 6 + kRanks * static_cast<float>(i % 5)) << call;
+      }
+    });
+  }
+  loomtest::ScopedEnv off("LOOM_FAULT_CORRUPT", "");
+  loom::rearmCorruption();
 }
 
 }  // namespace
