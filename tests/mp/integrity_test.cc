@@ -285,6 +285,28 @@ TEST_P(IntegrityTest, WithoutTheChecksumTheSameFlipGoesUnseen) {
   EXPECT_GE(wrong, 1) << "the fault hook flipped nothing:" << report;
 }
 
+// Every rank failed with loomRemoteError and took no wrong result; a rank whose error names a message from `sender`
+// to itself (a finder) says `detail` too, the others name the failed checksum as the first failure. Returns how
+// many ranks found it.
+int expectFailedOnEveryRank(const Children& children, int sender, const std::string& detail) {
+  const std::string report = children.report();
+  int finders = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    const std::string& said = children[r].said;
+    EXPECT_TRUE(WIFEXITED(children[r].status) && WEXITSTATUS(children[r].status) == loomRemoteError)
+        << "rank " << r << report;
+    EXPECT_EQ(said.find("wrong"), std::string::npos) << "rank " << r << report;
+    if (said.find("a message from rank " + std::to_string(sender) + " to rank " + std::to_string(r)) !=
+        std::string::npos) {
+      ++finders;
+      EXPECT_NE(said.find(detail), std::string::npos) << report;
+    } else {
+      EXPECT_NE(said.find("that failed its checksum (LOOM_CHECKSUM"), std::string::npos) << "rank " << r << report;
+    }
+  }
+  return finders;
+}
+
 // Zero-copy messages within a host (shm): rank 0, the root, flips a bit of its 40th message, a descriptor's carried
 // checksum (its payload is the caller's buffer). The peer that reads it fails naming a zero-copy message; every
 // rank fails; none accepts a wrong result.
@@ -293,21 +315,7 @@ TEST(IntegrityZeroCopy, AFlippedChecksumOfAZeroCopyMessageFailsTheCall) {
   ASSERT_FALSE(shm.path().empty());
   Children children;
   ASSERT_NO_FATAL_FAILURE(runRanks(children, shm.path(), {"shm", true, 0, "40"}, zeroCopyBroadcastLoop));
-  const std::string report = children.report();
-  int finders = 0;
-  for (int r = 0; r < kRanks; ++r) {
-    const std::string& said = children[r].said;
-    EXPECT_TRUE(WIFEXITED(children[r].status) && WEXITSTATUS(children[r].status) == loomRemoteError)
-        << "rank " << r << report;
-    EXPECT_EQ(said.find("wrong"), std::string::npos) << "rank " << r << report;
-    if (said.find("a message from rank 0 to rank " + std::to_string(r)) != std::string::npos) {
-      ++finders;
-      EXPECT_NE(said.find("(a zero-copy message;"), std::string::npos) << report;
-    } else {
-      EXPECT_NE(said.find("that failed its checksum (LOOM_CHECKSUM"), std::string::npos) << "rank " << r << report;
-    }
-  }
-  EXPECT_EQ(finders, 1) << report;
+  EXPECT_EQ(expectFailedOnEveryRank(children, 0, "(a zero-copy message;"), 1) << children.report();
   EXPECT_TRUE(shm.entries().empty()) << joined(shm.entries());
 }
 
@@ -360,21 +368,8 @@ TEST(IntegrityResend, AMessageFlippedAgainWhenSentAgainFailsTheCall) {
   ASSERT_FALSE(shm.path().empty());
   Children children;
   ASSERT_NO_FATAL_FAILURE(runRanks(children, shm.path(), {"shm", 2, 1, "40+:32030"}, allReduceLoop));
-  const std::string report = children.report();
-  int finders = 0;
-  for (int r = 0; r < kRanks; ++r) {
-    const std::string& said = children[r].said;
-    EXPECT_TRUE(WIFEXITED(children[r].status) && WEXITSTATUS(children[r].status) == loomRemoteError)
-        << "rank " << r << report;
-    EXPECT_EQ(said.find("wrong"), std::string::npos) << "rank " << r << report;
-    if (said.find("a message from rank 1 to rank " + std::to_string(r)) != std::string::npos) {
-      ++finders;
-      EXPECT_NE(said.find(", and again when it was sent a second time"), std::string::npos) << report;
-    } else {
-      EXPECT_NE(said.find("that failed its checksum (LOOM_CHECKSUM"), std::string::npos) << "rank " << r << report;
-    }
-  }
-  EXPECT_GE(finders, 1) << report;
+  EXPECT_GE(expectFailedOnEveryRank(children, 1, ", and again when it was sent a second time"), 1)
+      << children.report();
   EXPECT_TRUE(shm.entries().empty()) << joined(shm.entries());
 }
 
