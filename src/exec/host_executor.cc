@@ -266,47 +266,43 @@ class TaskRun {
                        "ranks' calls (counts, types, order) match?",
                        task_->what, slice.step->recvPeer, slice.arrival.bytes, run.ends.channel, slice.bytes);
     if (!*ran) return loomSuccess;  // waiting (aborts are looked at when nothing moves)
-    bool direct = false;
-    if (task_->checksum && summedInBlocks(slice)) {
-      uint32_t sum = 0;
-      LOOM_CHECK(moveSummed(run.ends.channel, slice, &sum));
-      if (slice.out != nullptr) sent(slice, sum);
-    } else {
-      // Asked to be sent again (LOOM_CHECKSUM=2): the slice waits for it, nothing of it done yet.
-      bool again = false;
-      if (task_->checksum && slice.in != nullptr && !slice.arrival.direct)
-        LOOM_CHECK(verify(run.ends.channel, slice, crc32c(slice.arrival.data, slice.bytes),
-                          carriedSum(slice.arrival.data, slice.bytes), &again));
-      if (!again && slice.count() > 0) LOOM_CHECK(move(run.ends.channel, slice, &direct, &again));
-      if (again) {
-        *ran = false;
-        return loomSuccess;
-      }
-      if (slice.out != nullptr && !direct && marksSent_)
-        sent(slice, task_->checksum ? crc32c(slice.slot, slice.bytes) : 0);
+    bool direct = false, again = false;
+    uint32_t sum = 0;  // under LOOM_CHECKSUM, the CRC32C of the message out, where move() summed it on the way
+    bool summed = false;
+    // A slice summed whole is checked before any of its data moves (as LOOM_CHECKSUM=2 needs); a direct
+    // message's payload is checked in move(), where it is found.
+    if (task_->checksum && slice.in != nullptr && !slice.arrival.direct && !summedInBlocks(slice))
+      LOOM_CHECK(verify(run.ends.channel, slice, crc32c(slice.arrival.data, slice.bytes),
+                        carriedSum(slice.arrival.data, slice.bytes), &again));
+    if (!again && slice.count() > 0) LOOM_CHECK(move(run.ends.channel, slice, &direct, &again, &sum, &summed));
+    if (again) {  // asked to be sent again (LOOM_CHECKSUM=2): the slice waits for it, nothing of it done yet
+      *ran = false;
+      return loomSuccess;
     }
+    if (slice.out != nullptr && !direct && marksSent_)
+      sent(slice, !task_->checksum ? 0 : summed ? sum : crc32c(slice.slot, slice.bytes));
     run.walker.finish(run.ends, slice, direct);
     return loomSuccess;
   }
 
-  // Under LOOM_CHECKSUM, whether a slice's data moves in blocks, each summed as it passes (moveSummed): a Simple
-  // slice of more than a block that takes and sends its payload in the slots (not zero-copy) and touches no wider
-  // partials. Others are summed whole, before and after they move.
+  // Under LOOM_CHECKSUM, whether a slice's data moves in blocks, each summed as it passes (move()): a Simple
+  // slice of more than a block that takes or sends a message and touches no wider partials, not under
+  // LOOM_CHECKSUM=2. Others are summed whole, before and after they move.
   bool summedInBlocks(const HostWalker::Slice& slice) const {
     if (resends_) return false;  // a slice sent again must find its destination as it was: checked before it moves
-    if (slice.protocol != Protocol::kSimple || slice.bytes <= kSummedBlockBytes || slice.arrival.direct) return false;
+    if (slice.protocol != Protocol::kSimple || slice.bytes <= kSummedBlockBytes) return false;
     if (slice.in == nullptr && slice.out == nullptr) return false;
-    const DirectBuffer* buffer = nullptr;
-    if (slice.out != nullptr && directSourceOf(*slice.step, slice.protocol, &buffer) != nullptr) return false;
     return !touchesWide(*slice.step);
   }
 
-  // LOOM_CHECKSUM on a slice of summedInBlocks: its data moved kSummedBlockBytes at a time, each block summed while
-  // it is in the cache: an incoming block just before it is used, an outgoing one just after it is written (a slice
-  // summed whole reads each slot twice, the second time from further away). A forwarded block (recvCopySend) is the
-  // one that came in, so the sum checked is the one sent on (*sentSum). The check comes after the blocks have
-  // moved but before the walker posts anything or releases the slot: a slice that fails it goes no further.
-  loomResult_t moveSummed(int channel, const HostWalker::Slice& slice, uint32_t* sentSum) {
+  // The data of a slice of summedInBlocks, moved kSummedBlockBytes at a time, each block summed while it is in the
+  // cache: an incoming block just before it is used, an outgoing one just after it is written (a slice summed
+  // whole reads each slot twice, the second time from further away). A forwarded block (recvCopySend) is the one
+  // that came in, so the sum checked is the one sent on. `incoming`: the payload, in the slot or where a direct
+  // message's lies; `directOut`: where a direct message out is read from (nullptr: the slot). Returns the sums of
+  // what came in and of what goes out.
+  std::pair<uint32_t, uint32_t> moveSummed(const HostWalker::Slice& slice, const std::byte* incoming,
+                                           const Region* directOut) {
     const Step& step = *slice.step;
     const size_t perBlock = std::max<size_t>(1, kSummedBlockBytes / elementBytes_);
     const bool forwards = step.action == Action::kRecvCopySend;
@@ -314,15 +310,13 @@ class TaskRun {
     for (size_t lo = slice.lo; lo < slice.hi; lo += perBlock) {
       const size_t n = std::min(slice.hi - lo, perBlock), at = (lo - slice.lo) * elementBytes_;
       const size_t bytes = n * elementBytes_;
-      const std::byte* incoming = slice.in ? static_cast<const std::byte*>(slice.arrival.data) + at : nullptr;
-      std::byte* slot = slice.out ? static_cast<std::byte*>(slice.slot) + at : nullptr;
-      if (incoming) in = crc32c(incoming, bytes, in);
-      moveData(step, lo, n, incoming, slot, false);
-      if (slot && !forwards) out = crc32c(slot, bytes, out);
+      const std::byte* from = incoming ? incoming + at : nullptr;
+      std::byte* slot = slice.out && !directOut ? static_cast<std::byte*>(slice.slot) + at : nullptr;
+      if (from) in = crc32c(from, bytes, in);
+      moveData(step, lo, n, from, slot, directOut != nullptr);
+      if (slice.out && !forwards) out = crc32c(directOut ? pointer(*directOut, lo) : slot, bytes, out);
     }
-    if (slice.in != nullptr) LOOM_CHECK(checkSum(channel, slice, in, carriedSum(slice.arrival.data, slice.bytes)));
-    *sentSum = forwards ? in : out;
-    return loomSuccess;
+    return {in, forwards ? in : out};
   }
 
   // The checksum a message carries `at` bytes into its slot: after the payload, or after a DirectDescriptor.
@@ -431,8 +425,12 @@ class TaskRun {
 
   // The data of a slice that runs: copies, reductions, and the direct (zero-copy) messages it takes or sends
   // (*direct: the message it sends is a DirectDescriptor). *again: a direct message it takes failed its checksum
-  // and was asked for again (verify); the slice stops there, having at most stored the payload it read.
-  loomResult_t move(int channel, const HostWalker::Slice& slice, bool* direct, bool* again) {
+  // and was asked for again (verify); the slice stops there, having at most stored the payload it read. Under
+  // LOOM_CHECKSUM, a slice of summedInBlocks is summed as it moves (moveSummed) and checked before the walker posts
+  // anything or releases the slot, so that one that fails goes no further; *outSum is then the sum of its message
+  // out (*summed). Others are summed whole: a direct payload here before it moves.
+  loomResult_t move(int channel, const HostWalker::Slice& slice, bool* direct, bool* again, uint32_t* outSum,
+                    bool* summed) {
     const Step& step = *slice.step;
     const size_t lo = slice.lo, bytes = slice.bytes, n = slice.count();
     FifoSender* out = slice.out;
@@ -448,15 +446,26 @@ class TaskRun {
       LOOM_CHECK(readDirect(*message, target, task_->what, step.recvPeer));
       incoming = target;
     }
-    if (message && task_->checksum) {
-      LOOM_CHECK(verify(channel, slice, crc32c(incoming, bytes), carriedSum(message, sizeof(DirectDescriptor)), again));
+    const uint32_t carried =
+        slice.in ? carriedSum(message ? static_cast<const void*>(message) : slice.arrival.data,
+                              message ? sizeof(DirectDescriptor) : bytes)
+                 : 0;
+    *summed = task_->checksum && summedInBlocks(slice);
+    if (message && task_->checksum && !*summed) {
+      LOOM_CHECK(verify(channel, slice, crc32c(incoming, bytes), carried, again));
       if (*again) return loomSuccess;
     }
     const DirectBuffer* directBuffer = nullptr;
     const Region* directSource = out ? directSourceOf(step, slice.protocol, &directBuffer) : nullptr;
     *direct = directSource != nullptr;
     if (touchesWide(step)) return moveWide(step, lo, n, incoming, slot);
-    moveData(step, lo, n, incoming, slot, *direct);
+    if (*summed) {
+      const auto [in, leaving] = moveSummed(slice, static_cast<const std::byte*>(incoming), directSource);
+      if (slice.in != nullptr) LOOM_CHECK(checkSum(channel, slice, in, carried));
+      *outSum = leaving;
+    } else {
+      moveData(step, lo, n, incoming, slot, *direct);
+    }
     if (directSource) {
       // The payload stays where it is; the peer reads it, and this task ends only when it has. Under LOOM_CHECKSUM
       // its checksum follows the descriptor, and is all of it the fault hook can corrupt: a flip of a bit of the
@@ -465,7 +474,7 @@ class TaskRun {
                                                static_cast<int32_t>(thisProcess()), directBuffer->region};
       if (task_->checksum) {
         std::byte* sum = static_cast<std::byte*>(slot) + sizeof(DirectDescriptor);
-        const uint32_t value = crc32c(pointer(*directSource, lo), bytes);
+        const uint32_t value = *summed ? *outSum : crc32c(pointer(*directSource, lo), bytes);
         std::memcpy(sum, &value, kChecksumBytes);
         if (resends_) out->retain(Protocol::kSimple, sizeof(DirectDescriptor) + kChecksumBytes);
         corruptInTransit(sum, kChecksumBytes);
