@@ -72,19 +72,37 @@ bool nextOutgoing(ProxyConn& conn, bool* bad) {
   bool direct = false;
   const void* data = conn.drain->pollAny(&bytes, &conn.protocol, &direct);
   if (data == nullptr) return false;
+  conn.trailer = nullptr;
+  conn.trailerBytes = 0;
   if (direct) {
-    // The payload lies in this process's memory, where the executor left it for the proxy to send from.
+    // The payload lies in this process's memory, where the executor left it for the proxy to send from. The
+    // message's size beyond the payload's is its checksum (LOOM_CHECKSUM), after the descriptor in the slot.
     const auto* descriptor = static_cast<const DirectDescriptor*>(data);
-    if (descriptor->pid != getpid() || descriptor->bytes > fifoPayloadBytes(conn.shape, Protocol::kSimple)) {
+    const size_t trailer = bytes > descriptor->bytes ? bytes - descriptor->bytes : 0;
+    if (descriptor->pid != getpid() || (trailer != 0 && trailer != kChecksumBytes) ||
+        descriptor->bytes + trailer > fifoPayloadBytes(conn.shape, Protocol::kSimple)) {
       *bad = true;
       return false;
     }
+    if (trailer != 0) conn.trailer = static_cast<const std::byte*>(data) + sizeof(DirectDescriptor);
+    conn.trailerBytes = trailer;
     data = reinterpret_cast<const void*>(descriptor->address);
-    bytes = descriptor->bytes;
+    bytes = descriptor->bytes + trailer;
   }
   conn.payload = static_cast<std::byte*>(const_cast<void*>(data));
   conn.payloadBytes = bytes;
   return true;
+}
+
+int outgoingPieces(const ProxyConn& conn, size_t begin, size_t end, iovec pieces[2]) {
+  const size_t body = conn.payloadBytes - conn.trailerBytes;
+  int count = 0;
+  if (begin < std::min(end, body)) pieces[count++] = {conn.payload + begin, std::min(end, body) - begin};
+  if (end > body) {
+    const size_t from = std::max(begin, body);
+    pieces[count++] = {const_cast<std::byte*>(conn.trailer) + (from - body), end - from};
+  }
+  return count;
 }
 
 ProxyComm::ProxyComm(const TransportCommContext& context, const char* transport)

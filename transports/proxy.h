@@ -15,6 +15,8 @@
 //   kAbortedByPeer (fifo.h), and the executor's error names the peer.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
@@ -91,7 +93,11 @@ struct ProxyConn {
   bool wantSlot = false;                // a message waits for the executor to free a slot
   Protocol protocol = Protocol::kSimple;
   std::byte* payload = nullptr;  // where the message comes from (sending) or goes (receiving)
-  size_t payloadBytes = 0;
+  size_t payloadBytes = 0;       // all its bytes on the wire, the trailer's included
+  // Sending a DirectDescriptor's message under LOOM_CHECKSUM: its last trailerBytes on the wire come from here (the
+  // checksum, in the slot after the descriptor), not from after `payload` (outgoingPieces).
+  const std::byte* trailer = nullptr;
+  size_t trailerBytes = 0;
 
   std::string name() const;  // "to rank 3 on channel 0"
   void markAborted(uint32_t code, uint64_t origin = 0) { markFifoAborted(fifo.view().header, code, origin); }
@@ -125,10 +131,13 @@ inline uint64_t getU64(const uint8_t* in) { return getU32(in) | static_cast<uint
 inline bool wouldBlock(int error) { return error == EAGAIN || error == EWOULDBLOCK || error == EINTR; }
 
 // The next message the executor posted on a sending connection, as conn.payload, conn.payloadBytes and
-// conn.protocol: in the FIFO's slot, or where a DirectDescriptor of this process points (Links::proxySends).
-// False when none is posted; *bad then says whether the message cannot be sent (a descriptor of another
-// process's memory).
+// conn.protocol: in the FIFO's slot, or where a DirectDescriptor of this process points (Links::proxySends), with
+// the checksum after the descriptor as conn.trailer under LOOM_CHECKSUM. False when none is posted; *bad then says
+// whether the message cannot be sent (a descriptor of another process's memory, or of a size that does not fit).
 bool nextOutgoing(ProxyConn& conn, bool* bad);
+// Bytes [begin, end) of the outgoing message on the wire, as at most two pieces: of the payload, then of the
+// trailer. Returns how many.
+int outgoingPieces(const ProxyConn& conn, size_t begin, size_t end, iovec pieces[2]);
 
 class ProxyComm : public TransportComm {
  public:

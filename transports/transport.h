@@ -86,6 +86,9 @@ struct TransportTraits {
   // That proxy can send a message straight from the caller's memory (a DirectDescriptor of this process,
   // Links::proxySends): tcp and ucx can; ib needs registered memory, so its messages come through the FIFO.
   bool proxySendsFromCallerMemory = false;
+  // ... under LOOM_CHECKSUM too, the message's checksum (in the slot, after the descriptor) following the payload on
+  // the wire (ProxyConn::trailer): tcp. Without it the checksum's messages come through the FIFO.
+  bool proxySendsChecksumAfterCallerMemory = false;
   // The Simple slot bytes it asks for in a communicator whose every connection is a network one (no two ranks
   // share memory); 0: LOOM_SIMPLE_SLOT_BYTES. Ranks with the same transports decide alike.
   size_t networkSlotBytes = 0;

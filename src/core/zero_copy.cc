@@ -88,9 +88,11 @@ loomResult_t exchangeDirectAccess(loomComm* comm, const std::vector<DirectProbe>
   std::vector<bool> directTo(n), proxyTo(n);
   for (int p = 0; p < n; ++p) {
     directTo[p] = p != comm->rank && canRead[p * n + comm->rank];
-    // Under LOOM_CHECKSUM a message to a proxy carries its checksum after the payload, in the FIFO's slot: the
-    // proxy does not send from the caller's memory then.
-    proxyTo[p] = enabled && !comm->settings.checksum && comm->traitsTo[p].proxySendsFromCallerMemory;
+    // Under LOOM_CHECKSUM a message carries its checksum after the payload: a proxy that cannot send it behind the
+    // caller's memory (ProxyConn::trailer) takes the message through the FIFO's slot instead.
+    const TransportTraits& traits = comm->traitsTo[p];
+    proxyTo[p] = enabled && traits.proxySendsFromCallerMemory &&
+                 (!comm->settings.checksum || traits.proxySendsChecksumAfterCallerMemory);
   }
   comm->connections.setDirectPeers(std::move(directTo));
   comm->connections.setProxyPeers(std::move(proxyTo));

@@ -14,8 +14,9 @@
 // receiver cuts it the same way), and socket j carries part j with nothing around it; anything smaller travels
 // whole on socket 0. Several sockets help where a network caps each flow, as clouds do. LL messages travel as
 // their payload and get the receiving FIFO's flags on arrival. A DirectDescriptor posted by this process's
-// executor (Links::proxySends) is sent from the memory it names, sparing the copy into the FIFO; the executor's
-// call ends only once the proxy has released it.
+// executor (Links::proxySends) is sent from the memory it names, sparing the copy into the FIFO (under
+// LOOM_CHECKSUM the checksum after the descriptor follows it on the wire: the receiver sees the same frame); the
+// executor's call ends only once the proxy has released it.
 //
 // Failure: an executor that gives up has the proxy send an abort notice (a frame header with protocol
 // kAbortNotice and the failure behind it, in either direction, on socket 0) before it shuts the sockets, so the peer tells a rank that gave
@@ -216,11 +217,11 @@ bool TcpComm::pumpOut(TcpConn& conn) {
     for (size_t j = 0; j < conn.socks.size(); ++j) {
       TcpSocket& sock = conn.socks[j];
       while (!sock.finished() || (j == 0 && conn.frameDone < kFrameHeaderBytes)) {
-        iovec parts[2];
+        iovec parts[3];
         int count = 0;
         if (j == 0 && conn.frameDone < kFrameHeaderBytes)
           parts[count++] = {conn.frame + conn.frameDone, kFrameHeaderBytes - conn.frameDone};
-        if (!sock.finished()) parts[count++] = {conn.payload + sock.begin + sock.done, sock.end - sock.begin - sock.done};
+        if (!sock.finished()) count += outgoingPieces(conn, sock.begin + sock.done, sock.end, parts + count);
         msghdr message{};
         message.msg_iov = parts;
         message.msg_iovlen = count;
@@ -401,7 +402,7 @@ class TcpTransport : public Transport {
   bool canConnect(const PeerInfo&, const PeerInfo&, std::string*) const override { return true; }
   TransportTraits traits() const override {
     TransportTraits traits;
-    traits.movesByProxy = traits.proxySendsFromCallerMemory = true;
+    traits.movesByProxy = traits.proxySendsFromCallerMemory = traits.proxySendsChecksumAfterCallerMemory = true;
     // Each message costs system calls and wakeups of both proxies and executors: larger ones move more per byte.
     traits.networkSlotBytes = static_cast<size_t>(std::max<int64_t>(0, params::tcpSlotBytes()));
     return traits;

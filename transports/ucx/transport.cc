@@ -112,6 +112,10 @@ bool UcxComm::pumpOut(UcxConn& conn) {
       if (bad) fail(conn, "was given a direct message that is not in this process's memory");
       return progressed || bad;
     }
+    if (conn.trailerBytes != 0) {  // not offered (TransportTraits::proxySendsChecksumAfterCallerMemory)
+      fail(conn, "was given a direct message with its checksum after it, which ucx does not send");
+      return true;
+    }
     conn.inFrame = true;
     progressed = true;
     const uint64_t sequence = conn.sequence++;
