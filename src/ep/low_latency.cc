@@ -8,6 +8,7 @@
 
 #include "algorithms/plan.h"
 #include "src/base/check.h"
+#include "src/base/integrity.h"
 #include "src/base/log.h"
 #include "src/core/comm.h"
 #include "src/core/mem.h"
@@ -124,7 +125,9 @@ loomResult_t LowLatency::connect() {
       plan.lanes[0].steps.push_back(step);
     }
   }
-  size_t payload = fifoPayloadBytes(comm_->settings.fifoShape, Protocol::kSimple);
+  // Under LOOM_CHECKSUM a piece's CRC32C follows it in the slot.
+  size_t payload = fifoPayloadBytes(comm_->settings.fifoShape, Protocol::kSimple) -
+                   (comm_->settings.checksum ? kChecksumBytes : 0);
   pieceWords_ = payload > sizeof(Piece) ? (payload - sizeof(Piece)) / 8 : 0;
   if (!plan.lanes[0].steps.empty() && pieceWords_ == 0)
     return LOOM_FAIL(loomInvalidUsage, COLL, "loomEpCreate: FIFO slots of %zu bytes cannot carry a window piece",
@@ -160,7 +163,16 @@ loomResult_t LowLatency::pushPieces(bool* moved) {
       Piece piece{id_, o.phase, o.sequence, o.sent, words};
       std::memcpy(slot, &piece, sizeof(piece));
       std::memcpy(static_cast<std::byte*>(slot) + sizeof(piece), o.words + o.sent, words * 8);
-      sender->post(Protocol::kSimple, sizeof(piece) + words * 8);
+      size_t bytes = sizeof(piece) + words * 8;
+      if (comm_->settings.checksum) {
+        // The piece's CRC32C after it (LOOM_CHECKSUM), checked by pullPieces. The fault hook flips a bit of what
+        // lands: here where this rank writes the receiver's FIFO itself, else in the receiving proxy.
+        const uint32_t sum = crc32c(slot, bytes);
+        std::memcpy(static_cast<std::byte*>(slot) + bytes, &sum, kChecksumBytes);
+        bytes += kChecksumBytes;
+        if (!comm_->connections.movesByProxy(o.peer)) corruptInTransit(slot, bytes);
+      }
+      sender->post(Protocol::kSimple, bytes);
       o.sent += words;
       *moved = true;
     }
@@ -181,8 +193,11 @@ loomResult_t LowLatency::pullPieces(bool* moved) {
         break;
       }
       Piece piece;
-      if (direct || bytes < sizeof(piece))
+      const size_t trailer = comm_->settings.checksum ? kChecksumBytes : 0;
+      if (direct || bytes < sizeof(piece) + trailer)
         return LOOM_FAIL(loomInternalError, COLL, "EP on rank %d: a malformed message from rank %d", shape_.rank, p);
+      bytes -= trailer;
+      if (trailer != 0) LOOM_CHECK(checkPiece(message, bytes, p));
       std::memcpy(&piece, message, sizeof(piece));
       // Pieces of an earlier EP object on this channel are left over from its last calls: dropped.
       if (piece.id == id_) {
@@ -198,6 +213,19 @@ loomResult_t LowLatency::pullPieces(bool* moved) {
     }
   }
   return loomSuccess;
+}
+
+loomResult_t LowLatency::checkPiece(const void* message, size_t bytes, int sender) {
+  uint32_t carried = 0;
+  std::memcpy(&carried, static_cast<const std::byte*>(message) + bytes, kChecksumBytes);
+  const uint32_t computed = crc32c(message, bytes);
+  if (computed == carried) return loomSuccess;
+  comm_->connections.noteFailure(
+      packOrigin({shape_.rank, FailureCause::kCorrupted, static_cast<uint16_t>(sender >= 0 && sender < 0xfffe ? sender + 1 : 0)}));
+  return LOOM_FAIL(loomRemoteError, COLL,
+                   "EP low-latency on rank %d: a piece from rank %d to rank %d on channel %d failed its checksum "
+                   "(LOOM_CHECKSUM): %zu bytes (CRC32C %08x computed, %08x carried): the data was corrupted on its way",
+                   shape_.rank, sender, shape_.rank, channel_, bytes, computed, carried);
 }
 
 void LowLatency::giveUp(loomResult_t result) {

@@ -78,6 +78,9 @@ class LowLatency {
   // A connection found closed or given up once drained is noted in closed_: an error only if the call still awaits
   // that peer once what arrived has been read (a peer that finished may close it as soon as its last piece left).
   loomResult_t pullPieces(bool* moved);
+  // LOOM_CHECKSUM: the CRC32C after a piece's `bytes` at `message` from `sender`; a mismatch fails the call naming
+  // the link, and is noted as corrupted data, which the abort marks carry to every rank.
+  loomResult_t checkPiece(const void* message, size_t bytes, int sender);
   // Runs the call's loop: pieces in and out, then `consume` (which reports progress and completion) until done,
   // within the communicator's deadline and abort rules. `awaited[peer]`: whether the call still reads from the peer
   // (the peers it still has pieces for count as needed too).

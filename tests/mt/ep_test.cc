@@ -14,6 +14,7 @@
 
 #include "loom/loom.h"
 #include "loom/loom_ep.h"
+#include "src/base/integrity.h"
 #include "tests/common/ep_check.h"
 #include "tests/mt/api_helpers.h"
 #include "tests/mt/thread_ranks.h"
@@ -94,6 +95,39 @@ TEST_P(EpModeTest, OverTcp) {
     c.iterations = 4;
     runCase(nranks, c);
   }
+}
+
+// Under LOOM_CHECKSUM the low-latency pieces that go through the tcp proxy carry a CRC32C: every call exact, and
+// with a bit flipped in every message that lands from some point on, the calls fail on both ranks, a receiver
+// naming the link; no rank accepts a wrong row.
+TEST(EpTest, LowLatencyPiecesOverTcpCarryTheChecksum) {
+  ScopedEnv transports("LOOM_TRANSPORTS", "tcp"), checksum("LOOM_CHECKSUM", "1");
+  EpCase c;
+  c.mode = loomEpLowLatency;
+  c.datatype = loomBfloat16;
+  c.hidden = 300;
+  c.topk = 2;
+  c.iterations = 4;
+  runCase(2, c);
+  std::vector<std::string> errors(2);
+  {
+    ScopedEnv fault("LOOM_FAULT_CORRUPT", "1+");
+    loom::rearmCorruption();
+    loomConfig_t config = loomtest::configWithTimeout(loomtest::kTestTimeoutMs);
+    runRanks(
+        2, [&](loomComm_t comm, int rank) { errors[rank] = loomtest::runEpCase(comm, c); }, &config);
+  }
+  loom::rearmCorruption();
+  int finders = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank) + ": " + errors[rank]);
+    EXPECT_FALSE(errors[rank].empty());
+    EXPECT_FALSE(contains(errors[rank], "out[") || contains(errors[rank], " counted ")) << "a corrupted piece was taken";
+    const std::string link = "a piece from rank " + std::to_string(1 - rank) + " to rank " + std::to_string(rank) +
+                             " on channel ";
+    if (contains(errors[rank], link) && contains(errors[rank], "failed its checksum (LOOM_CHECKSUM)")) ++finders;
+  }
+  EXPECT_GE(finders, 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EpModeTest, ::testing::Values(loomEpNormal, loomEpLowLatency),
