@@ -447,9 +447,9 @@ class TaskRun {
       incoming = target;
     }
     const uint32_t carried =
-        slice.in ? carriedSum(message ? static_cast<const void*>(message) : slice.arrival.data,
-                              message ? sizeof(DirectDescriptor) : bytes)
-                 : 0;
+        task_->checksum && slice.in ? carriedSum(message ? static_cast<const void*>(message) : slice.arrival.data,
+                                                 message ? sizeof(DirectDescriptor) : bytes)
+                                    : 0;
     *summed = task_->checksum && summedInBlocks(slice);
     if (message && task_->checksum && !*summed) {
       LOOM_CHECK(verify(channel, slice, crc32c(incoming, bytes), carried, again));
