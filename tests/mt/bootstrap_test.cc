@@ -165,16 +165,23 @@ TEST(Bootstrap, CommHashDiffersBetweenIds) {
 TEST(Bootstrap, StartRootOnHostName) {
   // torchrun and Slurm name rank 0 by host name: the root listens on every interface at the port, and ranks
   // that reach it over loopback listen on a routable interface instead (127.0.0.1 only when there is none).
+  // The port is one the system just gave out and took back: something else may take it meanwhile (an outgoing
+  // connection's own port), so a bind that finds it in use tries another.
   SocketAddress loopback;
   ASSERT_EQ(resolveAddress("127.0.0.1:0", &loopback), loomSuccess);
-  UniqueFd probe;
-  std::string probeAddress;
-  ASSERT_EQ(listenOn(loopback, false, &probe, &probeAddress), loomSuccess);
-  probe.reset();
   UniqueIdInfo info;
-  info.rootAddress = "localhost" + probeAddress.substr(probeAddress.rfind(':'));
   std::memset(info.secret, 0x5c, kSecretBytes);
-  ASSERT_EQ(startRoot(info), loomSuccess) << threadLastError();
+  loomResult_t started = loomInternalError;
+  for (int attempt = 0; attempt < 5 && started != loomSuccess; ++attempt) {
+    UniqueFd probe;
+    std::string probeAddress;
+    ASSERT_EQ(listenOn(loopback, false, &probe, &probeAddress), loomSuccess);
+    probe.reset();
+    info.rootAddress = "localhost" + probeAddress.substr(probeAddress.rfind(':'));
+    started = startRoot(info);
+    if (started != loomSuccess && std::string(threadLastError()).find("in use") == std::string::npos) break;
+  }
+  ASSERT_EQ(started, loomSuccess) << threadLastError();
   loomUniqueId id;
   ASSERT_EQ(packUniqueId(info, &id), loomSuccess);
   std::vector<loomResult_t> results;
