@@ -53,6 +53,12 @@ inline uint64_t packOrigin(const FailureOrigin& origin) {
                       : static_cast<uint64_t>(origin.rank) + 1;
   return rank | static_cast<uint64_t>(origin.cause) << 24 | static_cast<uint64_t>(origin.detail) << 32;
 }
+// `rank` received a message from `sender` that failed its checksum (kCorrupted; a sender past 0xfffd reads as
+// unknown), packed.
+inline uint64_t corruptedOrigin(int rank, int sender) {
+  const uint16_t detail = static_cast<uint16_t>(sender >= 0 && sender < 0xfffe ? sender + 1 : 0);
+  return packOrigin({rank, FailureCause::kCorrupted, detail});
+}
 inline FailureOrigin unpackOrigin(uint64_t packed) {
   FailureOrigin origin;
   origin.rank = static_cast<int>(packed & 0xffffff) - 1;

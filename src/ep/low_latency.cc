@@ -220,8 +220,7 @@ loomResult_t LowLatency::checkPiece(const void* message, size_t bytes, int sende
   std::memcpy(&carried, static_cast<const std::byte*>(message) + bytes, kChecksumBytes);
   const uint32_t computed = crc32c(message, bytes);
   if (computed == carried) return loomSuccess;
-  comm_->connections.noteFailure(
-      packOrigin({shape_.rank, FailureCause::kCorrupted, static_cast<uint16_t>(sender >= 0 && sender < 0xfffe ? sender + 1 : 0)}));
+  comm_->connections.noteFailure(corruptedOrigin(shape_.rank, sender));
   return LOOM_FAIL(loomRemoteError, COLL,
                    "EP low-latency on rank %d: a piece from rank %d to rank %d on channel %d failed its checksum "
                    "(LOOM_CHECKSUM): %zu bytes (CRC32C %08x computed, %08x carried): the data was corrupted on its way",

@@ -268,13 +268,13 @@ class TaskRun {
     if (!*ran) return loomSuccess;  // waiting (aborts are looked at when nothing moves)
     bool direct = false, again = false;
     uint32_t sum = 0;  // under LOOM_CHECKSUM, the CRC32C of the message out, where move() summed it on the way
-    bool summed = false;
+    const bool summed = task_->checksum && slice.count() > 0 && summedInBlocks(slice);
     // A slice summed whole is checked before any of its data moves (as LOOM_CHECKSUM=2 needs); a direct
     // message's payload is checked in move(), where it is found.
-    if (task_->checksum && slice.in != nullptr && !slice.arrival.direct && !summedInBlocks(slice))
+    if (task_->checksum && slice.in != nullptr && !slice.arrival.direct && !summed)
       LOOM_CHECK(verify(run.ends.channel, slice, crc32c(slice.arrival.data, slice.bytes),
                         carriedSum(slice.arrival.data, slice.bytes), &again));
-    if (!again && slice.count() > 0) LOOM_CHECK(move(run.ends.channel, slice, &direct, &again, &sum, &summed));
+    if (!again && slice.count() > 0) LOOM_CHECK(move(run.ends.channel, slice, summed, &direct, &again, &sum));
     if (again) {  // asked to be sent again (LOOM_CHECKSUM=2): the slice waits for it, nothing of it done yet
       *ran = false;
       return loomSuccess;
@@ -373,8 +373,7 @@ class TaskRun {
     if (computed == carried) return loomSuccess;
     const Step& step = *slice.step;
     const int sender = step.recvPeer;
-    task_->links->noteFailure(packOrigin({task_->rank, FailureCause::kCorrupted,
-                                          static_cast<uint16_t>(sender >= 0 && sender < 0xfffe ? sender + 1 : 0)}));
+    task_->links->noteFailure(corruptedOrigin(task_->rank, sender));
     const std::string call = callName();
     // Where its data was going: a region of a buffer, or (recvReduceSend) straight into the message on.
     std::string bound;
@@ -426,11 +425,11 @@ class TaskRun {
   // The data of a slice that runs: copies, reductions, and the direct (zero-copy) messages it takes or sends
   // (*direct: the message it sends is a DirectDescriptor). *again: a direct message it takes failed its checksum
   // and was asked for again (verify); the slice stops there, having at most stored the payload it read. Under
-  // LOOM_CHECKSUM, a slice of summedInBlocks is summed as it moves (moveSummed) and checked before the walker posts
-  // anything or releases the slot, so that one that fails goes no further; *outSum is then the sum of its message
-  // out (*summed). Others are summed whole: a direct payload here before it moves.
-  loomResult_t move(int channel, const HostWalker::Slice& slice, bool* direct, bool* again, uint32_t* outSum,
-                    bool* summed) {
+  // LOOM_CHECKSUM, a slice of summedInBlocks (`summed`) is summed as it moves (moveSummed) and checked before the
+  // walker posts anything or releases the slot, so that one that fails goes no further; *outSum is then the sum of
+  // its message out. Others are summed whole: a direct payload here before it moves.
+  loomResult_t move(int channel, const HostWalker::Slice& slice, bool summed, bool* direct, bool* again,
+                    uint32_t* outSum) {
     const Step& step = *slice.step;
     const size_t lo = slice.lo, bytes = slice.bytes, n = slice.count();
     FifoSender* out = slice.out;
@@ -450,8 +449,7 @@ class TaskRun {
         task_->checksum && slice.in ? carriedSum(message ? static_cast<const void*>(message) : slice.arrival.data,
                                                  message ? sizeof(DirectDescriptor) : bytes)
                                     : 0;
-    *summed = task_->checksum && summedInBlocks(slice);
-    if (message && task_->checksum && !*summed) {
+    if (message && task_->checksum && !summed) {
       LOOM_CHECK(verify(channel, slice, crc32c(incoming, bytes), carried, again));
       if (*again) return loomSuccess;
     }
@@ -459,7 +457,7 @@ class TaskRun {
     const Region* directSource = out ? directSourceOf(step, slice.protocol, &directBuffer) : nullptr;
     *direct = directSource != nullptr;
     if (touchesWide(step)) return moveWide(step, lo, n, incoming, slot);
-    if (*summed) {
+    if (summed) {
       const auto [in, leaving] = moveSummed(slice, static_cast<const std::byte*>(incoming), directSource);
       if (slice.in != nullptr) LOOM_CHECK(checkSum(channel, slice, in, carried));
       *outSum = leaving;
@@ -474,7 +472,7 @@ class TaskRun {
                                                static_cast<int32_t>(thisProcess()), directBuffer->region};
       if (task_->checksum) {
         std::byte* sum = static_cast<std::byte*>(slot) + sizeof(DirectDescriptor);
-        const uint32_t value = *summed ? *outSum : crc32c(pointer(*directSource, lo), bytes);
+        const uint32_t value = summed ? *outSum : crc32c(pointer(*directSource, lo), bytes);
         std::memcpy(sum, &value, kChecksumBytes);
         if (resends_) out->retain(Protocol::kSimple, sizeof(DirectDescriptor) + kChecksumBytes);
         corruptInTransit(sum, kChecksumBytes);
