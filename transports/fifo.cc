@@ -167,6 +167,8 @@ void* FifoSender::rewrite(size_t* bytes, bool* direct) {
   *direct = keptProtocol_[index] == Protocol::kSimple &&
             fifo::simpleSizeDirect(header->sizes[index].load(std::memory_order_relaxed));
   rewriting_ = wanted;
+  rewriteProtocol_ = keptProtocol_[index];
+  rewriteBytes_ = *bytes;
   const std::byte* kept = kept_.data() + index * keptRoom();
   if (keptProtocol_[index] == Protocol::kSimple) {
     std::byte* slot = simpleSlot(memory_, index);
@@ -178,10 +180,29 @@ void* FifoSender::rewrite(size_t* bytes, bool* direct) {
   return staging_.data();
 }
 
+void* FifoSender::rewriteAt(uint64_t message, Protocol protocol, size_t bytes) {
+  FifoHeader* header = memory_.header;
+  const uint64_t wanted = header->resendWanted.load(std::memory_order_acquire);
+  const size_t room = protocol == Protocol::kSimple ? header->slotBytes : fifo::llPayloadBytes(header->llSlotBytes);
+  if (wanted != message + 1 || wanted <= header->resent.load(std::memory_order_relaxed) || wanted > posted_ ||
+      posted_ - wanted >= depth_ || bytes > room)
+    return nullptr;
+  rewriting_ = wanted;
+  rewriteProtocol_ = protocol;
+  rewriteBytes_ = bytes;
+  const uint32_t index = static_cast<uint32_t>(message % depth_);
+  if (protocol == Protocol::kSimple) {
+    header->sizes[index].store(fifo::simpleSizeWord(bytes, false), std::memory_order_relaxed);
+    return simpleSlot(memory_, index);
+  }
+  staging_.resize(header->llSlotBytes / 8);
+  return staging_.data();
+}
+
 void FifoSender::repost() {
   FifoHeader* header = memory_.header;
   const uint32_t index = static_cast<uint32_t>((rewriting_ - 1) % depth_);
-  if (keptProtocol_[index] == Protocol::kLL) spreadLL(memory_, index, rewriting_ - 1, staging_, keptBytes_[index]);
+  if (rewriteProtocol_ == Protocol::kLL) spreadLL(memory_, index, rewriting_ - 1, staging_, rewriteBytes_);
   header->resent.store(rewriting_, std::memory_order_release);
   ringIfProxied(header);
   rewriting_ = 0;
@@ -201,15 +222,21 @@ const void* FifoReceiver::poll(Protocol protocol, size_t* bytes, bool* direct) {
     resentMessage_ = awaiting_;
     awaiting_ = 0;
   }
+  return pollAt(consumed_, slot_, protocol, bytes, direct);
+}
+
+const void* FifoReceiver::pollAt(uint64_t message, uint32_t slot, Protocol protocol, size_t* bytes,
+                                 bool* direct) {
+  FifoHeader* header = memory_.header;
   if (protocol == Protocol::kSimple) {
-    if (header->head.load(std::memory_order_acquire) <= consumed_) return nullptr;
-    uint64_t size = header->sizes[slot_].load(std::memory_order_relaxed);
+    if (header->head.load(std::memory_order_acquire) <= message) return nullptr;
+    uint64_t size = header->sizes[slot].load(std::memory_order_relaxed);
     *direct = fifo::simpleSizeDirect(size);
     *bytes = fifo::simpleSizeBytes(size);
-    return simpleSlot(memory_, slot_);
+    return simpleSlot(memory_, slot);
   }
-  uint32_t flag = fifo::llFlag(consumed_);
-  std::atomic<uint64_t>* words = llWords(llSlot(memory_, slot_));
+  uint32_t flag = fifo::llFlag(message);
+  std::atomic<uint64_t>* words = llWords(llSlot(memory_, slot));
   uint64_t first = words[0].load(std::memory_order_relaxed);
   if (fifo::llWordFlag(first) != flag) return nullptr;
   size_t size = fifo::llWordData(first);
@@ -224,12 +251,34 @@ const void* FifoReceiver::poll(Protocol protocol, size_t* bytes, bool* direct) {
   return staging_.data();
 }
 
+// The head is stored after an LL message's words (fifo.h), so once it counts the message its flag is visible.
+Protocol FifoReceiver::protocolAt(uint64_t message, uint32_t slot) const {
+  uint64_t first = llWords(llSlot(memory_, slot))[0].load(std::memory_order_relaxed);
+  return fifo::llWordFlag(first) == fifo::llFlag(message) ? Protocol::kLL : Protocol::kSimple;
+}
+
 const void* FifoReceiver::pollAny(size_t* bytes, Protocol* protocol, bool* direct) {
-  // The head is stored after an LL message's words (fifo.h), so once it counts the message its flag is visible.
   if (memory_.header->head.load(std::memory_order_acquire) <= consumed_) return nullptr;
-  uint64_t first = llWords(llSlot(memory_, slot_))[0].load(std::memory_order_relaxed);
-  *protocol = fifo::llWordFlag(first) == fifo::llFlag(consumed_) ? Protocol::kLL : Protocol::kSimple;
+  *protocol = protocolAt(consumed_, slot_);
   return poll(*protocol, bytes, direct);
+}
+
+const void* FifoReceiver::peekAny(uint64_t message, size_t* bytes, Protocol* protocol, bool* direct) {
+  if (memory_.header->head.load(std::memory_order_acquire) <= message || message < consumed_) return nullptr;
+  const uint32_t slot = static_cast<uint32_t>(message % depth_);
+  *protocol = protocolAt(message, slot);
+  *direct = false;
+  return pollAt(message, slot, *protocol, bytes, direct);
+}
+
+void FifoReceiver::releaseThrough(uint64_t count) {
+  const uint64_t head = memory_.header->head.load(std::memory_order_acquire);
+  if (count > head) count = head;
+  if (count <= consumed_) return;
+  consumed_ = count;
+  slot_ = static_cast<uint32_t>(consumed_ % depth_);
+  memory_.header->tail.store(consumed_, std::memory_order_release);
+  ringIfProxied(memory_.header);
 }
 
 void FifoReceiver::askResend() {

@@ -127,6 +127,10 @@ class FifoSender {
   // hook) and then republish with repost(); *direct: it is a DirectDescriptor (and its checksum). nullptr: no
   // request waits.
   void* rewrite(size_t* bytes, bool* direct);
+  // For a proxy that takes the message asked for again off the network (tcp under LOOM_CHECKSUM=2): where to write
+  // message number `message`, `bytes` of `protocol`, again (its slot, or this sender's LL staging), to republish
+  // with repost(). nullptr: the receiver is not waiting for that message, or it does not fit.
+  void* rewriteAt(uint64_t message, Protocol protocol, size_t bytes);
   void repost();
   // Whether the receiver has released every message posted so far.
   bool drained() const { return memory_.header->tail.load(std::memory_order_acquire) >= posted_; }
@@ -153,7 +157,9 @@ class FifoSender {
   std::vector<uint32_t> keptBytes_;
   std::vector<Protocol> keptProtocol_;
   std::vector<uint64_t> keptMessage_;  // the number, plus one, of the message each slot's copy is
-  uint64_t rewriting_ = 0;  // the message's number plus one (0: none)
+  uint64_t rewriting_ = 0;  // the message's number plus one (0: none), its protocol and size
+  Protocol rewriteProtocol_ = Protocol::kSimple;
+  size_t rewriteBytes_ = 0;
   size_t keptRoom() const {
     const FifoHeader* header = memory_.header;
     return header->slotBytes > header->llSlotBytes ? header->slotBytes : header->llSlotBytes;
@@ -171,6 +177,12 @@ class FifoReceiver {
   const void* pollAny(size_t* bytes, Protocol* protocol, bool* direct);
   // Gives the slot of the message poll() returned back to the sender.
   void release();
+  // For a proxy that keeps each message it sent until the far end has checked it (tcp under LOOM_CHECKSUM=2),
+  // instead of poll() and release(): message number `message`, posted and not yet released, as pollAny() gives
+  // the next one (nullptr: not posted yet); and the release of every message before number `count`.
+  const void* peekAny(uint64_t message, size_t* bytes, Protocol* protocol, bool* direct);
+  void releaseThrough(uint64_t count);
+  uint64_t released() const { return consumed_; }
   // LOOM_CHECKSUM=2: asks the sender to write the message poll() returned again, keeping its slot; poll() returns
   // nothing until the sender has rewritten it.
   void askResend();
@@ -200,6 +212,9 @@ class FifoReceiver {
   std::vector<uint32_t> staging_;  // LL: the decoded message
   uint64_t awaiting_ = 0;       // askResend: the message's number plus one, until the sender has rewritten it
   uint64_t resentMessage_ = 0;  // the last message rewritten, its number plus one
+  // poll() at message number `message`, in slot `slot`, without the resend's wait.
+  const void* pollAt(uint64_t message, uint32_t slot, Protocol protocol, size_t* bytes, bool* direct);
+  Protocol protocolAt(uint64_t message, uint32_t slot) const;
 };
 
 }  // namespace loom

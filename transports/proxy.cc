@@ -70,7 +70,11 @@ bool nextOutgoing(ProxyConn& conn, bool* bad) {
   *bad = false;
   size_t bytes = 0;
   bool direct = false;
-  const void* data = conn.drain->pollAny(&bytes, &conn.protocol, &direct);
+  conn.sendingAgain = conn.holds && conn.againWanted != 0;
+  const void* data =
+      !conn.holds ? conn.drain->pollAny(&bytes, &conn.protocol, &direct)
+                  : conn.drain->peekAny(conn.sendingAgain ? conn.againWanted - 1 : conn.nextToSend, &bytes,
+                                        &conn.protocol, &direct);
   if (data == nullptr) return false;
   conn.trailer = nullptr;
   conn.trailerBytes = 0;
@@ -246,11 +250,12 @@ bool ProxyComm::watchLocal(ProxyConn& conn) {
   return true;
 }
 
-// Nothing more to do for a connection whose endpoint is gone: a receiving one at once, a sending one once what
-// its executor posted has left.
+// Nothing more to do for a connection whose endpoint is gone: a receiving one once it owes the sender no notice, a
+// sending one once what its executor posted has left (and, holding, been released by the far end).
 bool ProxyComm::finished(const ProxyConn& conn) const {
   if (!conn.released.load()) return false;
-  if (conn.closed || !conn.sends) return true;
+  if (conn.closed) return true;
+  if (!conn.sends) return !conn.owesPeer();
   const FifoHeader* header = conn.fifo.view().header;
   return !conn.inFrame &&
          header->head.load(std::memory_order_acquire) == header->tail.load(std::memory_order_acquire);
@@ -326,7 +331,7 @@ bool ProxyComm::needsProxy() {
   return std::any_of(conns_.begin(), conns_.end(), [](const std::shared_ptr<ProxyConn>& conn) {
     if (conn->closed) return false;
     bool aborted = conn->fifo.view().header->aborted.load(std::memory_order_relaxed) != 0;
-    return aborted || (conn->sends && (conn->inFrame || !conn->drain->empty()));
+    return aborted || (conn->sends && (conn->inFrame || !conn->drain->empty())) || conn->owesPeer();
   });
 }
 

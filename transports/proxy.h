@@ -98,8 +98,18 @@ struct ProxyConn {
   // checksum, in the slot after the descriptor), not from after `payload` (outgoingPieces).
   const std::byte* trailer = nullptr;
   size_t trailerBytes = 0;
+  // LOOM_CHECKSUM=2 over a transport that sends again (TransportTraits::proxyResends, tcp): the sending side keeps
+  // each message in its FIFO, unreleased, until the receiving side says its executor released (checked) it, and
+  // sends one again when the receiving side asks (see tcp/transport.cc).
+  bool holds = false;
+  uint64_t nextToSend = 0;    // sending side, holding: the number of the next message to go out
+  uint64_t againWanted = 0;   // ... the number, plus one, of a message asked for again (0: none)
+  bool sendingAgain = false;  // the message on its way is one sent again (either side)
 
   std::string name() const;  // "to rank 3 on channel 0"
+  // Whether the receiving side still owes the sending side a notice (a holding connection's releases and
+  // requests): the connection is not finished before it went.
+  virtual bool owesPeer() const { return false; }
   void markAborted(uint32_t code, uint64_t origin = 0) { markFifoAborted(fifo.view().header, code, origin); }
   // The failure behind this rank's own abort mark, for the notice to the peer (packOrigin; 0: not known).
   uint64_t localOrigin() const { return fifo.view().header->origin.load(std::memory_order_relaxed); }
@@ -132,8 +142,10 @@ inline bool wouldBlock(int error) { return error == EAGAIN || error == EWOULDBLO
 
 // The next message the executor posted on a sending connection, as conn.payload, conn.payloadBytes and
 // conn.protocol: in the FIFO's slot, or where a DirectDescriptor of this process points (Links::proxySends), with
-// the checksum after the descriptor as conn.trailer under LOOM_CHECKSUM. False when none is posted; *bad then says
-// whether the message cannot be sent (a descriptor of another process's memory, or of a size that does not fit).
+// the checksum after the descriptor as conn.trailer under LOOM_CHECKSUM. On a holding connection (conn.holds) the
+// message asked for again, if one is, else the next one not yet sent (conn.sendingAgain says which). False when
+// none is posted; *bad then says whether the message cannot be sent (a descriptor of another process's memory, or
+// of a size that does not fit).
 bool nextOutgoing(ProxyConn& conn, bool* bad);
 // Bytes [begin, end) of the outgoing message on the wire, as at most two pieces: of the payload, then of the
 // trailer. Returns how many.

@@ -62,6 +62,9 @@ struct TransportCommContext {
   Bootstrap* bootstrap;  // out-of-band connections to peers; outlives every TransportComm made with it
   const std::atomic<bool>* abortFlag;
   int64_t timeoutMs;
+  // LOOM_CHECKSUM=2: a transport whose traits say proxyResends keeps each message until the receiver has checked it
+  // and sends it again when asked.
+  bool checksumResend = false;
 };
 
 // Names one connection: messages from `sender` to `receiver` on `channel` of the communicator `commHash`.
@@ -89,6 +92,9 @@ struct TransportTraits {
   // ... under LOOM_CHECKSUM too, the message's checksum (in the slot, after the descriptor) following the payload on
   // the wire (ProxyConn::trailer): tcp. Without it the checksum's messages come through the FIFO.
   bool proxySendsChecksumAfterCallerMemory = false;
+  // Under LOOM_CHECKSUM=2 its proxies send a message that failed the receiver's check again (tcp); without it such a
+  // mismatch fails the call at once. Transports without a proxy always can (the sender's executor does it).
+  bool proxyResends = false;
   // The Simple slot bytes it asks for in a communicator whose every connection is a network one (no two ranks
   // share memory); 0: LOOM_SIMPLE_SLOT_BYTES. Ranks with the same transports decide alike.
   size_t networkSlotBytes = 0;

@@ -402,13 +402,12 @@ loomResult_t commConnect(loomComm* comm, const loomUniqueId& id) {
     if (p != rank) comm->transportTo[p] = firstTransportTo(comm, p, nullptr);
     if (comm->transportTo[p] != nullptr) comm->traitsTo[p] = comm->transportTo[p]->traits();
   }
-  std::vector<bool> proxied(nranks);
-  for (int p = 0; p < nranks; ++p) proxied[p] = comm->traitsTo[p].movesByProxy;
-  comm->connections.setProxiedPeers(std::move(proxied));
+  comm->connections.setPeerTraits(comm->traitsTo);
   std::vector<DirectProbe> probes(nranks);
   for (int p = 0; p < nranks; ++p) probes[p] = {setups[p].info.pid, setups[p].info.hostHash, setups[p].probeAddress};
   LOOM_CHECK(exchangeDirectAccess(comm, probes, deadline));
-  TransportCommContext context{comm->commHash, rank, nranks, comm->bootstrap.get(), &comm->abortFlag, comm->settings.timeoutMs};
+  TransportCommContext context{comm->commHash,       rank, nranks, comm->bootstrap.get(), &comm->abortFlag,
+                               comm->settings.timeoutMs, comm->settings.checksumResend};
   for (Transport* transport : transportsInPriorityOrder()) {
     std::unique_ptr<TransportComm> state;
     LOOM_CHECK(transport->openComm(context, &state));

@@ -105,15 +105,20 @@ class Connections : public Links, private ConnectionTable::Owner {
   FifoReceiver* receiver(int peer, int channel) override;
   bool directTo(int peer) override { return peer < static_cast<int>(directTo_.size()) && directTo_[peer]; }
   bool proxySends(int peer) override { return peer < static_cast<int>(proxyTo_.size()) && proxyTo_[peer]; }
-  bool movesByProxy(int peer) override { return peer < static_cast<int>(proxied_.size()) && proxied_[peer]; }
+  bool movesByProxy(int peer) override {
+    return peer < static_cast<int>(traitsTo_.size()) && traitsTo_[peer].movesByProxy;
+  }
+  bool sendsAgain(int peer) override {
+    return peer < static_cast<int>(traitsTo_.size()) && (!traitsTo_[peer].movesByProxy || traitsTo_[peer].proxyResends);
+  }
   bool anyProxySends() const { return std::find(proxyTo_.begin(), proxyTo_.end(), true) != proxyTo_.end(); }
   const void* mapDirect(const DirectDescriptor& message) override { return peerMappings_.resolve(message); }
   // directTo[p]: whether peer p can read this process's memory (probed at init; LOOM_DIRECT=0 clears it).
   void setDirectPeers(std::vector<bool> directTo) { directTo_ = std::move(directTo); }
   // proxyTo[p]: whether a proxy thread of this process moves the messages to peer p.
   void setProxyPeers(std::vector<bool> proxyTo) { proxyTo_ = std::move(proxyTo); }
-  // proxied[p]: whether peer p's transport moves its messages by a proxy thread (TransportTraits::movesByProxy).
-  void setProxiedPeers(std::vector<bool> proxied) { proxied_ = std::move(proxied); }
+  // traitsTo[p]: what peer p's transport is like (its proxy: TransportTraits::movesByProxy, proxyResends).
+  void setPeerTraits(std::vector<TransportTraits> traitsTo) { traitsTo_ = std::move(traitsTo); }
   std::string whyLost(int peer) override { return whyLost_ ? whyLost_(peer) : std::string(); }
   void setWhyLost(std::function<std::string(int)> whyLost) { whyLost_ = std::move(whyLost); }
   // The transports whose connections a waiting executor moves itself (TransportComm::progressesFromCaller).
@@ -174,7 +179,7 @@ class Connections : public Links, private ConnectionTable::Owner {
   std::vector<FifoReceiver*> receiverTable_;
   std::vector<bool> directTo_;
   std::vector<bool> proxyTo_;
-  std::vector<bool> proxied_;
+  std::vector<TransportTraits> traitsTo_;
   std::function<std::string(int)> whyLost_;
   std::vector<TransportComm*> callerProgress_;
   PeerMappings peerMappings_;

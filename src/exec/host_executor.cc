@@ -332,12 +332,13 @@ class TaskRun {
   }
 
   // LOOM_CHECKSUM, receiving: checkSum's verdict, except that under LOOM_CHECKSUM=2 a first mismatch on a link
-  // whose sender writes this rank's FIFO itself (not through a proxy) asks the sender for the message again
-  // (*again) instead of failing. The slice must not have moved any data yet.
+  // that sends again (Links::sendsAgain: the sender writes this rank's FIFO itself, or a proxy that resends moves
+  // it) asks the sender for the message again (*again) instead of failing. The slice must not have moved any data
+  // yet.
   loomResult_t verify(int channel, const HostWalker::Slice& slice, uint32_t computed, uint32_t carried, bool* again) {
     if (computed == carried) return loomSuccess;
     const int sender = slice.step->recvPeer;
-    if (resends_ && !slice.in->resent() && !task_->links->movesByProxy(sender)) {
+    if (resends_ && !slice.in->resent() && task_->links->sendsAgain(sender)) {
       LOOM_WARN(COLL,
                 "%s: a message from rank %d to rank %d on channel %d failed its checksum (CRC32C %08x computed, %08x "
                 "carried); asking for it again (LOOM_CHECKSUM=2)",
@@ -397,8 +398,9 @@ class TaskRun {
                      slice.arrival.direct ? "zero-copy" : protocolName(slice.protocol), computed, carried,
                      !resends_                                  ? ""
                      : slice.in->resent()                       ? ", and again when it was sent a second time"
-                     : task_->links->movesByProxy(sender)       ? " (not sent again: LOOM_CHECKSUM=2 resends only over "
-                                                                  "shared memory, not through a network proxy)"
+                     : !task_->links->sendsAgain(sender)        ? " (not sent again: LOOM_CHECKSUM=2 resends only over "
+                                                                  "shared memory and tcp, not through the ucx or ib "
+                                                                  "proxy)"
                                                                 : "");
   }
 
@@ -474,8 +476,12 @@ class TaskRun {
         std::byte* sum = static_cast<std::byte*>(slot) + sizeof(DirectDescriptor);
         const uint32_t value = summed ? *outSum : crc32c(pointer(*directSource, lo), bytes);
         std::memcpy(sum, &value, kChecksumBytes);
-        if (resends_) out->retain(Protocol::kSimple, sizeof(DirectDescriptor) + kChecksumBytes);
-        corruptInTransit(sum, kChecksumBytes);
+        // Through a proxy the message lands at the receiving proxy, which runs the fault hook, and the proxy keeps
+        // the message itself where it resends (tcp): nothing to retain here.
+        if (!task_->links->movesByProxy(step.sendPeer)) {
+          if (resends_) out->retain(Protocol::kSimple, sizeof(DirectDescriptor) + kChecksumBytes);
+          corruptInTransit(sum, kChecksumBytes);
+        }
       }
       await(out, step.sendPeer);
       if (task_->directMessages) ++*task_->directMessages;

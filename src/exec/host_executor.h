@@ -38,6 +38,9 @@ class Links {
     (void)peer;
     return false;
   }
+  // Under LOOM_CHECKSUM=2, whether a message from `peer` that failed its check can be asked for again: where the
+  // peer's executor writes this rank's FIFO itself, or its transport's proxies resend (TransportTraits::proxyResends).
+  virtual bool sendsAgain(int peer) { return !movesByProxy(peer); }
   // A direct message's payload in this address space, when its memory can be mapped here; nullptr: copy it.
   virtual const void* mapDirect(const DirectDescriptor& message) = 0;
   // What failed on a lost connection with `peer` (negative: any peer), as its transport saw it; empty when it

@@ -7,9 +7,10 @@
 //   the byte offset), every other rank's call fails naming the rank that found it, and no rank ever accepts a wrong
 //   result. Without it, the same flip is accepted silently: some rank ends a call with a wrong sum.
 // - Under LOOM_CHECKSUM=2 the receiver asks for a message that failed its check again: over shm (the sender writes
-//   the receiver's FIFO) one flip costs nothing but the resend, every result exact, LL, Simple and zero-copy
-//   messages alike; a message flipped again when it is sent again fails the call saying so; over the network
-//   transports, which do not resend, the call fails at once, the error saying it was not sent again.
+//   the receiver's FIFO) and tcp (the proxies keep what they sent until the receiver checked it) one flip costs
+//   nothing but the resend, every result exact, LL, Simple and zero-copy messages alike; a message flipped again
+//   when it is sent again fails the call saying so; over ucx and ib, which do not resend, the call fails at once,
+//   the error saying it was not sent again.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -286,8 +287,8 @@ TEST_P(IntegrityTest, WithoutTheChecksumTheSameFlipGoesUnseen) {
 }
 
 // Every rank failed with loomRemoteError and took no wrong result; a rank whose error names a message from `sender`
-// to itself (a finder) says `detail` too, the others name the failed checksum as the first failure. Returns how
-// many ranks found it.
+// (-1: any rank) to itself (a finder) says `detail` too, the others name the failed checksum as the first failure.
+// Returns how many ranks found it.
 int expectFailedOnEveryRank(const Children& children, int sender, const std::string& detail) {
   const std::string report = children.report();
   int finders = 0;
@@ -296,8 +297,9 @@ int expectFailedOnEveryRank(const Children& children, int sender, const std::str
     EXPECT_TRUE(WIFEXITED(children[r].status) && WEXITSTATUS(children[r].status) == loomRemoteError)
         << "rank " << r << report;
     EXPECT_EQ(said.find("wrong"), std::string::npos) << "rank " << r << report;
-    if (said.find("a message from rank " + std::to_string(sender) + " to rank " + std::to_string(r)) !=
-        std::string::npos) {
+    const std::regex link("a message from rank " + (sender < 0 ? std::string("[0-9]+") : std::to_string(sender)) +
+                          " to rank " + std::to_string(r) + " ");
+    if (std::regex_search(said, link)) {
       ++finders;
       EXPECT_NE(said.find(detail), std::string::npos) << report;
     } else {
@@ -328,13 +330,17 @@ void expectAllExact(const Children& children) {
   }
 }
 
-// LOOM_CHECKSUM=2 and the flip of ABitFlippedInTransit...: over shm the message is sent again, and every call of
-// every rank ends exact; also for an LL message (rank 1's 3rd, of the first AllReduce of one float). The network
-// transports fail the call instead, the receiver's error saying the message was not sent again.
-TEST_P(IntegrityTest, UnderResendAFlippedMessageIsSentAgainOverSharedMemory) {
+// Whether LOOM_CHECKSUM=2 sends a message again over `transport`.
+bool resendsOver(const std::string& transport) { return transport == "shm" || transport == "tcp"; }
+
+// LOOM_CHECKSUM=2 and the flip of ABitFlippedInTransit...: over shm and tcp the message is sent again, and every
+// call of every rank ends exact; also for an LL message (rank 1's 3rd, of the first AllReduce of one float), with
+// the whole matrix of collectivesHold exact under the switch. ucx and ib fail the call instead, the receiver's
+// error saying the message was not sent again.
+TEST_P(IntegrityTest, UnderResendAFlippedMessageIsSentAgain) {
   ShmDir shm;
   ASSERT_FALSE(shm.path().empty());
-  const bool resends = std::string(GetParam()) == "shm";
+  const bool resends = resendsOver(GetParam());
   {
     Children children;
     ASSERT_NO_FATAL_FAILURE(runRanks(children, shm.path(), {GetParam(), 2, 1, "40:32030"}, allReduceLoop));
@@ -346,7 +352,7 @@ TEST_P(IntegrityTest, UnderResendAFlippedMessageIsSentAgainOverSharedMemory) {
       for (int r = 0; r < kRanks; ++r) {
         EXPECT_EQ(children[r].said.find("wrong"), std::string::npos) << "rank " << r << report;
         EXPECT_TRUE(WIFEXITED(children[r].status) && WEXITSTATUS(children[r].status) == loomRemoteError) << report;
-        if (children[r].said.find("(not sent again: LOOM_CHECKSUM=2 resends only over shared memory") !=
+        if (children[r].said.find("(not sent again: LOOM_CHECKSUM=2 resends only over shared memory and tcp") !=
             std::string::npos)
           ++finders;
       }
@@ -361,30 +367,38 @@ TEST_P(IntegrityTest, UnderResendAFlippedMessageIsSentAgainOverSharedMemory) {
   EXPECT_TRUE(shm.entries().empty()) << joined(shm.entries());
 }
 
-// LOOM_CHECKSUM=2, shm: rank 1 flips a bit of its 40th message and of every later one, so the message is flipped
-// again when it is sent again: the receiver fails the call saying so, every rank fails, none accepts a wrong sum.
-TEST(IntegrityResend, AMessageFlippedAgainWhenSentAgainFailsTheCall) {
+class IntegrityResend : public testing::TestWithParam<const char*> {};
+
+// LOOM_CHECKSUM=2: rank 1 flips a bit of its 40th message and of every later one (over tcp, messages it receives),
+// so the message is flipped again when it is sent again: the receiver fails the call saying so, every rank fails,
+// none accepts a wrong sum.
+TEST_P(IntegrityResend, AMessageFlippedAgainWhenSentAgainFailsTheCall) {
   ShmDir shm;
   ASSERT_FALSE(shm.path().empty());
   Children children;
-  ASSERT_NO_FATAL_FAILURE(runRanks(children, shm.path(), {"shm", 2, 1, "40+:32030"}, allReduceLoop));
-  EXPECT_GE(expectFailedOnEveryRank(children, 1, ", and again when it was sent a second time"), 1)
+  ASSERT_NO_FATAL_FAILURE(runRanks(children, shm.path(), {GetParam(), 2, 1, "40+:32030"}, allReduceLoop));
+  EXPECT_GE(expectFailedOnEveryRank(children, -1, ", and again when it was sent a second time"), 1)
       << children.report();
   EXPECT_TRUE(shm.entries().empty()) << joined(shm.entries());
 }
 
-// LOOM_CHECKSUM=2, zero-copy: the root's flipped descriptor checksum (as in AFlippedChecksumOfAZeroCopyMessage...)
-// is sent again, and the peer reads the payload again: every Broadcast exact.
-TEST(IntegrityResend, AFlippedZeroCopyMessageIsSentAgain) {
+// LOOM_CHECKSUM=2, zero-copy messages. Over shm: the root's flipped descriptor checksum (as in
+// AFlippedChecksumOfAZeroCopyMessage...) is sent again, and the peer reads the payload again. Over tcp: the root's
+// proxy sends from the root's buffer, and the flip of a message rank 1's proxy takes off the network is sent again
+// from that buffer, which the root's call keeps until its receivers checked it. Every Broadcast exact.
+TEST_P(IntegrityResend, AFlippedZeroCopyMessageIsSentAgain) {
   ShmDir shm;
   ASSERT_FALSE(shm.path().empty());
   Children children;
-  ASSERT_NO_FATAL_FAILURE(runRanks(children, shm.path(), {"shm", 2, 0, "40"}, zeroCopyBroadcastLoop));
+  const bool tcp = std::string(GetParam()) == "tcp";
+  ASSERT_NO_FATAL_FAILURE(runRanks(children, shm.path(), {GetParam(), 2, tcp ? 1 : 0, "40"}, zeroCopyBroadcastLoop));
   expectAllExact(children);
   EXPECT_TRUE(shm.entries().empty()) << joined(shm.entries());
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, IntegrityTest, testing::Values("shm", "tcp", "ucx", "ib"),
+                         [](const testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Transports, IntegrityResend, testing::Values("shm", "tcp"),
                          [](const testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
 }  // namespace

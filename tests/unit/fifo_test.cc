@@ -1,7 +1,8 @@
 // The FIFO and its two protocols, between two threads of one process over plain memory: every message arrives
 // whole and in order under both protocols (and when they alternate), flow control stops a sender at `depth`
 // unreleased messages, the abort flag, with the first failure behind it, is seen by both ends, and a retained
-// message the receiver asks for again comes back as it was first written (LOOM_CHECKSUM=2).
+// message the receiver asks for again comes back as it was first written (LOOM_CHECKSUM=2), also through a relay
+// that keeps what it sent until the receiver released it (the tcp proxies).
 #include "transports/fifo.h"
 
 #include <gtest/gtest.h>
@@ -175,6 +176,94 @@ TEST(Fifo, AMessageAskedForAgainComesBackAsWritten) {
   }
   done.store(true);
   sender.join();
+  EXPECT_EQ(resends, kMessages / 5);
+}
+
+// The tcp proxies under LOOM_CHECKSUM=2, without the network: a relay thread takes each message from the sender's
+// FIFO without releasing it (peekAny), posts it into the receiver's, releases the sender's messages only as far as
+// the receiver has released them (releaseThrough), and serves a request for a message again from the sender's
+// FIFO into the slot the receiver kept (rewriteAt). The receiver damages every 5th message and asks for it again:
+// every message arrives as written, in order, and the sender is never more than `depth` messages ahead.
+TEST(Fifo, ARelayKeepsWhatItSentUntilReleasedAndSendsItAgain) {
+  Fifo near({4, 8192, 1024}), far({4, 8192, 1024});
+  const size_t kMessages = 2000;
+  std::atomic<bool> done{false};
+  std::thread sender([&] {
+    FifoSender out(fifoView(near.memory));
+    std::vector<uint8_t> message;
+    for (size_t m = 0; m < kMessages; ++m) {
+      Protocol protocol = makeMessage(near.shape, m, &message);
+      void* slot = nullptr;
+      while ((slot = out.reserve(protocol)) == nullptr) std::this_thread::yield();
+      std::memcpy(slot, message.data(), message.size());
+      out.post(protocol, message.size());
+    }
+  });
+  std::thread relay([&] {
+    FifoReceiver drain(fifoView(near.memory));
+    FifoSender fill(fifoView(far.memory));
+    const FifoHeader* farHeader = fifoView(far.memory).header;
+    uint64_t next = 0, served = 0;
+    while (!done.load()) {
+      drain.releaseThrough(farHeader->tail.load(std::memory_order_acquire));
+      EXPECT_LE(next - drain.released(), 4u);
+      size_t bytes = 0;
+      Protocol protocol = Protocol::kSimple;
+      bool direct = false;
+      const uint64_t wanted = farHeader->resendWanted.load(std::memory_order_acquire);
+      if (wanted > served) {
+        const void* message = drain.peekAny(wanted - 1, &bytes, &protocol, &direct);
+        ASSERT_NE(message, nullptr) << "message " << wanted - 1 << " was released before the receiver checked it";
+        void* to = fill.rewriteAt(wanted - 1, protocol, bytes);
+        ASSERT_NE(to, nullptr);
+        EXPECT_EQ(fill.rewriteAt(wanted, protocol, bytes), nullptr);  // not the one asked for
+        std::memcpy(to, message, bytes);
+        fill.repost();
+        served = wanted;
+        continue;
+      }
+      const void* message = drain.peekAny(next, &bytes, &protocol, &direct);
+      void* to = message ? fill.reserve(protocol) : nullptr;
+      if (to == nullptr) {
+        std::this_thread::yield();
+        continue;
+      }
+      std::memcpy(to, message, bytes);
+      fill.post(protocol, bytes);
+      ++next;
+    }
+    EXPECT_EQ(next, kMessages);
+    EXPECT_EQ(drain.released(), kMessages);
+  });
+  FifoReceiver in(fifoView(far.memory));
+  std::vector<uint8_t> expected;
+  size_t resends = 0;
+  for (size_t m = 0; m < kMessages; ++m) {
+    Protocol protocol = makeMessage(far.shape, m, &expected);
+    for (bool asked = false;;) {
+      size_t bytes = 0;
+      bool direct = false;
+      const void* got = nullptr;
+      while ((got = in.poll(protocol, &bytes, &direct)) == nullptr) std::this_thread::yield();
+      ASSERT_EQ(bytes, expected.size()) << m;
+      EXPECT_EQ(in.resent(), asked) << m;
+      if (m % 5 == 0 && !asked) {
+        const_cast<uint8_t*>(static_cast<const uint8_t*>(got))[0] ^= 0x10;
+        in.askResend();
+        asked = true;
+        ++resends;
+        continue;
+      }
+      ASSERT_EQ(std::memcmp(got, expected.data(), bytes), 0) << "message " << m << (asked ? ", sent again" : "");
+      in.release();
+      break;
+    }
+  }
+  sender.join();
+  // The relay's last releases: the receiver has released everything.
+  while (fifoView(near.memory).header->tail.load() < kMessages) std::this_thread::yield();
+  done.store(true);
+  relay.join();
   EXPECT_EQ(resends, kMessages / 5);
 }
 

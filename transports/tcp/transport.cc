@@ -18,6 +18,15 @@
 // LOOM_CHECKSUM the checksum after the descriptor follows it on the wire: the receiver sees the same frame); the
 // executor's call ends only once the proxy has released it.
 //
+// Sent again (LOOM_CHECKSUM=2, TcpComm::holds_): the sending proxy keeps each message in its FIFO, unreleased, after
+// it went, and the receiving proxy sends notices back on socket 0 (a frame header: the low 32 bits of a number in
+// the size field, the kind in the protocol field): kReleasedNotice, every message before the count was released by
+// the receiving executor, which checked it, so the sender releases them too; kAgainNotice, the executor asks for
+// that message again (FifoReceiver::askResend), and the sender sends it once more, after the frame on its way,
+// with kSentAgain in the protocol field, which the receiving proxy writes into the slot the executor kept
+// (FifoSender::rewriteAt). The sender's FIFO depth bounds what is in flight, so the receiving FIFO always has a
+// slot for what precedes the message sent again: nothing waits on the message the executor waits for.
+//
 // Failure: an executor that gives up has the proxy send an abort notice (a frame header with protocol
 // kAbortNotice and the failure behind it, in either direction, on socket 0) before it shuts the sockets, so the peer tells a rank that gave
 // up from one that vanished (its sockets closed or reset). A finished sender shuts its sockets for writing: the
@@ -54,6 +63,10 @@ void putAbortNotice(uint8_t* header, uint64_t origin) {
   putU32(header + 4, kAbortNotice | static_cast<uint32_t>((origin >> 32) & 0xffff) << 16);
 }
 bool isAbortNotice(uint32_t protocol) { return (protocol & 0xffff) == kAbortNotice; }
+// Notices back under LOOM_CHECKSUM=2 (above), and the mark of a message sent again in a data frame's protocol field.
+constexpr uint32_t kReleasedNotice = 0xac0f;
+constexpr uint32_t kAgainNotice = 0xae0f;
+constexpr uint32_t kSentAgain = 0x100;
 uint64_t abortNoticeOrigin(const uint8_t* header) {
   return getU32(header) | static_cast<uint64_t>(getU32(header + 4) >> 16) << 32;
 }
@@ -76,6 +89,20 @@ struct TcpConn : ProxyConn {
   std::vector<TcpSocket> socks;  // receiving side: empty until all the sender's sockets arrived
   uint8_t frame[kFrameHeaderBytes] = {};
   size_t frameDone = 0;
+  // A notice back on socket 0: being read (sending side, backDone bytes of it so far), or being sent (receiving
+  // side, backDone of backBytes).
+  uint8_t back[kFrameHeaderBytes] = {};
+  size_t backDone = 0;
+  size_t backBytes = 0;
+  uint64_t ackedTo = 0;   // receiving side, holding: the release count last told the sender
+  uint64_t askedFor = 0;  // ... the number, plus one, of the message last asked for again
+
+  bool owesPeer() const override {
+    if (!holds || sends || closed) return false;
+    const FifoHeader* header = fifo.view().header;
+    return backDone < backBytes || header->tail.load(std::memory_order_acquire) > ackedTo ||
+           header->resendWanted.load(std::memory_order_acquire) > askedFor;
+  }
 
   void startParts() {
     for (size_t j = 0; j < socks.size(); ++j) {
@@ -96,7 +123,8 @@ class TcpComm : public ProxyComm {
   explicit TcpComm(const TransportCommContext& context)
       : ProxyComm(context, "tcp"),
         sockets_(static_cast<int>(std::clamp<int64_t>(params::nsocks(), 1, kMaxSockets))),
-        callerProgress_(params::tcpCallerProgress() != 0) {}
+        callerProgress_(params::tcpCallerProgress() != 0),
+        holds_(context.checksumResend) {}
 
   loomResult_t start() {
     LOOM_CHECK(openDoorbell());
@@ -111,6 +139,7 @@ class TcpComm : public ProxyComm {
   }
 
   int sockets() const { return sockets_; }
+  bool holds() const { return holds_; }
   // Non-blocking sockets: any thread may run a pass over them (LOOM_TCP_CALLER_PROGRESS).
   bool progressesFromCaller() const override { return callerProgress_; }
   // The interface of the listener peers connect to: where their data arrives, and, routes being symmetric on
@@ -154,9 +183,12 @@ class TcpComm : public ProxyComm {
   void sleep(int64_t micros) override;
   bool pumpOut(TcpConn& conn);
   bool pumpIn(TcpConn& conn);
+  bool readBack(TcpConn& conn);
+  bool sendBack(TcpConn& conn);
 
   const int sockets_;  // per connection this rank opens
   const bool callerProgress_;
+  const bool holds_;  // LOOM_CHECKSUM=2: connections keep what they sent until the far end checked it (above)
   std::mutex arrivedMutex_;
   std::vector<Arrival> arrived_;
   // The proxy thread's: sockets that arrived before their receiving end was there, or before the rest of their
@@ -200,7 +232,9 @@ bool TcpComm::adoptExtra() {
 
 // Sending side: whatever the executor posted goes out, message by message, as far as the sockets take it.
 bool TcpComm::pumpOut(TcpConn& conn) {
-  bool progressed = false;
+  // Holding, the receiver's notices come back all the time: the window moves only with them.
+  bool progressed = conn.holds && readBack(conn);
+  if (conn.closed) return true;
   for (;;) {
     if (!conn.inFrame) {
       bool bad = false;
@@ -209,7 +243,7 @@ bool TcpComm::pumpOut(TcpConn& conn) {
         return progressed || bad;
       }
       putU32(conn.frame, static_cast<uint32_t>(conn.payloadBytes));
-      putU32(conn.frame + 4, static_cast<uint32_t>(conn.protocol));
+      putU32(conn.frame + 4, static_cast<uint32_t>(conn.protocol) | (conn.sendingAgain ? kSentAgain : 0));
       conn.frameDone = 0;
       conn.startParts();
       conn.inFrame = true;
@@ -233,14 +267,8 @@ bool TcpComm::pumpOut(TcpConn& conn) {
           }
           const int error = errno;
           // A receiver that gave up sent its notice back before it shut the socket: that, if it came, says why.
-          uint8_t notice[kFrameHeaderBytes];
-          if (j == 0 && recv(sock.fd.get(), notice, sizeof(notice), MSG_DONTWAIT | MSG_PEEK) ==
-                            static_cast<ssize_t>(sizeof(notice)) &&
-              isAbortNotice(getU32(notice + 4))) {
-            peerGaveUp(conn, abortNoticeOrigin(notice));
-            return true;
-          }
-          fail(conn, "could not send", error);
+          readBack(conn);
+          if (!conn.closed) fail(conn, "could not send", error);
           return true;
         }
         sock.wantWrite = false;
@@ -255,15 +283,114 @@ bool TcpComm::pumpOut(TcpConn& conn) {
       }
     }
     if (conn.frameDone < kFrameHeaderBytes || !conn.partsFinished()) return progressed;
-    conn.drain->release();
+    if (conn.sendingAgain) {
+      LOOM_INFO(NET, "tcp: connection %s: sent message %llu again, as the receiver asked (LOOM_CHECKSUM=2)",
+                conn.name().c_str(), static_cast<unsigned long long>(conn.againWanted - 1));
+      conn.againWanted = 0;
+      conn.sendingAgain = false;
+    } else if (conn.holds) {
+      ++conn.nextToSend;  // kept until the receiver's release comes back
+    } else {
+      conn.drain->release();
+    }
     conn.inFrame = false;
     ++sent_;
   }
 }
 
+// Sending side: the notices the receiving end sends back on socket 0, as far as they have come: an abort notice,
+// and on a holding connection its executor's releases and requests. Whether anything came (the connection may
+// have ended).
+bool TcpComm::readBack(TcpConn& conn) {
+  bool progressed = false;
+  while (!conn.closed && !conn.socks.empty() && conn.socks[0].fd.valid()) {
+    ssize_t n = recv(conn.socks[0].fd.get(), conn.back + conn.backDone, kFrameHeaderBytes - conn.backDone, MSG_DONTWAIT);
+    if (n == 0) {
+      if (conn.backDone == 0) {
+        peerClosed(conn);
+      } else {
+        fail(conn, "was closed by the peer in the middle of a notice");
+      }
+      return true;
+    }
+    if (n < 0) {
+      if (wouldBlock(errno)) return progressed;
+      fail(conn, "broke", errno);
+      return true;
+    }
+    progressed = true;
+    conn.backDone += static_cast<size_t>(n);
+    if (conn.backDone < kFrameHeaderBytes) continue;
+    conn.backDone = 0;
+    const uint32_t low = getU32(conn.back), kind = getU32(conn.back + 4);
+    if (isAbortNotice(kind)) {
+      peerGaveUp(conn, abortNoticeOrigin(conn.back));
+      return true;
+    }
+    // A count or number from the last release on: what is in flight is far less than 2^32 messages.
+    const uint64_t released = conn.drain->released();
+    const uint64_t number = released + static_cast<uint32_t>(low - static_cast<uint32_t>(released));
+    if (conn.holds && kind == kReleasedNotice && number <= conn.nextToSend) {
+      conn.drain->releaseThrough(number);
+    } else if (conn.holds && kind == kAgainNotice && number < conn.nextToSend && conn.againWanted == 0) {
+      LOOM_INFO(NET, "tcp: connection %s: the receiver asks for message %llu again", conn.name().c_str(),
+                static_cast<unsigned long long>(number));
+      conn.againWanted = number + 1;
+    } else {
+      LOOM_WARN(NET, "tcp: connection %s: a notice back of kind %08x for message %llu (%llu sent, %llu released)",
+                conn.name().c_str(), kind, static_cast<unsigned long long>(number),
+                static_cast<unsigned long long>(conn.nextToSend), static_cast<unsigned long long>(released));
+      fail(conn, "had a notice back that is not one of its own");
+      return true;
+    }
+  }
+  return progressed;
+}
+
+// Receiving side, holding: tells the sender what the executor released since the last notice, and which message it
+// asks for again, one notice at a time. Whether anything went.
+bool TcpComm::sendBack(TcpConn& conn) {
+  bool progressed = false;
+  for (;;) {
+    if (conn.backDone == conn.backBytes) {
+      const FifoHeader* header = conn.fifo.view().header;
+      const uint64_t wanted = header->resendWanted.load(std::memory_order_acquire);
+      const uint64_t released = header->tail.load(std::memory_order_acquire);
+      if (wanted > conn.askedFor) {
+        putU32(conn.back, static_cast<uint32_t>(wanted - 1));
+        putU32(conn.back + 4, kAgainNotice);
+        conn.askedFor = wanted;
+      } else if (released > conn.ackedTo) {
+        putU32(conn.back, static_cast<uint32_t>(released));
+        putU32(conn.back + 4, kReleasedNotice);
+        conn.ackedTo = released;
+      } else {
+        return progressed;
+      }
+      conn.backDone = 0;
+      conn.backBytes = kFrameHeaderBytes;
+    }
+    TcpSocket& first = conn.socks[0];
+    ssize_t n = send(first.fd.get(), conn.back + conn.backDone, conn.backBytes - conn.backDone,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (wouldBlock(errno)) {
+        first.wantWrite = true;
+        return progressed;
+      }
+      fail(conn, "could not send a notice back", errno);
+      return true;
+    }
+    first.wantWrite = false;
+    progressed = true;
+    conn.backDone += static_cast<size_t>(n);
+  }
+}
+
 // Receiving side: frames from the sockets go into the executor's FIFO, each once a slot is free for it.
 bool TcpComm::pumpIn(TcpConn& conn) {
-  bool progressed = false;
+  bool progressed = conn.holds && sendBack(conn);
+  if (conn.closed) return true;
   for (;;) {
     if (!conn.inFrame) {
       TcpSocket& first = conn.socks[0];
@@ -289,6 +416,12 @@ bool TcpComm::pumpIn(TcpConn& conn) {
         peerGaveUp(conn, abortNoticeOrigin(conn.frame));
         return true;
       }
+      conn.sendingAgain = (protocol & kSentAgain) != 0;
+      protocol &= ~kSentAgain;
+      if (conn.sendingAgain && (!conn.holds || conn.askedFor == 0)) {
+        fail(conn, "was sent a message again that this end did not ask for");
+        return true;
+      }
       if (protocol > static_cast<uint32_t>(Protocol::kLL) ||
           bytes > fifoPayloadBytes(conn.shape, static_cast<Protocol>(protocol))) {
         LOOM_WARN(NET, "tcp: connection %s: a frame of %u bytes with protocol %u; at most %zu (Simple) or %zu (LL)",
@@ -302,6 +435,14 @@ bool TcpComm::pumpIn(TcpConn& conn) {
       conn.payload = nullptr;
       conn.startParts();
       conn.inFrame = true;
+    }
+    if (conn.payload == nullptr && conn.sendingAgain) {
+      // Into the slot the executor kept for it.
+      conn.payload = static_cast<std::byte*>(conn.fill->rewriteAt(conn.askedFor - 1, conn.protocol, conn.payloadBytes));
+      if (conn.payload == nullptr) {
+        fail(conn, "was sent a message again that the executor no longer waits for");
+        return true;
+      }
     }
     if (conn.payload == nullptr) {
       conn.payload = static_cast<std::byte*>(conn.fill->reserve(conn.protocol));
@@ -327,7 +468,12 @@ bool TcpComm::pumpIn(TcpConn& conn) {
     }
     if (!conn.partsFinished()) return progressed;
     corruptInTransit(conn.payload, conn.payloadBytes);  // the fault hook (LOOM_FAULT_CORRUPT), as the message lands
-    conn.fill->post(conn.protocol, conn.payloadBytes);
+    if (conn.sendingAgain) {
+      conn.fill->repost();
+      conn.sendingAgain = false;
+    } else {
+      conn.fill->post(conn.protocol, conn.payloadBytes);
+    }
     ++received_;
     conn.inFrame = false;
     conn.frameDone = 0;
@@ -340,6 +486,7 @@ void TcpComm::notifyGaveUp(ProxyConn& conn) {
   // Best effort: socket 0 of a sending end may be in the middle of a frame, and then the peer sees the connection
   // lost instead.
   if (tcp.socks.empty() || !tcp.socks[0].fd.valid() || (tcp.sends && tcp.inFrame)) return;
+  if (!tcp.sends && tcp.backDone != tcp.backBytes) return;  // ... or the receiving end in the middle of a notice
   uint8_t notice[kFrameHeaderBytes];
   putAbortNotice(notice, conn.localOrigin());
   if (send(tcp.socks[0].fd.get(), notice, sizeof(notice), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
@@ -371,6 +518,7 @@ void TcpComm::sleep(int64_t micros) {
       } else if (!tcp.wantSlot && (j == 0 ? !tcp.inFrame || !sock.finished() : tcp.inFrame && !sock.finished())) {
         events = POLLIN;  // data is expected on it
       }
+      if (!tcp.sends && j == 0 && sock.wantWrite) events |= POLLOUT;  // a notice back waits for room
       fds.push_back({sock.fd.get(), events, 0});
       polled.push_back(&tcp);
     }
@@ -381,16 +529,17 @@ void TcpComm::sleep(int64_t micros) {
   for (size_t i = 1; i < fds.size(); ++i) {
     TcpConn& conn = *polled[i - 1];
     if (!conn.sends || conn.closed || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-    // The receiving end only ever sends an abort notice.
-    uint8_t notice[kFrameHeaderBytes];
-    ssize_t n = recv(fds[i].fd, notice, sizeof(notice), MSG_DONTWAIT);
-    if (n == 0) {
-      peerClosed(conn);
-    } else if (n < 0 && !wouldBlock(errno)) {
-      fail(conn, "broke", errno);
-    } else if (n > 0) {
-      bool whole = n == static_cast<ssize_t>(sizeof(notice)) && isAbortNotice(getU32(notice + 4));
-      peerGaveUp(conn, whole ? abortNoticeOrigin(notice) : 0);
+    if (fds[i].fd == conn.socks[0].fd.get()) {
+      readBack(conn);  // the receiving end's notices
+    } else {
+      // The other sockets carry nothing back: readable means closed or broken.
+      char byte;
+      ssize_t n = recv(fds[i].fd, &byte, 1, MSG_DONTWAIT);
+      if (n == 0) {
+        peerClosed(conn);
+      } else if (n != 0 && !(n < 0 && wouldBlock(errno))) {
+        fail(conn, "broke", n < 0 ? errno : 0);
+      }
     }
   }
 }
@@ -403,6 +552,7 @@ class TcpTransport : public Transport {
   TransportTraits traits() const override {
     TransportTraits traits;
     traits.movesByProxy = traits.proxySendsFromCallerMemory = traits.proxySendsChecksumAfterCallerMemory = true;
+    traits.proxyResends = true;
     // Each message costs system calls and wakeups of both proxies and executors: larger ones move more per byte.
     traits.networkSlotBytes = static_cast<size_t>(std::max<int64_t>(0, params::tcpSlotBytes()));
     return traits;
@@ -418,7 +568,9 @@ class TcpTransport : public Transport {
   loomResult_t createReceiver(TransportComm* state, const ConnectionKey& key, const FifoShape& shape,
                               std::unique_ptr<Endpoint>* out) override {
     auto* comm = static_cast<TcpComm*>(state);
-    return comm->attach(std::make_shared<TcpConn>(false, key.sender, key.channel, shape, 0, comm->doorbell()), out);
+    auto conn = std::make_shared<TcpConn>(false, key.sender, key.channel, shape, 0, comm->doorbell());
+    conn->holds = comm->holds();
+    return comm->attach(std::move(conn), out);
   }
 
   loomResult_t attachSender(TransportComm* state, const ConnectionKey& key, const FifoShape& shape,
@@ -427,6 +579,7 @@ class TcpTransport : public Transport {
     LOOM_CHECK(check());
     const int sockets = comm->sockets();
     auto conn = std::make_shared<TcpConn>(true, key.receiver, key.channel, shape, sockets, comm->doorbell());
+    conn->holds = comm->holds();
     for (int j = 0; j < sockets; ++j) {
       uint8_t hello[kHandoffHelloBytes] = {};
       putU32(hello, kHelloMagic);
