@@ -42,6 +42,36 @@ Protocol makeMessage(const FifoShape& shape, size_t index, std::vector<uint8_t>*
   return protocol;
 }
 
+// Receives `count` messages of the stream from `fifo`, damaging every 5th and asking for it again; each must come
+// back as written. Adds the requests made to *resends.
+void receiveDamagingEveryFifth(const Fifo& fifo, size_t count, size_t* resends) {
+  FifoReceiver in(fifoView(fifo.memory));
+  std::vector<uint8_t> expected;
+  for (size_t m = 0; m < count; ++m) {
+    Protocol protocol = makeMessage(fifo.shape, m, &expected);
+    for (bool asked = false;;) {
+      size_t bytes = 0;
+      bool direct = false;
+      const void* got = nullptr;
+      while ((got = in.poll(protocol, &bytes, &direct)) == nullptr) std::this_thread::yield();
+      ASSERT_EQ(bytes, expected.size()) << m;
+      EXPECT_EQ(in.resent(), asked) << m;
+      if (m % 5 == 0 && !asked) {
+        // Damage the copy a reader sees (the slot for Simple, the decoded staging for LL), then ask again.
+        const_cast<uint8_t*>(static_cast<const uint8_t*>(got))[0] ^= 0x10;
+        in.askResend();
+        EXPECT_TRUE(in.empty());  // the message in hand is no good while it is sent again
+        asked = true;
+        ++*resends;
+        continue;
+      }
+      ASSERT_EQ(std::memcmp(got, expected.data(), bytes), 0) << "message " << m << (asked ? ", sent again" : "");
+      in.release();
+      break;
+    }
+  }
+}
+
 TEST(Fifo, MessagesArriveWholeAndInOrder) {
   Fifo fifo({4, 8192, 1024});
   const size_t kMessages = 5000;
@@ -148,32 +178,8 @@ TEST(Fifo, AMessageAskedForAgainComesBackAsWritten) {
       std::this_thread::yield();
     }
   });
-  FifoReceiver in(fifoView(fifo.memory));
-  std::vector<uint8_t> expected;
   size_t resends = 0;
-  for (size_t m = 0; m < kMessages; ++m) {
-    Protocol protocol = makeMessage(fifo.shape, m, &expected);
-    for (bool asked = false;;) {
-      size_t bytes = 0;
-      bool direct = false;
-      const void* got = nullptr;
-      while ((got = in.poll(protocol, &bytes, &direct)) == nullptr) std::this_thread::yield();
-      ASSERT_EQ(bytes, expected.size()) << m;
-      EXPECT_EQ(in.resent(), asked) << m;
-      if (m % 5 == 0 && !asked) {
-        // Damage the copy a reader sees (the slot for Simple, the decoded staging for LL), then ask again.
-        const_cast<uint8_t*>(static_cast<const uint8_t*>(got))[0] ^= 0x10;
-        in.askResend();
-        EXPECT_TRUE(in.empty());  // the message in hand is no good while it is sent again
-        asked = true;
-        ++resends;
-        continue;
-      }
-      ASSERT_EQ(std::memcmp(got, expected.data(), bytes), 0) << "message " << m << (asked ? ", sent again" : "");
-      in.release();
-      break;
-    }
-  }
+  receiveDamagingEveryFifth(fifo, kMessages, &resends);
   done.store(true);
   sender.join();
   EXPECT_EQ(resends, kMessages / 5);
@@ -235,30 +241,8 @@ TEST(Fifo, ARelayKeepsWhatItSentUntilReleasedAndSendsItAgain) {
     EXPECT_EQ(next, kMessages);
     EXPECT_EQ(drain.released(), kMessages);
   });
-  FifoReceiver in(fifoView(far.memory));
-  std::vector<uint8_t> expected;
   size_t resends = 0;
-  for (size_t m = 0; m < kMessages; ++m) {
-    Protocol protocol = makeMessage(far.shape, m, &expected);
-    for (bool asked = false;;) {
-      size_t bytes = 0;
-      bool direct = false;
-      const void* got = nullptr;
-      while ((got = in.poll(protocol, &bytes, &direct)) == nullptr) std::this_thread::yield();
-      ASSERT_EQ(bytes, expected.size()) << m;
-      EXPECT_EQ(in.resent(), asked) << m;
-      if (m % 5 == 0 && !asked) {
-        const_cast<uint8_t*>(static_cast<const uint8_t*>(got))[0] ^= 0x10;
-        in.askResend();
-        asked = true;
-        ++resends;
-        continue;
-      }
-      ASSERT_EQ(std::memcmp(got, expected.data(), bytes), 0) << "message " << m << (asked ? ", sent again" : "");
-      in.release();
-      break;
-    }
-  }
+  receiveDamagingEveryFifth(far, kMessages, &resends);
   sender.join();
   // The relay's last releases: the receiver has released everything.
   while (fifoView(near.memory).header->tail.load() < kMessages) std::this_thread::yield();
